@@ -1,0 +1,105 @@
+// Metrics: per-worker shards written only by their worker thread (no atomics RMW, no locks on the
+// data path), summed when /metrics is scraped, rendered as Prometheus text exposition 0.0.4.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "keyguard/commands/command_table.h"
+
+namespace keyguard::metrics {
+
+// A monotonically increasing count with one writer thread; any thread may read it.
+class Counter {
+ public:
+  void Add(uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
+// A value that goes up and down, with one writer thread.
+class Gauge {
+ public:
+  void Add(int64_t n) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  int64_t Get() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> v_{0};
+};
+
+// What became of a command.
+enum class Outcome : uint8_t {
+  kOk,        // upstream replied with a non-error reply
+  kError,     // upstream replied with an error
+  kRejected,  // refused by keyguard, never forwarded
+  kFailed,    // forwarded, but the upstream went away before replying
+  kNoReply,   // forwarded under CLIENT REPLY OFF/SKIP: no reply expected
+  kCount,
+};
+inline constexpr const char* kOutcomeNames[] = {"ok", "error", "rejected", "failed", "noreply"};
+
+// Upper bounds of the latency histogram buckets, in seconds.
+inline constexpr std::array<double, 16> kLatencyBuckets = {
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   10};
+
+struct CommandStats {
+  std::array<Counter, static_cast<size_t>(Outcome::kCount)> outcomes;
+  std::array<Counter, kLatencyBuckets.size() + 1> buckets;  // last: over the largest bound
+  Counter latency_count;
+  Counter latency_sum_ns;
+};
+
+enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kCount };
+inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol"};
+
+// One worker's metrics. Only that worker writes; Registry::Render reads.
+class WorkerShard {
+ public:
+  WorkerShard();
+
+  void CountCommand(commands::CommandId id, Outcome outcome) {
+    commands_[id].outcomes[static_cast<size_t>(outcome)].Add();
+  }
+  void ObserveLatency(commands::CommandId id, uint64_t nanos);
+  void CountUpstreamError(UpstreamError e) { upstream_errors[static_cast<size_t>(e)].Add(); }
+
+  Counter client_connections_total;
+  Gauge client_connections;
+  Gauge upstream_connections;
+  Counter client_bytes_received;
+  Counter client_bytes_sent;
+  Counter upstream_bytes_received;
+  Counter upstream_bytes_sent;
+  Counter client_protocol_errors;
+  Counter unexpected_replies;
+  std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
+
+ private:
+  friend class Registry;
+  std::vector<CommandStats> commands_;
+};
+
+// Owns the shards and process-wide values; renders the exposition.
+class Registry {
+ public:
+  // Creates a shard; call before workers start. The pointer lives as long as the registry.
+  WorkerShard* AddShard();
+  Gauge& draining() { return draining_; }
+  // Prometheus text exposition of every metric.
+  std::string Render() const;
+
+ private:
+  std::mutex mu_;
+  std::deque<WorkerShard> shards_;
+  Gauge draining_;
+};
+
+}  // namespace keyguard::metrics

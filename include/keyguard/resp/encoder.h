@@ -1,0 +1,22 @@
+// Encoders for the commands and replies keyguard produces itself. Each appends to `out`.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace keyguard::resp {
+
+// "-<text>\r\n"; `text` must hold no CR or LF (they are replaced by spaces, as Redis does).
+void AppendError(std::string* out, std::string_view text);
+// "+<text>\r\n"; CR and LF are replaced by spaces.
+void AppendSimple(std::string* out, std::string_view text);
+void AppendInteger(std::string* out, int64_t value);
+void AppendBulk(std::string* out, std::string_view value);
+void AppendNullBulk(std::string* out);
+void AppendArrayHeader(std::string* out, int64_t count);
+// A command as a multibulk request: "*<n>\r\n$<len>\r\n<arg>\r\n...".
+void AppendCommand(std::string* out, std::span<const std::string_view> args);
+
+}  // namespace keyguard::resp

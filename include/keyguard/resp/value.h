@@ -1,0 +1,25 @@
+// A parsed RESP value tree with views into the frame's bytes, for the replies keyguard has to look
+// inside (and for tests). The forwarding path never builds one: it moves frames as bytes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace keyguard::resp {
+
+struct Value {
+  char type = 0;            // the RESP type byte: + - : $ * _ , # ! = ( % ~ >
+  bool null = false;        // $-1 / *-1 / _
+  std::string_view text;    // payload of bulk/verbatim/blob error, line of simple types
+  int64_t integer = 0;      // for ':'
+  std::vector<Value> elements;    // aggregates; a map holds key, value, key, value, ...
+  std::vector<Value> attributes;  // from a preceding '|', key, value, ...
+};
+
+// Parses one complete frame (as delimited by ReplyFramer). Views point into `frame`.
+// Returns nullopt if `frame` is not exactly one well-formed value.
+std::optional<Value> ParseValue(std::string_view frame);
+
+}  // namespace keyguard::resp

@@ -1,0 +1,110 @@
+#include "admin/admin_server.h"
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace keyguard::admin {
+namespace beast = boost::beast;
+namespace http = beast::http;
+
+AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
+                         tcp::endpoint upstream, const std::atomic<bool>& draining)
+    : io_(io), registry_(registry), config_(config), upstream_(upstream), draining_(draining), acceptor_(io) {}
+
+absl::Status AdminServer::Listen() {
+  tcp::resolver resolver(io_);
+  error_code ec;
+  auto results = resolver.resolve(config_.admin.host, std::to_string(config_.admin.port), ec);
+  if (ec || results.empty()) return absl::UnavailableError(absl::StrCat("admin: cannot resolve ", config_.admin.ToString()));
+  const tcp::endpoint ep = results.begin()->endpoint();
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("admin: cannot listen on ", config_.admin.ToString(), ": ", ec.message()));
+  endpoint_ = acceptor_.local_endpoint();
+  asio::co_spawn(io_, Accept(), asio::detached);
+  return absl::OkStatus();
+}
+
+awaitable<void> AdminServer::Accept() {
+  for (;;) {
+    error_code ec;
+    tcp::socket socket = co_await acceptor_.async_accept(AwaitEc(ec));
+    if (ec) {
+      if (!acceptor_.is_open()) co_return;
+      continue;
+    }
+    asio::co_spawn(io_, Serve(std::move(socket)), asio::detached);
+  }
+}
+
+awaitable<bool> AdminServer::ProbeUpstream() {
+  tcp::socket s(io_);
+  asio::steady_timer timer(io_, std::chrono::seconds(1));
+  timer.async_wait([&s](error_code e) {
+    if (!e) {
+      error_code ignored;
+      s.close(ignored);
+    }
+  });
+  error_code ec;
+  co_await s.async_connect(upstream_, AwaitEc(ec));
+  bool ok = false;
+  if (!ec) {
+    co_await asio::async_write(s, asio::buffer("*1\r\n$4\r\nPING\r\n", 14), AwaitEc(ec));
+    char reply[64];
+    size_t n = 0;
+    if (!ec) n = co_await s.async_read_some(asio::buffer(reply), AwaitEc(ec));
+    ok = !ec && n > 0 && (reply[0] == '+' || reply[0] == '-');
+  }
+  timer.cancel();
+  co_return ok;
+}
+
+awaitable<void> AdminServer::Serve(tcp::socket socket) {
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request<http::string_body> req;
+    error_code ec;
+    co_await http::async_read(socket, buffer, req, AwaitEc(ec));
+    if (ec) co_return;
+    http::response<http::string_body> res{http::status::ok, req.version()};
+    res.set(http::field::server, "keyguard");
+    res.set(http::field::content_type, "text/plain; charset=utf-8");
+    const std::string_view target(req.target().data(), req.target().size());
+    const std::string_view path = target.substr(0, target.find('?'));
+    if (req.method() != http::verb::get && req.method() != http::verb::head) {
+      res.result(http::status::method_not_allowed);
+      res.body() = "only GET\n";
+    } else if (path == "/metrics") {
+      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res.body() = registry_.Render();
+    } else if (path == "/healthz") {
+      res.body() = "ok\n";
+    } else if (path == "/readyz") {
+      if (draining_.load()) {
+        res.result(http::status::service_unavailable);
+        res.body() = "draining\n";
+      } else if (!co_await ProbeUpstream()) {
+        res.result(http::status::service_unavailable);
+        res.body() = absl::StrCat("upstream ", config_.upstream.ToString(), " unreachable\n");
+      } else {
+        res.body() = "ready\n";
+      }
+    } else {
+      res.result(http::status::not_found);
+      res.body() = "not found; try /metrics, /healthz, /readyz\n";
+    }
+    res.keep_alive(req.keep_alive());
+    res.prepare_payload();
+    co_await http::async_write(socket, res, AwaitEc(ec));
+    if (ec || !req.keep_alive()) break;
+  }
+  error_code ignored;
+  socket.shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+}  // namespace keyguard::admin

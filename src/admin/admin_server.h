@@ -1,0 +1,38 @@
+// The admin HTTP endpoint (Boost.Beast): /healthz, /readyz and /metrics.
+#pragma once
+
+#include <atomic>
+
+#include "absl/status/status.h"
+#include "keyguard/config/config.h"
+#include "keyguard/metrics/registry.h"
+#include "proxy/asio.h"
+
+namespace keyguard::admin {
+
+class AdminServer {
+ public:
+  // Serves on `io` (its own thread); `upstream` is probed by /readyz; `draining` turns /readyz off.
+  AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
+              tcp::endpoint upstream, const std::atomic<bool>& draining);
+
+  // Binds and starts accepting.
+  absl::Status Listen();
+  tcp::endpoint endpoint() const { return endpoint_; }
+
+ private:
+  awaitable<void> Accept();
+  awaitable<void> Serve(tcp::socket socket);
+  // Connects to the upstream and sends PING; any RESP reply (even -NOAUTH) means reachable.
+  awaitable<bool> ProbeUpstream();
+
+  asio::io_context& io_;
+  const metrics::Registry& registry_;
+  const config::ProxyConfig& config_;
+  tcp::endpoint upstream_;
+  const std::atomic<bool>& draining_;
+  tcp::acceptor acceptor_;
+  tcp::endpoint endpoint_;
+};
+
+}  // namespace keyguard::admin

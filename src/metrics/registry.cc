@@ -1,0 +1,119 @@
+#include "keyguard/metrics/registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace keyguard::metrics {
+
+WorkerShard::WorkerShard() : commands_(commands::CommandCount()) {}
+
+void WorkerShard::ObserveLatency(commands::CommandId id, uint64_t nanos) {
+  CommandStats& s = commands_[id];
+  const double seconds = static_cast<double>(nanos) * 1e-9;
+  size_t b = 0;
+  while (b < kLatencyBuckets.size() && seconds > kLatencyBuckets[b]) ++b;
+  s.buckets[b].Add();
+  s.latency_count.Add();
+  s.latency_sum_ns.Add(nanos);
+}
+
+WorkerShard* Registry::AddShard() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return &shards_.emplace_back();
+}
+
+namespace {
+
+void Header(std::string* out, absl::string_view name, absl::string_view type, absl::string_view help) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+template <typename F>
+uint64_t Sum(const std::deque<WorkerShard>& shards, F f) {
+  uint64_t total = 0;
+  for (const WorkerShard& s : shards) total += f(s);
+  return total;
+}
+
+absl::string_view Name(size_t id) {
+  const std::string_view n = commands::CommandName(static_cast<commands::CommandId>(id));
+  return absl::string_view(n.data(), n.size());
+}
+
+std::string FormatSeconds(double v) { return absl::StrFormat("%.9g", v); }
+
+}  // namespace
+
+std::string Registry::Render() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+  std::string out;
+  out.reserve(16 * 1024);
+  Header(&out, "keyguard_build_info", "gauge", "Build information; the value is always 1.");
+  absl::StrAppend(&out, "keyguard_build_info{version=\"", KEYGUARD_VERSION_STRING, "\"} 1\n");
+
+  auto counter = [&](absl::string_view name, absl::string_view help, auto field) {
+    Header(&out, name, "counter", help);
+    absl::StrAppend(&out, name, " ", Sum(shards_, [&](const WorkerShard& s) { return (s.*field).Get(); }), "\n");
+  };
+  auto gauge = [&](absl::string_view name, absl::string_view help, auto field) {
+    Header(&out, name, "gauge", help);
+    int64_t total = 0;
+    for (const WorkerShard& s : shards_) total += (s.*field).Get();
+    absl::StrAppend(&out, name, " ", total, "\n");
+  };
+
+  gauge("keyguard_client_connections", "Client connections open now.", &WorkerShard::client_connections);
+  counter("keyguard_client_connections_total", "Client connections accepted.", &WorkerShard::client_connections_total);
+  gauge("keyguard_upstream_connections", "Upstream connections open now.", &WorkerShard::upstream_connections);
+  counter("keyguard_client_received_bytes_total", "Bytes read from clients.", &WorkerShard::client_bytes_received);
+  counter("keyguard_client_sent_bytes_total", "Bytes written to clients.", &WorkerShard::client_bytes_sent);
+  counter("keyguard_upstream_received_bytes_total", "Bytes read from the upstream Redis.", &WorkerShard::upstream_bytes_received);
+  counter("keyguard_upstream_sent_bytes_total", "Bytes written to the upstream Redis.", &WorkerShard::upstream_bytes_sent);
+  counter("keyguard_client_protocol_errors_total", "Client connections closed for malformed RESP.", &WorkerShard::client_protocol_errors);
+  counter("keyguard_unexpected_replies_total", "Upstream replies that matched no pending command.", &WorkerShard::unexpected_replies);
+
+  Header(&out, "keyguard_upstream_errors_total", "counter", "Upstream failures by reason: connect, closed, reset, protocol.");
+  for (size_t r = 0; r < static_cast<size_t>(UpstreamError::kCount); ++r) {
+    absl::StrAppend(&out, "keyguard_upstream_errors_total{reason=\"", kUpstreamErrorNames[r], "\"} ",
+                    Sum(shards_, [&](const WorkerShard& s) { return s.upstream_errors[r].Get(); }), "\n");
+  }
+
+  Header(&out, "keyguard_draining", "gauge", "1 while keyguard drains connections before exiting.");
+  absl::StrAppend(&out, "keyguard_draining ", draining_.Get(), "\n");
+
+  const size_t ncommands = commands::CommandCount();
+  Header(&out, "keyguard_commands_total", "counter", "Commands by command name and outcome.");
+  for (size_t id = 0; id < ncommands; ++id) {
+    for (size_t o = 0; o < static_cast<size_t>(Outcome::kCount); ++o) {
+      const uint64_t n = Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].outcomes[o].Get(); });
+      if (n == 0) continue;
+      absl::StrAppend(&out, "keyguard_commands_total{command=\"", Name(id),
+                      "\",outcome=\"", kOutcomeNames[o], "\"} ", n, "\n");
+    }
+  }
+
+  Header(&out, "keyguard_command_duration_seconds", "histogram",
+         "Upstream round trip per command, from forwarding the command to receiving its reply.");
+  for (size_t id = 0; id < ncommands; ++id) {
+    const uint64_t count = Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].latency_count.Get(); });
+    if (count == 0) continue;
+    const absl::string_view name = Name(id);
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < kLatencyBuckets.size(); ++b) {
+      cumulative += Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].buckets[b].Get(); });
+      absl::StrAppend(&out, "keyguard_command_duration_seconds_bucket{command=\"", name, "\",le=\"",
+                      FormatSeconds(kLatencyBuckets[b]), "\"} ", cumulative, "\n");
+    }
+    cumulative += Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].buckets.back().Get(); });
+    // Buckets and count are read one after the other while workers write; keep +Inf == count.
+    const uint64_t total = cumulative > count ? cumulative : count;
+    absl::StrAppend(&out, "keyguard_command_duration_seconds_bucket{command=\"", name, "\",le=\"+Inf\"} ", total, "\n");
+    const uint64_t sum_ns = Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].latency_sum_ns.Get(); });
+    absl::StrAppend(&out, "keyguard_command_duration_seconds_sum{command=\"", name, "\"} ",
+                    FormatSeconds(static_cast<double>(sum_ns) * 1e-9), "\n");
+    absl::StrAppend(&out, "keyguard_command_duration_seconds_count{command=\"", name, "\"} ", total, "\n");
+  }
+  return out;
+}
+
+}  // namespace keyguard::metrics

@@ -1,0 +1,154 @@
+#include "keyguard/proxy/server.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "admin/admin_server.h"
+#include "proxy/session.h"
+#include "proxy/worker.h"
+
+namespace keyguard::proxy {
+namespace {
+
+awaitable<void> Accept(Worker& worker, tcp::acceptor& acceptor) {
+  for (;;) {
+    error_code ec;
+    tcp::socket socket = co_await acceptor.async_accept(AwaitEc(ec));
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+      // Out of descriptors or a connection reset before accept: keep serving the others.
+      asio::steady_timer pause(worker.io, std::chrono::milliseconds(10));
+      co_await pause.async_wait(AwaitEc(ec));
+      continue;
+    }
+    if (worker.draining) continue;  // the socket closes as it goes out of scope
+    auto session = std::make_shared<Session>(worker, std::move(socket));
+    worker.sessions.insert(session);
+    session->Start();
+  }
+}
+
+absl::StatusOr<tcp::endpoint> Resolve(asio::io_context& io, const config::HostPort& hp, const char* what) {
+  tcp::resolver resolver(io);
+  error_code ec;
+  auto results = resolver.resolve(hp.host, std::to_string(hp.port), ec);
+  if (ec || results.empty()) {
+    return absl::UnavailableError(absl::StrCat(what, ": cannot resolve '", hp.host, "': ", ec.message()));
+  }
+  return results.begin()->endpoint();
+}
+
+}  // namespace
+
+absl::Status RunServer(const config::ProxyConfig& config) {
+  metrics::Registry registry;
+  asio::io_context control(1);
+
+  auto upstream = Resolve(control, config.upstream, "upstream");
+  if (!upstream.ok()) return upstream.status();
+  auto listen = Resolve(control, config.listen, "listen");
+  if (!listen.ok()) return listen.status();
+
+  int nthreads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
+  if (nthreads <= 0) nthreads = 1;
+
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
+  tcp::endpoint bound = *listen;
+  for (int i = 0; i < nthreads; ++i) {
+    workers.push_back(std::make_unique<Worker>(config, registry.AddShard(), *upstream));
+    auto acceptor = std::make_unique<tcp::acceptor>(workers.back()->io);
+    error_code ec;
+    acceptor->open(bound.protocol(), ec);
+    if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) {
+      int one = 1;
+      if (setsockopt(acceptor->native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+        ec = error_code(errno, boost::system::system_category());
+      }
+    }
+    if (!ec) acceptor->bind(bound, ec);
+    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", config.listen.ToString(), ": ", ec.message()));
+    bound = acceptor->local_endpoint();  // port 0: the others join the port the first one got
+    acceptors.push_back(std::move(acceptor));
+  }
+
+  std::atomic<bool> draining{false};
+  admin::AdminServer admin(control, registry, config, *upstream, draining);
+  if (auto s = admin.Listen(); !s.ok()) return s;
+
+  std::printf("keyguard %s listening on %s:%u, upstream %s, admin http://%s:%u/metrics, %d worker threads\n",
+              KEYGUARD_VERSION, bound.address().to_string().c_str(), bound.port(),
+              config.upstream.ToString().c_str(), admin.endpoint().address().to_string().c_str(),
+              admin.endpoint().port(), nthreads);
+  std::fflush(stdout);
+
+  for (int i = 0; i < nthreads; ++i) {
+    asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
+  }
+  std::vector<std::thread> threads;
+  for (auto& w : workers) {
+    threads.emplace_back([&io = w->io] {
+      auto guard = asio::make_work_guard(io);
+      io.run();
+    });
+  }
+
+  // SIGTERM/SIGINT: stop accepting, let sessions finish their pending replies, then stop.
+  asio::signal_set signals(control, SIGTERM, SIGINT);
+  asio::steady_timer drain_timer(control);
+  std::chrono::steady_clock::time_point deadline;
+  std::function<void()> poll = [&] {
+    int open = 0;
+    for (auto& w : workers) open += w->session_count.load(std::memory_order_relaxed);
+    if (open == 0 || std::chrono::steady_clock::now() >= deadline) {
+      for (auto& w : workers) w->io.stop();
+      control.stop();
+      return;
+    }
+    drain_timer.expires_after(std::chrono::milliseconds(20));
+    drain_timer.async_wait([&](error_code) { poll(); });
+  };
+  signals.async_wait([&](error_code ec, int signo) {
+    if (ec) return;
+    std::printf("keyguard: signal %d, draining (up to %d ms)\n", signo, config.drain_timeout_ms);
+    std::fflush(stdout);
+    draining = true;
+    registry.draining().Add(1);
+    deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config.drain_timeout_ms);
+    for (size_t i = 0; i < workers.size(); ++i) {
+      Worker* w = workers[i].get();
+      tcp::acceptor* a = acceptors[i].get();
+      asio::post(w->io, [w, a] {
+        w->draining = true;
+        error_code ignored;
+        a->close(ignored);
+        std::vector<std::shared_ptr<Session>> sessions(w->sessions.begin(), w->sessions.end());
+        for (auto& s : sessions) s->Drain();
+      });
+    }
+    poll();
+  });
+
+  control.run();
+  for (auto& w : workers) w->io.stop();
+  for (auto& t : threads) t.join();
+  // Close what is still open past the deadline, and let the coroutines see it and end while
+  // their io_context still exists.
+  for (auto& w : workers) {
+    std::vector<std::shared_ptr<Session>> sessions(w->sessions.begin(), w->sessions.end());
+    for (auto& s : sessions) s->Close();
+    sessions.clear();
+    w->io.restart();
+    w->io.poll();
+  }
+  std::printf("keyguard: stopped\n");
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace keyguard::proxy

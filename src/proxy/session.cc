@@ -1,0 +1,541 @@
+#include "proxy/session.h"
+
+#include <chrono>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "keyguard/commands/command_table.h"
+#include "keyguard/resp/encoder.h"
+
+namespace keyguard::proxy {
+namespace {
+
+using commands::EqualsIgnoreCase;
+using Kind = Pending::Kind;
+
+constexpr std::string_view kConfirmNames[] = {"subscribe",  "unsubscribe",  "psubscribe",
+                                              "punsubscribe", "ssubscribe", "sunsubscribe"};
+constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unavailable\r\n";
+constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
+constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int ConfirmIndex(std::string_view kind) {
+  for (int i = 0; i < 6; ++i) {
+    if (EqualsIgnoreCase(kind, kConfirmNames[i])) return i;
+  }
+  return -1;
+}
+
+// MONITOR lines look like `+1700000000.123456 [0 127.0.0.1:5555] "get" "k"`.
+bool IsMonitorLine(std::string_view line) {
+  if (line.empty() || line[0] < '0' || line[0] > '9') return false;
+  const size_t sp = line.find(' ');
+  return sp != std::string_view::npos && sp + 1 < line.size() && line[sp + 1] == '[' &&
+         line.substr(0, sp).find('.') != std::string_view::npos;
+}
+
+// Appends to a gather list, extending the last buffer when the bytes are adjacent in memory
+// (consecutive frames of one read), so a batch is one writev of few buffers.
+void AppendBuffer(std::vector<asio::const_buffer>* gather, const char* data, size_t len) {
+  if (!gather->empty()) {
+    asio::const_buffer& last = gather->back();
+    if (static_cast<const char*>(last.data()) + last.size() == data) {
+      last = asio::const_buffer(last.data(), last.size() + len);
+      return;
+    }
+  }
+  gather->emplace_back(data, len);
+}
+
+}  // namespace
+
+Session::Session(Worker& worker, tcp::socket client)
+    : worker_(worker),
+      client_(std::move(client)),
+      upstream_(worker.io),
+      client_out_(client_, &worker.shard->client_bytes_sent),
+      upstream_out_(upstream_, &worker.shard->upstream_bytes_sent),
+      client_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
+      upstream_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
+      request_framer_(worker.config.limits),
+      reply_framer_(worker.config.limits),
+      queue_event_(worker.io) {
+  worker_.shard->client_connections.Add(1);
+  worker_.shard->client_connections_total.Add();
+  worker_.session_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+Session::~Session() {
+  worker_.shard->client_connections.Add(-1);
+  worker_.session_count.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Session::Start() {
+  auto self = shared_from_this();
+  client_out_.set_owner(self);
+  upstream_out_.set_owner(self);
+  std::weak_ptr<Session> weak = self;
+  client_out_.set_on_error([weak](error_code) {
+    if (auto s = weak.lock()) s->Close();
+  });
+  upstream_out_.set_on_error([weak](error_code) {
+    if (auto s = weak.lock()) s->FailUpstream(metrics::UpstreamError::kReset);
+  });
+  asio::co_spawn(worker_.io, [self]() { return self->Run(); }, asio::detached);
+}
+
+awaitable<void> Session::Run() {
+  auto self = shared_from_this();
+  error_code ec;
+  client_.non_blocking(true, ec);
+  client_.set_option(tcp::no_delay(true), ec);
+
+  // Connect upstream, bounded by the connect timeout.
+  asio::steady_timer timer(worker_.io);
+  timer.expires_after(std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
+  std::weak_ptr<Session> weak = self;
+  timer.async_wait([weak](error_code e) {
+    if (auto s = weak.lock(); s && !e) {
+      error_code ignored;
+      s->upstream_.close(ignored);
+    }
+  });
+  co_await upstream_.async_connect(worker_.upstream, AwaitEc(ec));
+  timer.cancel();
+  if (closed_) co_return;
+  if (ec || !upstream_.is_open()) {
+    worker_.shard->CountUpstreamError(metrics::UpstreamError::kConnect);
+    error_code ignored;
+    upstream_.close(ignored);
+  } else {
+    upstream_ready_ = true;
+    upstream_.non_blocking(true, ec);
+    upstream_.set_option(tcp::no_delay(true), ec);
+    upstream_.set_option(asio::socket_base::keep_alive(true), ec);
+    worker_.shard->upstream_connections.Add(1);
+    asio::co_spawn(worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
+  }
+  co_await ClientPump();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client -> upstream
+
+awaitable<void> Session::ClientPump() {
+  auto self = shared_from_this();
+  const size_t max_out = static_cast<size_t>(worker_.config.max_output_buffer);
+  const size_t max_pending = static_cast<size_t>(worker_.config.max_pending_commands);
+  size_t hint = 0;
+  while (!closed_ && !stop_reading_) {
+    // Backpressure: a slow upstream or a client that does not read its replies stops our reads.
+    while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
+    while (!closed_ && queue_.size() >= max_pending) {
+      queue_waiter_ = true;
+      queue_event_.expires_at(asio::steady_timer::time_point::max());
+      error_code ignored;
+      co_await queue_event_.async_wait(AwaitEc(ignored));
+    }
+    if (closed_) break;
+    client_buf_.Prepare(hint);
+    error_code ec;
+    const size_t n = co_await client_.async_read_some(client_buf_.free_space(), AwaitEc(ec));
+    if (closed_) break;
+    if (ec) {
+      // The client went away (or reset): nothing is left to deliver to it.
+      Close();
+      co_return;
+    }
+    client_buf_.Commit(n);
+    worker_.shard->client_bytes_received.Add(n);
+    ProcessClientBytes(&hint);
+  }
+  if (closed_ || closing_) co_return;
+  // Stopped reading (protocol error, QUIT, upstream gone, draining): wait for every pending reply,
+  // then deliver and close.
+  while (!closed_ && !queue_.empty()) {
+    queue_waiter_ = true;
+    queue_event_.expires_at(asio::steady_timer::time_point::max());
+    error_code ignored;
+    co_await queue_event_.async_wait(AwaitEc(ignored));
+  }
+  if (!closed_ && !closing_) co_await FlushAndClose();
+}
+
+void Session::ProcessClientBytes(size_t* hint) {
+  *hint = 0;
+  forward_.clear();
+  const char* base = client_buf_.data();
+  const size_t len = client_buf_.size();
+  size_t pos = 0;
+  const int64_t now = NowNs();
+  while (!stop_reading_) {
+    const resp::Status st = request_framer_.Next(base + pos, len - pos);
+    if (st == resp::Status::kNeedMore) {
+      *hint = request_framer_.hint();
+      break;
+    }
+    if (st == resp::Status::kProtocolError) {
+      // As Redis: the error is the reply after every earlier one, then the connection closes.
+      worker_.shard->client_protocol_errors.Add();
+      std::string text;
+      resp::AppendError(&text, request_framer_.error());
+      Reply(std::move(text), commands::kUnknownCommand, /*close_after=*/true);
+      stop_reading_ = true;
+      break;
+    }
+    const size_t n = request_framer_.consumed();
+    const auto args = request_framer_.args();
+    if (!args.empty()) HandleCommand(args, base + pos, n, now);
+    pos += n;
+  }
+  if (!forward_.empty()) upstream_out_.Send(forward_);
+  forward_.clear();
+  client_buf_.Consume(pos);
+}
+
+void Session::ForwardRaw(const char* data, size_t len) { AppendBuffer(&forward_, data, len); }
+
+void Session::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {
+  const commands::KnownCommands& known = commands::Known();
+  const commands::CommandId id = commands::LookupCommand(args[0]);
+
+  // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP.
+  bool silent = reply_off_ || skip_next_reply_;
+  skip_next_reply_ = false;
+
+  if (worker_.deny[id] || !upstream_ready_) {
+    if (!upstream_ready_) {
+      worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
+      Reply(std::string(kUpstreamUnavailable), id, /*close_after=*/true);
+      stop_reading_ = true;
+      return;
+    }
+    worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
+    if (in_multi_) multi_aborted_ = true;  // Redis fails EXEC after a refused queued command
+    if (silent) return;
+    std::string text;
+    resp::AppendError(&text, absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])),
+                                          "' is not allowed here"));
+    Reply(std::move(text), id, false);
+    return;
+  }
+
+  Pending p;
+  p.command = id;
+  p.start_ns = now;
+  std::string_view bytes(raw, raw_len);
+  if (id == known.multi) {
+    in_multi_ = true;
+  } else if (id == known.exec) {
+    if (in_multi_ && multi_aborted_) {
+      p.kind = Kind::kExecAbort;
+      bytes = kDiscard;
+    }
+    in_multi_ = multi_aborted_ = false;
+  } else if (id == known.discard) {
+    in_multi_ = multi_aborted_ = false;
+  } else if (in_multi_) {
+    // Queued inside MULTI: the reply is +QUEUED whatever the command; effects come with EXEC.
+  } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
+             id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe) {
+    const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
+    if (args.size() > 1 || unsub) {
+      p.kind = Kind::kSubscribe;
+      p.confirm = static_cast<uint8_t>(ConfirmIndex(args[0]));
+      p.expected = args.size() > 1 ? static_cast<int64_t>(args.size() - 1) : -1;
+    }
+  } else if (id == known.hello) {
+    p.kind = Kind::kHello;
+    int64_t v = 0;
+    if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) p.hello_version = static_cast<int8_t>(v);
+  } else if (id == known.monitor) {
+    p.kind = Kind::kMonitor;
+  } else if (id == known.reset) {
+    p.kind = Kind::kReset;
+    reply_off_ = false;
+    silent = false;
+  } else if (id == known.quit) {
+    stop_reading_ = true;  // Redis reads nothing after QUIT
+    quit_sent_ = true;
+  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
+    if (EqualsIgnoreCase(args[2], "off")) {
+      reply_off_ = true;
+      silent = true;
+    } else if (EqualsIgnoreCase(args[2], "skip")) {
+      silent = true;
+      skip_next_reply_ = !reply_off_;
+    } else if (EqualsIgnoreCase(args[2], "on")) {
+      reply_off_ = false;
+      silent = false;
+    }
+  }
+
+  ForwardRaw(bytes.data(), bytes.size());
+  if (silent) {
+    worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);
+    return;
+  }
+  queue_.push_back(std::move(p));
+}
+
+void Session::Reply(std::string text, commands::CommandId id, bool close_after) {
+  if (queue_.empty()) {
+    // Nothing is pending before it: deliver now.
+    client_out_.Send(text);
+    return;
+  }
+  Pending p;
+  p.kind = Kind::kLocal;
+  p.command = id;
+  p.close_after = close_after;
+  p.text = std::move(text);
+  queue_.push_back(std::move(p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Upstream -> client
+
+awaitable<void> Session::UpstreamPump() {
+  auto self = shared_from_this();
+  const size_t max_out = static_cast<size_t>(worker_.config.max_output_buffer);
+  size_t hint = 0;
+  while (!closed_) {
+    while (!closed_ && client_out_.backlog() > max_out) co_await client_out_.WaitBelow(max_out / 2);
+    if (closed_) break;
+    upstream_buf_.Prepare(hint);
+    error_code ec;
+    const size_t n = co_await upstream_.async_read_some(upstream_buf_.free_space(), AwaitEc(ec));
+    if (closed_) break;
+    if (ec) {
+      FailUpstream(ec == asio::error::eof ? metrics::UpstreamError::kClosed : metrics::UpstreamError::kReset);
+      co_return;
+    }
+    upstream_buf_.Commit(n);
+    worker_.shard->upstream_bytes_received.Add(n);
+    if (!ProcessUpstreamBytes(&hint)) {
+      FailUpstream(metrics::UpstreamError::kProtocol);
+      co_return;
+    }
+    if (worker_.draining && queue_.empty() && !closing_) {
+      co_await FlushAndClose();
+      co_return;
+    }
+  }
+}
+
+void Session::AppendOut(std::string_view bytes) { AppendBuffer(&deliver_, bytes.data(), bytes.size()); }
+
+bool Session::IsConfirmationFor(const Pending& p, std::string_view kind) const {
+  return p.kind == Kind::kSubscribe && EqualsIgnoreCase(kind, kConfirmNames[p.confirm]);
+}
+
+void Session::TrackConfirmation(std::string_view kind, std::string_view channel) {
+  const int i = ConfirmIndex(kind);
+  if (i < 0) return;
+  auto& set = subscriptions_[i / 2];
+  if (i % 2 == 0) {
+    set.emplace(channel);
+  } else {
+    set.erase(std::string(channel));
+  }
+}
+
+bool Session::ProcessUpstreamBytes(size_t* hint) {
+  *hint = 0;
+  deliver_.clear();
+  held_.clear();
+  const char* base = upstream_buf_.data();
+  const size_t len = upstream_buf_.size();
+  size_t pos = 0;
+  const int64_t now = NowNs();
+  bool ok = true;
+  for (;;) {
+    const resp::Status st = reply_framer_.Next(base + pos, len - pos);
+    if (st == resp::Status::kNeedMore) {
+      *hint = reply_framer_.hint();
+      break;
+    }
+    if (st == resp::Status::kProtocolError) {
+      ok = false;
+      break;
+    }
+    const size_t n = reply_framer_.consumed();
+    const std::string_view frame(base + pos, n);
+    pos += n;
+    const char type = reply_framer_.type();
+    const auto head = reply_framer_.head();
+    const std::string_view kind = head.empty() ? std::string_view() : head[0].text;
+    Pending* front = queue_.empty() ? nullptr : &queue_.front();
+
+    // Subscribe confirmations: pushes in RESP3, arrays in RESP2.
+    if ((type == '>' || (type == '*' && protocol_ == 2)) && front != nullptr && head.size() >= 2 &&
+        IsConfirmationFor(*front, kind)) {
+      AppendOut(frame);
+      TrackConfirmation(kind, head[1].text);
+      if (front->expected < 0) {
+        front->expected = std::max<int64_t>(1, static_cast<int64_t>(subscriptions_[front->confirm / 2].size()) + 1);
+      }
+      if (--front->expected == 0) CompleteHead(type, now);
+      continue;
+    }
+    // Out-of-band: RESP3 pushes, RESP2 pub/sub messages, MONITOR lines.
+    if (type == '>') {
+      if (head.size() >= 2 && ConfirmIndex(kind) >= 0) TrackConfirmation(kind, head[1].text);
+      AppendOut(frame);
+      continue;
+    }
+    if (type == '*' && protocol_ == 2 && head.size() >= 2 &&
+        (!subscriptions_[0].empty() || !subscriptions_[1].empty() || !subscriptions_[2].empty()) &&
+        (EqualsIgnoreCase(kind, "message") || EqualsIgnoreCase(kind, "pmessage") || EqualsIgnoreCase(kind, "smessage"))) {
+      AppendOut(frame);
+      continue;
+    }
+    if (monitor_ && type == '+' && IsMonitorLine(kind)) {
+      AppendOut(frame);
+      continue;
+    }
+    if (front == nullptr) {
+      // A reply nobody waits for; pass it on rather than drop it, and count it.
+      worker_.shard->unexpected_replies.Add();
+      AppendOut(frame);
+      continue;
+    }
+    if (front->kind == Kind::kExecAbort) {
+      AppendOut(kExecAbort);
+    } else {
+      AppendOut(frame);
+    }
+    if (front->kind == Kind::kSubscribe) {
+      // Not a confirmation (an error such as NOAUTH): the command is over.
+      front->expected = 0;
+    }
+    CompleteHead(type, now);
+  }
+  DeliverLocalsAtHead();
+  if (!deliver_.empty()) client_out_.Send(deliver_);
+  deliver_.clear();
+  upstream_buf_.Consume(pos);
+  NotifyQueue();
+  return ok;
+}
+
+void Session::CompleteHead(char reply_type, int64_t now) {
+  Pending& p = queue_.front();
+  const bool error = reply_type == '-' || reply_type == '!';
+  switch (p.kind) {
+    case Kind::kHello:
+      if (!error && p.hello_version != 0) protocol_ = p.hello_version;
+      break;
+    case Kind::kMonitor:
+      if (!error) monitor_ = true;
+      break;
+    case Kind::kReset:
+      if (!error) {
+        protocol_ = 2;
+        monitor_ = false;
+        for (auto& s : subscriptions_) s.clear();
+      }
+      break;
+    default:
+      break;
+  }
+  const bool exec_abort = p.kind == Kind::kExecAbort;
+  worker_.shard->CountCommand(p.command, (error || exec_abort) ? metrics::Outcome::kError : metrics::Outcome::kOk);
+  worker_.shard->ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));
+  queue_.pop_front();
+  DeliverLocalsAtHead();
+}
+
+void Session::DeliverLocalsAtHead() {
+  while (!queue_.empty() && queue_.front().kind == Kind::kLocal) {
+    held_.push_back(std::move(queue_.front().text));
+    AppendOut(held_.back());
+    queue_.pop_front();
+  }
+}
+
+void Session::NotifyQueue() {
+  if (queue_waiter_) {
+    queue_waiter_ = false;
+    queue_event_.cancel();
+  }
+}
+
+void Session::FailUpstream(metrics::UpstreamError reason) {
+  if (closed_ || !upstream_ready_) return;
+  if (!(quit_sent_ && reason == metrics::UpstreamError::kClosed)) worker_.shard->CountUpstreamError(reason);
+  upstream_ready_ = false;
+  worker_.shard->upstream_connections.Add(-1);
+  error_code ignored;
+  upstream_.close(ignored);
+  // Every command still waiting gets an error, in order with keyguard's own replies.
+  std::string out;
+  for (Pending& p : queue_) {
+    if (p.kind == Kind::kLocal) {
+      out += p.text;
+    } else {
+      worker_.shard->CountCommand(p.command, metrics::Outcome::kFailed);
+      out += kUpstreamUnavailable;
+    }
+  }
+  queue_.clear();
+  if (!out.empty()) client_out_.Send(out);
+  stop_reading_ = true;
+  NotifyQueue();
+  if (!closing_) {
+    auto self = shared_from_this();
+    asio::co_spawn(worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle
+
+awaitable<void> Session::FlushAndClose() {
+  auto self = shared_from_this();
+  if (closing_ || closed_) co_return;
+  closing_ = true;
+  // A client that never reads must not keep the session forever.
+  auto limit = std::make_shared<asio::steady_timer>(worker_.io, std::chrono::seconds(30));
+  std::weak_ptr<Session> weak = self;
+  limit->async_wait([weak, limit](error_code e) {
+    if (auto s = weak.lock(); s && !e) s->Close();
+  });
+  while (!closed_ && client_out_.backlog() > 0 && !client_out_.failed()) co_await client_out_.WaitBelow(0);
+  limit->cancel();
+  Close();
+}
+
+void Session::Drain() {
+  stop_reading_ = true;  // commands already read are still served
+  if (queue_.empty() && !closing_) {
+    auto self = shared_from_this();
+    asio::co_spawn(worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
+  }
+  // Otherwise UpstreamPump closes once the last pending reply is delivered.
+}
+
+void Session::Close() {
+  if (closed_) return;
+  auto self = shared_from_this();
+  closed_ = true;
+  error_code ignored;
+  client_.shutdown(tcp::socket::shutdown_both, ignored);
+  client_.close(ignored);
+  if (upstream_ready_) {
+    upstream_ready_ = false;
+    worker_.shard->upstream_connections.Add(-1);
+  }
+  upstream_.close(ignored);
+  queue_event_.cancel();
+  client_out_.Wake();
+  upstream_out_.Wake();
+  worker_.sessions.erase(self);
+}
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,114 @@
+// One client connection and its own upstream connection (1:1), on one worker thread.
+//
+// Two coroutines move bytes: ClientPump frames client commands and forwards them upstream,
+// UpstreamPump frames replies and forwards them to the client. The ReplyQueue (queue_) holds one
+// entry per command that expects a reply, in request order, including replies keyguard makes
+// itself, so every client sees its replies in the order it sent the commands. Out-of-band frames
+// (pub/sub messages, RESP3 pushes, MONITOR lines) pass through without taking an entry.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "keyguard/resp/framer.h"
+#include "proxy/asio.h"
+#include "proxy/outbox.h"
+#include "proxy/read_buffer.h"
+#include "proxy/worker.h"
+
+namespace keyguard::proxy {
+
+// A command waiting for its reply, or a reply keyguard made.
+struct Pending {
+  enum class Kind : uint8_t {
+    kForward,    // plain command: one reply
+    kLocal,      // keyguard's own reply in `text`
+    kSubscribe,  // (p|s)(un)subscribe: one confirmation per channel
+    kHello,      // switches RESP2/RESP3 when it succeeds
+    kMonitor,    // +OK starts the MONITOR stream
+    kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
+    kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
+  };
+  Kind kind = Kind::kForward;
+  commands::CommandId command = commands::kUnknownCommand;
+  bool close_after = false;   // kLocal: close the connection once this reply is delivered
+  uint8_t confirm = 0;        // kSubscribe: index into kConfirmNames
+  int8_t hello_version = 0;   // kHello: 2, 3 or 0 (unchanged)
+  int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind
+  int64_t start_ns = 0;
+  std::string text;           // kLocal
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Worker& worker, tcp::socket client);
+  ~Session();
+
+  // Connects upstream and starts both pumps.
+  void Start();
+  // Stop gracefully: close once no reply is pending.
+  void Drain();
+  // Close both connections now.
+  void Close();
+
+ private:
+  awaitable<void> Run();
+  awaitable<void> ClientPump();
+  awaitable<void> UpstreamPump();
+  awaitable<void> FlushAndClose();
+
+  // Client side.
+  void ProcessClientBytes(size_t* hint);
+  void HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now);
+  void ForwardRaw(const char* data, size_t len);
+  void Reply(std::string text, commands::CommandId id, bool close_after);
+
+  // Upstream side.
+  bool ProcessUpstreamBytes(size_t* hint);
+  void DeliverLocalsAtHead();
+  void CompleteHead(char reply_type, int64_t now);
+  bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
+  void TrackConfirmation(std::string_view kind, std::string_view channel);
+  void FailUpstream(metrics::UpstreamError reason);
+  void NotifyQueue();
+  void AppendOut(std::string_view bytes);
+
+  Worker& worker_;
+  tcp::socket client_;
+  tcp::socket upstream_;
+  Outbox client_out_;
+  Outbox upstream_out_;
+  ReadBuffer client_buf_;
+  ReadBuffer upstream_buf_;
+  resp::RequestFramer request_framer_;
+  resp::ReplyFramer reply_framer_;
+  std::deque<Pending> queue_;
+  asio::steady_timer queue_event_;
+  bool queue_waiter_ = false;
+
+  // Batch scratch, reused.
+  std::vector<asio::const_buffer> forward_;  // client bytes going upstream
+  std::vector<asio::const_buffer> deliver_;  // reply bytes going to the client
+  std::deque<std::string> held_;             // local replies referenced by deliver_ until sent
+
+  // Connection state as the client and the server see it.
+  int protocol_ = 2;
+  bool monitor_ = false;
+  bool in_multi_ = false;
+  bool multi_aborted_ = false;
+  bool reply_off_ = false;
+  bool skip_next_reply_ = false;
+  bool quit_sent_ = false;
+  absl::flat_hash_set<std::string> subscriptions_[3];  // channels, patterns, shard channels
+
+  bool upstream_ready_ = false;
+  bool stop_reading_ = false;
+  bool closing_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,48 @@
+#include "keyguard/resp/encoder.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace keyguard::resp {
+namespace {
+
+void AppendLine(std::string* out, char type, std::string_view text) {
+  out->push_back(type);
+  const size_t start = out->size();
+  out->append(text);
+  for (size_t i = start; i < out->size(); ++i) {
+    if ((*out)[i] == '\r' || (*out)[i] == '\n') (*out)[i] = ' ';
+  }
+  out->append("\r\n");
+}
+
+void AppendHeader(std::string* out, char type, int64_t n) {
+  char buf[32];
+  buf[0] = type;
+  char* end = absl::numbers_internal::FastIntToBuffer(n, buf + 1);
+  end[0] = '\r';
+  end[1] = '\n';
+  out->append(buf, end + 2 - buf);
+}
+
+}  // namespace
+
+void AppendError(std::string* out, std::string_view text) { AppendLine(out, '-', text); }
+void AppendSimple(std::string* out, std::string_view text) { AppendLine(out, '+', text); }
+void AppendInteger(std::string* out, int64_t value) { AppendHeader(out, ':', value); }
+
+void AppendBulk(std::string* out, std::string_view value) {
+  AppendHeader(out, '$', static_cast<int64_t>(value.size()));
+  out->append(value);
+  out->append("\r\n");
+}
+
+void AppendNullBulk(std::string* out) { out->append("$-1\r\n"); }
+void AppendArrayHeader(std::string* out, int64_t count) { AppendHeader(out, '*', count); }
+
+void AppendCommand(std::string* out, std::span<const std::string_view> args) {
+  AppendArrayHeader(out, static_cast<int64_t>(args.size()));
+  for (std::string_view a : args) AppendBulk(out, a);
+}
+
+}  // namespace keyguard::resp

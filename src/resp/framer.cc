@@ -1,0 +1,364 @@
+#include "keyguard/resp/framer.h"
+
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace keyguard::resp {
+namespace {
+
+// Reads a non-negative decimal terminated by '\r' starting at p (p < end). Returns the position
+// of the '\r', or nullptr when the fast path does not apply (sign, leading zero, other bytes, no
+// '\r' in reach, too many digits); callers then take the exact slow path.
+inline const char* FastDigits(const char* p, const char* end, int64_t* out) {
+  const char* start = p;
+  int64_t v = 0;
+  while (p < end && static_cast<unsigned>(*p - '0') <= 9) {
+    v = v * 10 + (*p - '0');
+    ++p;
+  }
+  const size_t n = p - start;
+  if (p >= end || *p != '\r' || n == 0 || n > 18 || (n > 1 && *start == '0')) return nullptr;
+  *out = v;
+  return p;
+}
+
+}  // namespace
+
+bool ParseRedisInt(std::string_view s, int64_t* out) {
+  // Mirrors Redis's string2ll (util.c) so that we accept and refuse the same count lines.
+  const char* p = s.data();
+  size_t plen = s.size();
+  if (plen == 0 || plen > 20) return false;
+  if (plen == 1 && p[0] == '0') {
+    *out = 0;
+    return true;
+  }
+  bool negative = false;
+  size_t i = 0;
+  if (p[0] == '-') {
+    negative = true;
+    ++i;
+    if (i == plen) return false;
+  }
+  uint64_t v;
+  if (p[i] >= '1' && p[i] <= '9') {
+    v = p[i] - '0';
+    ++i;
+  } else {
+    return false;
+  }
+  for (; i < plen; ++i) {
+    if (p[i] < '0' || p[i] > '9') return false;
+    if (v > std::numeric_limits<uint64_t>::max() / 10) return false;
+    v *= 10;
+    const uint64_t d = p[i] - '0';
+    if (v > std::numeric_limits<uint64_t>::max() - d) return false;
+    v += d;
+  }
+  if (negative) {
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) + 1) return false;
+    *out = static_cast<int64_t>(0 - v);
+  } else {
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    *out = static_cast<int64_t>(v);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RequestFramer
+
+void RequestFramer::Reset() {
+  in_frame_ = false;
+  pos_ = 0;
+  remaining_ = 0;
+  bulk_len_ = -1;
+  offsets_.clear();
+}
+
+Status RequestFramer::Fail(std::string text) {
+  error_ = std::move(text);
+  Reset();
+  return Status::kProtocolError;
+}
+
+Status RequestFramer::Next(const char* data, size_t len) {
+  hint_ = 0;
+  if (!in_frame_) {
+    args_.clear();
+    consumed_ = 0;
+    if (len == 0) return Status::kNeedMore;
+    if (data[0] != '*') return ParseInline(data, len);
+    is_inline_ = false;
+    // Count line: Redis looks for '\r' and needs one more byte after it.
+    const char* end = data + len;
+    int64_t count;
+    const char* cr = FastDigits(data + 1, end, &count);
+    if (cr == nullptr) {
+      cr = static_cast<const char*>(memchr(data + 1, '\r', len - 1));
+      if (cr == nullptr) {
+        if (len > limits_.max_inline_len) return Fail("ERR Protocol error: too big mbulk count string");
+        return Status::kNeedMore;
+      }
+      if (!ParseRedisInt(std::string_view(data + 1, cr - data - 1), &count)) {
+        if (cr + 2 > end) return Status::kNeedMore;
+        return Fail("ERR Protocol error: invalid multibulk length");
+      }
+    }
+    if (cr + 2 > end) return Status::kNeedMore;
+    if (count > limits_.max_multibulk_len || count > std::numeric_limits<int32_t>::max()) {
+      return Fail("ERR Protocol error: invalid multibulk length");
+    }
+    pos_ = cr + 2 - data;
+    if (count <= 0) {
+      consumed_ = pos_;
+      pos_ = 0;
+      return Status::kOk;
+    }
+    in_frame_ = true;
+    remaining_ = count;
+    bulk_len_ = -1;
+    offsets_.clear();
+    offsets_.reserve(count < 64 ? count : 64);
+  }
+
+  const char* end = data + len;
+  while (remaining_ > 0) {
+    if (bulk_len_ < 0) {
+      const char* p = data + pos_;
+      if (p >= end) return Status::kNeedMore;
+      int64_t blen;
+      const char* cr = (*p == '$') ? FastDigits(p + 1, end, &blen) : nullptr;
+      if (cr == nullptr) {
+        cr = static_cast<const char*>(memchr(p, '\r', end - p));
+        if (cr == nullptr) {
+          if (static_cast<size_t>(end - p) > limits_.max_inline_len) {
+            return Fail("ERR Protocol error: too big bulk count string");
+          }
+          return Status::kNeedMore;
+        }
+        if (cr + 2 > end) return Status::kNeedMore;
+        if (*p != '$') return Fail(absl::StrCat("ERR Protocol error: expected '$', got '", std::string(p, 1), "'"));
+        if (!ParseRedisInt(std::string_view(p + 1, cr - p - 1), &blen) || blen < 0) {
+          return Fail("ERR Protocol error: invalid bulk length");
+        }
+      }
+      if (cr + 2 > end) return Status::kNeedMore;
+      if (blen > limits_.max_bulk_len) return Fail("ERR Protocol error: invalid bulk length");
+      bulk_len_ = blen;
+      pos_ = cr + 2 - data;
+    }
+    // Redis skips the two bytes after the payload without looking at them; so do we.
+    const size_t need = pos_ + static_cast<size_t>(bulk_len_) + 2;
+    if (need > len) {
+      hint_ = need;
+      return Status::kNeedMore;
+    }
+    offsets_.emplace_back(pos_, static_cast<size_t>(bulk_len_));
+    pos_ = need;
+    bulk_len_ = -1;
+    --remaining_;
+  }
+  args_.reserve(offsets_.size());
+  for (const auto& [off, n] : offsets_) args_.emplace_back(data + off, n);
+  consumed_ = pos_;
+  Reset();
+  return Status::kOk;
+}
+
+Status RequestFramer::ParseInline(const char* data, size_t len) {
+  is_inline_ = true;
+  const char* nl = static_cast<const char*>(memchr(data, '\n', len));
+  if (nl == nullptr) {
+    if (len > limits_.max_inline_len) return Fail("ERR Protocol error: too big inline request");
+    return Status::kNeedMore;
+  }
+  size_t line_len = nl - data;
+  if (line_len > 0 && data[line_len - 1] == '\r') --line_len;
+  inline_store_.clear();
+  if (!SplitInlineArgs(std::string_view(data, line_len), &inline_store_)) {
+    return Fail("ERR Protocol error: unbalanced quotes in request");
+  }
+  for (const std::string& s : inline_store_) args_.emplace_back(s);
+  consumed_ = nl - data + 1;
+  return Status::kOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ReplyFramer
+
+void ReplyFramer::Reset() {
+  in_frame_ = false;
+  pos_ = 0;
+  scan_pos_ = 0;
+  pending_bulk_ = -1;
+  stack_.clear();
+}
+
+Status ReplyFramer::Fail(std::string text) {
+  error_ = std::move(text);
+  Reset();
+  return Status::kProtocolError;
+}
+
+void ReplyFramer::RecordScalar(char type, size_t off, size_t len) {
+  if (head_closed_) return;
+  if (stack_.empty()) {
+    // The top-level value is a scalar.
+    head_types_[0] = type;
+    head_off_[0] = {off, len};
+    head_count_ = 1;
+    head_closed_ = true;
+    return;
+  }
+  if (stack_.size() == 1 && !stack_[0].attribute && head_count_ < kHeadElements) {
+    head_types_[head_count_] = type;
+    head_off_[head_count_] = {off, len};
+    ++head_count_;
+  }
+}
+
+bool ReplyFramer::ElementDone() {
+  while (!stack_.empty()) {
+    Level& top = stack_.back();
+    ++top.index;
+    if (--top.remaining > 0) return false;
+    const bool attribute = top.attribute;
+    stack_.pop_back();
+    // A finished attribute is not an element of its parent: the value it annotates follows.
+    if (attribute) return false;
+  }
+  return true;
+}
+
+Status ReplyFramer::Next(const char* data, size_t len) {
+  hint_ = 0;
+  if (!in_frame_) {
+    consumed_ = 0;
+    top_type_ = 0;
+    top_size_ = 0;
+    head_count_ = 0;
+    head_closed_ = false;
+    in_frame_ = true;
+  }
+  const char* end = data + len;
+  for (;;) {
+    if (pending_bulk_ >= 0) {
+      const size_t need = pos_ + static_cast<size_t>(pending_bulk_) + 2;
+      if (need > len) {
+        hint_ = need;
+        return Status::kNeedMore;
+      }
+      RecordScalar(pending_type_, pos_, static_cast<size_t>(pending_bulk_));
+      pos_ = need;
+      pending_bulk_ = -1;
+      if (ElementDone() && stack_.empty()) break;
+      continue;
+    }
+    const char* p = data + pos_;
+    if (p >= end) return Status::kNeedMore;
+    // Find the CRLF ending this line, resuming where the last search stopped.
+    const char* cr;
+    int64_t number = 0;
+    bool have_number = false;
+    const char t = *p;
+    if ((t == '$' || t == '*' || t == ':') && (cr = FastDigits(p + 1, end, &number)) != nullptr &&
+        cr + 1 < end && cr[1] == '\n') {
+      have_number = true;
+    } else {
+      const char* s = data + (scan_pos_ > pos_ ? scan_pos_ : pos_ + 1);
+      for (;;) {
+        cr = s < end ? static_cast<const char*>(memchr(s, '\r', end - s)) : nullptr;
+        if (cr == nullptr) {
+          if (static_cast<size_t>(end - p) > static_cast<size_t>(limits_.max_bulk_len)) {
+            return Fail("line too long");
+          }
+          scan_pos_ = len;
+          return Status::kNeedMore;
+        }
+        if (cr + 1 >= end) {
+          scan_pos_ = cr - data;
+          return Status::kNeedMore;
+        }
+        if (cr[1] == '\n') break;
+        s = cr + 1;
+      }
+    }
+    scan_pos_ = 0;
+    const std::string_view line(p + 1, cr - p - 1);
+    const size_t line_off = pos_ + 1;
+    pos_ = cr + 2 - data;
+    if (stack_.empty() && t != '|') top_type_ = t;
+    switch (t) {
+      case '+':
+      case '-':
+      case '(':
+      case ',':
+        RecordScalar(t, line_off, line.size());
+        break;
+      case ':':
+        if (!have_number && !ParseRedisInt(line, &number)) return Fail("invalid integer");
+        RecordScalar(t, line_off, line.size());
+        break;
+      case '_':
+        if (!line.empty()) return Fail("invalid null");
+        RecordScalar(t, line_off, 0);
+        break;
+      case '#':
+        if (line != "t" && line != "f") return Fail("invalid boolean");
+        RecordScalar(t, line_off, line.size());
+        break;
+      case '$':
+      case '!':
+      case '=': {
+        if (!have_number && !ParseRedisInt(line, &number)) return Fail("invalid bulk length");
+        if (number == -1 && t != '=') {
+          if (stack_.empty()) top_size_ = -1;
+          RecordScalar('_', line_off, 0);
+          break;
+        }
+        if (number < 0 || number > limits_.max_bulk_len) return Fail("invalid bulk length");
+        pending_bulk_ = number;
+        pending_type_ = t;
+        continue;
+      }
+      case '*':
+      case '~':
+      case '%':
+      case '>':
+      case '|': {
+        if (!have_number && !ParseRedisInt(line, &number)) return Fail("invalid multibulk length");
+        if (number == -1 && t == '*') {
+          if (stack_.empty()) top_size_ = -1;
+          RecordScalar('_', line_off, 0);
+          break;
+        }
+        if (number < 0 || number > limits_.max_multibulk_len) return Fail("invalid multibulk length");
+        if (stack_.size() == 1 && !stack_[0].attribute) head_closed_ = true;
+        if (stack_.empty() && t != '|') top_size_ = number;
+        if (static_cast<int>(stack_.size()) >= limits_.max_depth) return Fail("nesting too deep");
+        const int64_t elements = (t == '%' || t == '|') ? number * 2 : number;
+        if (elements > 0) {
+          stack_.push_back(Level{elements, 0, t == '|'});
+          continue;
+        }
+        if (t == '|') continue;  // an empty attribute: the annotated value follows
+        if (stack_.empty()) head_closed_ = true;
+        break;
+      }
+      default:
+        return Fail(absl::StrCat("unexpected type byte 0x", absl::Hex(static_cast<unsigned char>(t))));
+    }
+    if (ElementDone() && stack_.empty()) break;
+  }
+  consumed_ = pos_;
+  for (int i = 0; i < head_count_; ++i) {
+    head_[i] = Scalar{head_types_[i], std::string_view(data + head_off_[i].first, head_off_[i].second)};
+  }
+  Reset();
+  return Status::kOk;
+}
+
+}  // namespace keyguard::resp
