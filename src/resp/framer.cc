@@ -72,6 +72,7 @@ bool ParseRedisInt(std::string_view s, int64_t* out) {
 
 void RequestFramer::Reset() {
   in_frame_ = false;
+  scan_ = 0;
   pos_ = 0;
   remaining_ = 0;
   bulk_len_ = -1;
@@ -95,11 +96,15 @@ Status RequestFramer::Next(const char* data, size_t len) {
     // Count line: Redis looks for '\r' and needs one more byte after it.
     const char* end = data + len;
     int64_t count;
-    const char* cr = FastDigits(data + 1, end, &count);
+    const char* cr = scan_ == 0 ? FastDigits(data + 1, end, &count) : nullptr;
     if (cr == nullptr) {
-      cr = static_cast<const char*>(memchr(data + 1, '\r', len - 1));
+      // Resume the search where the last call stopped, so a count line trickling in byte by
+      // byte costs linear time.
+      const size_t from = scan_ > 1 ? scan_ : 1;
+      cr = static_cast<const char*>(memchr(data + from, '\r', len - from));
       if (cr == nullptr) {
         if (len > limits_.max_inline_len) return Fail("ERR Protocol error: too big mbulk count string");
+        scan_ = len;
         return Status::kNeedMore;
       }
       if (!ParseRedisInt(std::string_view(data + 1, cr - data - 1), &count)) {
@@ -108,6 +113,7 @@ Status RequestFramer::Next(const char* data, size_t len) {
       }
     }
     if (cr + 2 > end) return Status::kNeedMore;
+    scan_ = 0;
     if (count > limits_.max_multibulk_len || count > std::numeric_limits<int32_t>::max()) {
       return Fail("ERR Protocol error: invalid multibulk length");
     }
@@ -130,13 +136,15 @@ Status RequestFramer::Next(const char* data, size_t len) {
       const char* p = data + pos_;
       if (p >= end) return Status::kNeedMore;
       int64_t blen;
-      const char* cr = (*p == '$') ? FastDigits(p + 1, end, &blen) : nullptr;
+      const char* cr = (*p == '$' && scan_ == 0) ? FastDigits(p + 1, end, &blen) : nullptr;
       if (cr == nullptr) {
-        cr = static_cast<const char*>(memchr(p, '\r', end - p));
+        const char* from = scan_ > pos_ ? data + scan_ : p;
+        cr = static_cast<const char*>(memchr(from, '\r', end - from));
         if (cr == nullptr) {
           if (static_cast<size_t>(end - p) > limits_.max_inline_len) {
             return Fail("ERR Protocol error: too big bulk count string");
           }
+          scan_ = len;
           return Status::kNeedMore;
         }
         if (cr + 2 > end) return Status::kNeedMore;
@@ -146,6 +154,7 @@ Status RequestFramer::Next(const char* data, size_t len) {
         }
       }
       if (cr + 2 > end) return Status::kNeedMore;
+      scan_ = 0;
       if (blen > limits_.max_bulk_len) return Fail("ERR Protocol error: invalid bulk length");
       bulk_len_ = blen;
       pos_ = cr + 2 - data;
@@ -170,11 +179,13 @@ Status RequestFramer::Next(const char* data, size_t len) {
 
 Status RequestFramer::ParseInline(const char* data, size_t len) {
   is_inline_ = true;
-  const char* nl = static_cast<const char*>(memchr(data, '\n', len));
+  const char* nl = static_cast<const char*>(memchr(data + scan_, '\n', len - scan_));
   if (nl == nullptr) {
     if (len > limits_.max_inline_len) return Fail("ERR Protocol error: too big inline request");
+    scan_ = len;
     return Status::kNeedMore;
   }
+  scan_ = 0;
   size_t line_len = nl - data;
   if (line_len > 0 && data[line_len - 1] == '\r') --line_len;
   inline_store_.clear();
@@ -336,7 +347,7 @@ Status ReplyFramer::Next(const char* data, size_t len) {
           break;
         }
         if (number < 0 || number > limits_.max_multibulk_len) return Fail("invalid multibulk length");
-        if (stack_.size() == 1 && !stack_[0].attribute) head_closed_ = true;
+        if (t != '|' && stack_.size() == 1 && !stack_[0].attribute) head_closed_ = true;
         if (stack_.empty() && t != '|') top_size_ = number;
         if (static_cast<int>(stack_.size()) >= limits_.max_depth) return Fail("nesting too deep");
         const int64_t elements = (t == '%' || t == '|') ? number * 2 : number;

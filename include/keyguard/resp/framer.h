@@ -59,6 +59,7 @@ class RequestFramer {
   // State of the frame in progress; offsets are relative to the frame start.
   bool in_frame_ = false;
   size_t pos_ = 0;
+  size_t scan_ = 0;         // where the search for the current line's end resumes (0 = fresh)
   int64_t remaining_ = 0;   // arguments still to read
   int64_t bulk_len_ = -1;   // length of the argument whose header was read, or -1
   std::vector<std::pair<size_t, size_t>> offsets_;  // (offset, length) of each argument

@@ -1,0 +1,71 @@
+// Framing throughput on redis-benchmark-shaped traffic (pipelined SET/GET with 3-byte values and
+// key:NNNNNNNNNNNN keys), for requests and for replies. Target: >= 1 GB/s per core.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <string>
+
+#include "keyguard/resp/framer.h"
+
+namespace {
+
+std::string Bulk(const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; }
+
+std::string RequestTraffic(size_t value_size) {
+  std::mt19937 rng(1);
+  std::string out;
+  const std::string value(value_size, 'x');
+  while (out.size() < (1 << 20)) {
+    char key[32];
+    snprintf(key, sizeof key, "key:%012u", static_cast<unsigned>(rng() % 100000));
+    out += "*3\r\n" + Bulk("SET") + Bulk(key) + Bulk(value);
+    out += "*2\r\n" + Bulk("GET") + Bulk(key);
+  }
+  return out;
+}
+
+std::string ReplyTraffic(size_t value_size) {
+  std::string out;
+  const std::string value(value_size, 'x');
+  while (out.size() < (1 << 20)) out += "+OK\r\n" + Bulk(value);
+  return out;
+}
+
+template <typename Framer>
+void Frame(benchmark::State& state, const std::string& input) {
+  Framer framer;
+  size_t frames = 0;
+  for (auto _ : state) {
+    size_t pos = 0;
+    while (framer.Next(input.data() + pos, input.size() - pos) == keyguard::resp::Status::kOk) {
+      pos += framer.consumed();
+      ++frames;
+    }
+    framer.Reset();
+    benchmark::DoNotOptimize(pos);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(input.size()));
+  state.counters["frames/s"] = benchmark::Counter(static_cast<double>(frames), benchmark::Counter::kIsRate);
+}
+
+void BM_RequestFramerSetGet(benchmark::State& state) {
+  static const std::string input = RequestTraffic(static_cast<size_t>(state.range(0)));
+  Frame<keyguard::resp::RequestFramer>(state, input);
+}
+BENCHMARK(BM_RequestFramerSetGet)->Arg(3);
+
+void BM_RequestFramerSetGet1K(benchmark::State& state) {
+  static const std::string input = RequestTraffic(1024);
+  Frame<keyguard::resp::RequestFramer>(state, input);
+}
+BENCHMARK(BM_RequestFramerSetGet1K);
+
+void BM_ReplyFramerOkBulk(benchmark::State& state) {
+  static const std::string input = ReplyTraffic(3);
+  Frame<keyguard::resp::ReplyFramer>(state, input);
+}
+BENCHMARK(BM_ReplyFramerOkBulk);
+
+}  // namespace
+
+BENCHMARK_MAIN();

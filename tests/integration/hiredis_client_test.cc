@@ -1,0 +1,164 @@
+// Through keyguard with hiredis against a real redis-server: 10k pipelined commands with exact
+// replies, binary-safe keys and values, and a 64 MB value. The test starts both servers itself.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+pid_t Spawn(std::vector<std::string> argv) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+bool WaitForPort(int port) {
+  for (int i = 0; i < 200; ++i) {
+    redisContext* c = redisConnect("127.0.0.1", port);
+    const bool ok = c != nullptr && c->err == 0;
+    if (c) redisFree(c);
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return false;
+}
+
+class HiredisThroughKeyguard : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    redis_port_ = FreePort();
+    redis_ = Spawn({"redis-server", "--port", std::to_string(redis_port_), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--logfile", "/dev/null"});
+    ASSERT_TRUE(WaitForPort(redis_port_));
+    kg_port_ = FreePort();
+    const int admin = FreePort();
+    keyguard_ = Spawn({KEYGUARD_BIN, "--listen", "127.0.0.1:" + std::to_string(kg_port_), "--upstream",
+                       "127.0.0.1:" + std::to_string(redis_port_), "--admin", "127.0.0.1:" + std::to_string(admin),
+                       "--threads", "2"});
+    ASSERT_TRUE(WaitForPort(kg_port_));
+  }
+  static void TearDownTestSuite() {
+    for (pid_t p : {keyguard_, redis_}) {
+      if (p > 0) {
+        kill(p, SIGTERM);
+        waitpid(p, nullptr, 0);
+      }
+    }
+  }
+  void SetUp() override {
+    c_ = redisConnect("127.0.0.1", kg_port_);
+    ASSERT_TRUE(c_ != nullptr && c_->err == 0);
+    Expect(redisCommand(c_, "FLUSHALL"), "OK");
+  }
+  void TearDown() override {
+    if (c_) redisFree(c_);
+  }
+  static void Expect(void* r, const std::string& status) {
+    auto* reply = static_cast<redisReply*>(r);
+    ASSERT_NE(reply, nullptr);
+    EXPECT_EQ(reply->type, REDIS_REPLY_STATUS);
+    EXPECT_EQ(std::string(reply->str, reply->len), status);
+    freeReplyObject(reply);
+  }
+
+  static inline int redis_port_, kg_port_;
+  static inline pid_t redis_ = -1, keyguard_ = -1;
+  redisContext* c_ = nullptr;
+};
+
+TEST_F(HiredisThroughKeyguard, TenThousandPipelinedCommandsExactReplies) {
+  constexpr int kN = 10000;
+  for (int i = 0; i < kN; ++i) {
+    switch (i % 4) {
+      case 0: redisAppendCommand(c_, "SET key:%d value-%d", i, i); break;
+      case 1: redisAppendCommand(c_, "GET key:%d", i - 1); break;
+      case 2: redisAppendCommand(c_, "INCR counter"); break;
+      case 3: redisAppendCommand(c_, "GET nosuchkey"); break;
+    }
+  }
+  int incr = 0;
+  for (int i = 0; i < kN; ++i) {
+    void* r = nullptr;
+    ASSERT_EQ(redisGetReply(c_, &r), REDIS_OK) << i;
+    auto* reply = static_cast<redisReply*>(r);
+    switch (i % 4) {
+      case 0:
+        ASSERT_EQ(reply->type, REDIS_REPLY_STATUS);
+        ASSERT_STREQ(reply->str, "OK");
+        break;
+      case 1:
+        ASSERT_EQ(reply->type, REDIS_REPLY_STRING);
+        ASSERT_EQ(std::string(reply->str, reply->len), "value-" + std::to_string(i - 1));
+        break;
+      case 2:
+        ASSERT_EQ(reply->type, REDIS_REPLY_INTEGER);
+        ASSERT_EQ(reply->integer, ++incr);
+        break;
+      case 3:
+        ASSERT_EQ(reply->type, REDIS_REPLY_NIL);
+        break;
+    }
+    freeReplyObject(reply);
+  }
+}
+
+TEST_F(HiredisThroughKeyguard, BinarySafeKeysAndValues) {
+  std::string key("k\0\r\n\xff", 5);
+  std::string value;
+  for (int i = 0; i < 256; ++i) value.push_back(static_cast<char>(i));
+  value += "\r\n*1\r\n$4\r\nPING\r\n";  // protocol bytes inside a value stay data
+  Expect(redisCommand(c_, "SET %b %b", key.data(), key.size(), value.data(), value.size()), "OK");
+  auto* r = static_cast<redisReply*>(redisCommand(c_, "GET %b", key.data(), key.size()));
+  ASSERT_EQ(r->type, REDIS_REPLY_STRING);
+  EXPECT_EQ(std::string(r->str, r->len), value);
+  freeReplyObject(r);
+  r = static_cast<redisReply*>(redisCommand(c_, "KEYS *"));
+  ASSERT_EQ(r->type, REDIS_REPLY_ARRAY);
+  ASSERT_EQ(r->elements, 1u);
+  EXPECT_EQ(std::string(r->element[0]->str, r->element[0]->len), key);
+  freeReplyObject(r);
+}
+
+TEST_F(HiredisThroughKeyguard, SixtyFourMegabyteValue) {
+  std::string value(64 << 20, '\0');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>((i * 2654435761u) >> 24);
+  Expect(redisCommand(c_, "SET big %b", value.data(), value.size()), "OK");
+  auto* r = static_cast<redisReply*>(redisCommand(c_, "STRLEN big"));
+  EXPECT_EQ(r->integer, 64 << 20);
+  freeReplyObject(r);
+  r = static_cast<redisReply*>(redisCommand(c_, "GET big"));
+  ASSERT_EQ(r->type, REDIS_REPLY_STRING);
+  ASSERT_EQ(r->len, value.size());
+  EXPECT_TRUE(std::string_view(r->str, r->len) == value);
+  freeReplyObject(r);
+}
+
+}  // namespace
