@@ -18,6 +18,7 @@ constexpr std::string_view kConfirmNames[] = {"subscribe",  "unsubscribe",  "psu
 constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unavailable\r\n";
 constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
+constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -205,7 +206,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const commands::CommandId id = commands::LookupCommand(args[0]);
 
   // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP.
-  bool silent = reply_off_ || skip_next_reply_;
+  const bool skipped = skip_next_reply_;
+  bool silent = reply_off_ || skipped;
   skip_next_reply_ = false;
 
   if (worker_.deny[id] || !upstream_ready_) {
@@ -217,6 +219,11 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     }
     worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
     if (in_multi_) multi_aborted_ = true;  // Redis fails EXEC after a refused queued command
+    if (skipped) {
+      // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this it would
+      // swallow the reply of the next command we forward.
+      ForwardRaw(kPing.data(), kPing.size());
+    }
     if (silent) return;
     std::string text;
     resp::AppendError(&text, absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])),

@@ -1,0 +1,130 @@
+"""Fixtures: a real redis-server and real keyguard processes on free ports."""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KEYGUARD = os.environ.get("KEYGUARD_BIN", os.path.join(ROOT, "build", "keyguard"))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_port(port, timeout=10.0, proc=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("process exited with %s" % proc.returncode)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("port %d did not open" % port)
+
+
+class Redis:
+    def __init__(self, *extra):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="kg-redis-")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--enable-debug-command", "yes", *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, proc=self.proc)
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(10)
+
+
+class Keyguard:
+    def __init__(self, upstream_port, config=None, threads=2, extra=()):
+        self.port = free_port()
+        self.admin_port = free_port()
+        args = [KEYGUARD]
+        if config is not None:
+            fd, path = tempfile.mkstemp(suffix=".yaml", prefix="kg-")
+            with os.fdopen(fd, "w") as f:
+                f.write(config)
+            args += ["--config", path]
+        args += ["--listen", "127.0.0.1:%d" % self.port, "--upstream", "127.0.0.1:%d" % upstream_port,
+                 "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_port(self.port, proc=self.proc)
+        wait_port(self.admin_port, proc=self.proc)
+
+    def http(self, path):
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin_port, path), timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metrics(self):
+        status, text = self.http("/metrics")
+        assert status == 200
+        return text
+
+    def metric(self, series):
+        """The value of one exact series line, e.g. 'keyguard_commands_total{command="get",outcome="ok"}';
+        0 when the series is absent."""
+        for line in self.metrics().splitlines():
+            if line.startswith(series + " "):
+                return float(line.split(" ")[-1])
+        return 0.0
+
+    def output(self):
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            return self.proc.wait(timeout)
+        return self.proc.returncode
+
+    def rss_kb(self):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    r = Redis()
+    yield r
+    r.stop()
+
+
+DENY_CONFIG = "deny_commands: [FLUSHALL, SHUTDOWN]\n"
+
+
+@pytest.fixture(scope="module")
+def keyguard(redis_server):
+    kg = Keyguard(redis_server.port, config=DENY_CONFIG)
+    yield kg
+    assert kg.stop() == 0, kg.output()
+
+
+@pytest.fixture
+def fresh(redis_server):
+    """Empties the shared redis-server before a test."""
+    import redis
+    redis.Redis(port=redis_server.port).flushall()
+    return redis_server

@@ -1,0 +1,448 @@
+"""Through keyguard against a real redis-server, with real clients (redis-py, redis-cli and a raw
+RESP socket for exact bytes). Many tests are differential: the same bytes sent to redis-server
+directly and through keyguard must get the same bytes back."""
+import subprocess
+import threading
+import time
+
+import pytest
+import redis
+
+from conftest import Keyguard, Redis
+from resp import Closed, Push, RespConn, encode
+
+
+def split_first(raw):
+    """Parses the first reply in `raw`; returns it and the bytes after it."""
+    c = RespConn.__new__(RespConn)
+    c.sock, c.buf = None, raw
+    v, _ = c.read()
+    return v, c.buf
+
+
+def direct_and_proxied(redis_server, keyguard, data, timeout=0.4):
+    a = RespConn(redis_server.port)
+    b = RespConn(keyguard.port)
+    try:
+        return a.exchange(data, timeout), b.exchange(data, timeout)
+    finally:
+        a.close()
+        b.close()
+
+
+# --- plain traffic --------------------------------------------------------------------------
+
+def test_redis_py_ten_thousand_pipelined_commands(fresh, keyguard):
+    r = redis.Redis(port=keyguard.port)
+    p = r.pipeline(transaction=False)
+    for i in range(10000):
+        if i % 3 == 0:
+            p.set("k:%d" % i, "v%d" % i)
+        elif i % 3 == 1:
+            p.get("k:%d" % (i - 1))
+        else:
+            p.incr("counter")
+    out = p.execute()
+    expected = []
+    n = 0
+    for i in range(10000):
+        if i % 3 == 0:
+            expected.append(True)
+        elif i % 3 == 1:
+            expected.append(b"v%d" % (i - 1))
+        else:
+            n += 1
+            expected.append(n)
+    assert out == expected
+    assert redis.Redis(port=fresh.port).get("k:9999") == b"v9999"
+
+
+def test_redis_cli_through_keyguard(fresh, keyguard):
+    def cli(*args):
+        return subprocess.run(["redis-cli", "-p", str(keyguard.port), *args], capture_output=True, text=True,
+                              check=True).stdout
+    assert cli("SET", "user:1:name", "ada") == "OK\n"
+    assert cli("GET", "user:1:name") == "ada\n"
+    assert cli("RPUSH", "l", "a", "b") == "2\n"
+    assert cli("LRANGE", "l", "0", "-1") == "a\nb\n"
+    out = subprocess.run(["redis-cli", "-p", str(keyguard.port)], input="SET x 1\nINCR x\nGET x\n",
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "OK\n2\n2\n"
+
+
+def test_inline_commands(fresh, keyguard):
+    d, p = direct_and_proxied(fresh, keyguard, b'PING\r\nSET k "a b"\r\nGET k\r\n\r\nECHO \'x y\'\n')
+    assert p == b"+PONG\r\n+OK\r\n$3\r\na b\r\n$3\r\nx y\r\n"
+    assert p == d
+
+
+def test_binary_safe_and_empty_values(fresh, keyguard):
+    r = redis.Redis(port=keyguard.port)
+    key = b"\x00k\r\n\xff"
+    val = bytes(range(256)) + b"\r\n*1\r\n$4\r\nPING\r\n"
+    r.set(key, val)
+    r.set(b"", b"")
+    assert r.get(key) == val
+    assert r.get(b"") == b""
+    assert sorted(redis.Redis(port=fresh.port).keys("*")) == sorted([key, b""])
+
+
+def test_select(fresh, keyguard):
+    r = redis.Redis(port=keyguard.port, db=3)
+    r.set("k", "in-db-3")
+    assert redis.Redis(port=fresh.port, db=3).get("k") == b"in-db-3"
+    assert redis.Redis(port=fresh.port, db=0).get("k") is None
+    c = RespConn(keyguard.port)
+    assert c.call("SELECT", "3") == "OK"
+    assert c.call("GET", "k") == b"in-db-3"
+    assert c.call("SELECT", "0") == "OK"
+    assert c.call("GET", "k") is None
+
+
+def test_multi_exec_and_aborted_watch(fresh, keyguard):
+    r = redis.Redis(port=keyguard.port)
+    other = redis.Redis(port=keyguard.port)
+    r.set("balance", 10)
+    with r.pipeline() as p:
+        p.watch("balance")
+        p.multi()
+        p.incrby("balance", 5)
+        p.get("balance")
+        assert p.execute() == [15, b"15"]
+    with r.pipeline() as p:
+        p.watch("balance")
+        other.set("balance", 100)  # a racing writer
+        p.multi()
+        p.incrby("balance", 5)
+        with pytest.raises(redis.WatchError):
+            p.execute()
+    assert r.get("balance") == b"100"
+    # The same bytes give the same replies directly and through keyguard, EXECABORT included.
+    data = encode("MULTI") + encode("SET", "a", "1") + encode("INCR", "a", "extra") + encode("EXEC") + \
+        encode("MULTI") + encode("NOSUCHCMD") + encode("EXEC") + encode("EXEC") + encode("DISCARD")
+    d, p = direct_and_proxied(fresh, keyguard, data)
+    assert p == d
+    assert b"-EXECABORT" in p
+
+
+def test_blpop_served_by_later_lpush(fresh, keyguard):
+    result = {}
+
+    def waiter():
+        result["v"] = redis.Redis(port=keyguard.port).blpop("jobs", timeout=5)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.3)
+    assert "v" not in result
+    redis.Redis(port=keyguard.port).lpush("jobs", "job-1")
+    t.join(5)
+    assert result["v"] == (b"jobs", b"job-1")
+
+
+# --- pub/sub, RESP3, pushes -----------------------------------------------------------------
+
+def test_subscribe_resp2(fresh, keyguard):
+    c = RespConn(keyguard.port)
+    c.send_raw(encode("SUBSCRIBE", "news", "sport") + encode("PSUBSCRIBE", "user:*"))
+    assert [c.value() for _ in range(3)] == [[b"subscribe", b"news", 1], [b"subscribe", b"sport", 2],
+                                            [b"psubscribe", b"user:*", 3]]
+    pub = redis.Redis(port=keyguard.port)
+    assert pub.publish("news", "hello") == 1
+    assert pub.publish("user:7", "hi 7") == 1
+    assert c.read() == ([b"message", b"news", b"hello"],
+                        b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$5\r\nhello\r\n")
+    assert c.value() == [b"pmessage", b"user:*", b"user:7", b"hi 7"]
+    assert c.call("PING") == [b"pong", b""]
+    c.send_raw(encode("UNSUBSCRIBE") + encode("PUNSUBSCRIBE"))
+    vals = [c.value() for _ in range(2)]
+    assert [v[0] for v in vals] == [b"unsubscribe"] * 2 and [v[2] for v in vals] == [2, 1]
+    assert sorted(v[1] for v in vals) == [b"news", b"sport"]
+    assert c.value() == [b"punsubscribe", b"user:*", 0]
+    # Out of subscribe mode: a reply that looks like a message is a plain reply again.
+    pub.rpush("l", "message", "x", "y")
+    assert c.call("LRANGE", "l", "0", "-1") == [b"message", b"x", b"y"]
+    # The same subscribe-mode conversation, byte for byte.
+    data = encode("SUBSCRIBE", "a", "b") + encode("PING") + encode("PING", "x") + encode("UNSUBSCRIBE", "a") + \
+        encode("UNSUBSCRIBE") + encode("UNSUBSCRIBE") + encode("GET", "l")
+    d, p = direct_and_proxied(fresh, keyguard, data)
+    assert p == d
+
+
+def test_subscribe_resp3_with_commands_in_between(fresh, keyguard):
+    c = RespConn(keyguard.port)
+    hello = c.call("HELLO", "3")
+    assert hello[b"proto"] == 3 and hello[b"server"] == b"redis"
+    c.send_raw(encode("SUBSCRIBE", "ch") + encode("SET", "k", "v"))
+    assert c.read() == (Push([b"subscribe", b"ch", 1]), b">3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n")
+    assert c.value() == "OK"
+    redis.Redis(port=keyguard.port).publish("ch", "m1")
+    assert c.value() == Push([b"message", b"ch", b"m1"])
+    assert c.call("GET", "k") == b"v"  # RESP3 allows commands in subscribe mode
+    c.send_raw(encode("UNSUBSCRIBE", "ch") + encode("GET", "k"))
+    assert c.value() == Push([b"unsubscribe", b"ch", 0])
+    assert c.value() == b"v"
+
+
+def test_hello3_every_resp3_type_byte_for_byte(fresh, keyguard):
+    data = encode("HELLO", "3") + b"".join(encode("DEBUG", "PROTOCOL", t) for t in [
+        "string", "integer", "double", "bignum", "null", "array", "set", "map", "attrib", "push", "verbatim",
+        "true", "false"]) + encode("PING")
+    d, p = direct_and_proxied(fresh, keyguard, data)
+    # The HELLO map holds each connection's client id; compare everything after it exactly.
+    hello_d, rest_d = split_first(d)
+    hello_p, rest_p = split_first(p)
+    assert hello_d[b"proto"] == 3 and hello_p[b"proto"] == 3
+    assert rest_p == rest_d
+    for marker in [b"(1234567999999999999999999999999999999", b"~3\r\n", b"%3\r\n", b"|1\r\n", b">2\r\n",
+                   b"=", b"#t\r\n", b"#f\r\n", b",3.14", b"_\r\n"]:
+        assert marker in rest_p, marker
+    assert rest_p.endswith(b"+PONG\r\n")
+
+
+def test_hello_switches_back_to_resp2(fresh, keyguard):
+    c = RespConn(keyguard.port)
+    assert c.call("HELLO", "3")[b"proto"] == 3
+    hello2 = c.call("HELLO", "2")  # a flat array in RESP2
+    assert hello2[hello2.index(b"proto") + 1] == 2
+    c.send_raw(encode("SUBSCRIBE", "x"))
+    assert c.read()[1] == b"*3\r\n$9\r\nsubscribe\r\n$1\r\nx\r\n:1\r\n"
+    redis.Redis(port=keyguard.port).publish("x", "m")
+    assert c.value() == [b"message", b"x", b"m"]
+
+
+def test_client_tracking_invalidation_push_resp3(fresh, keyguard):
+    c = RespConn(keyguard.port)
+    c.call("HELLO", "3")
+    assert c.call("CLIENT", "TRACKING", "ON") == "OK"
+    assert c.call("GET", "tracked") is None
+    redis.Redis(port=keyguard.port).set("tracked", "new")
+    assert c.read() == (Push([b"invalidate", [b"tracked"]]),
+                        b">2\r\n$10\r\ninvalidate\r\n*1\r\n$7\r\ntracked\r\n")
+    assert c.call("GET", "tracked") == b"new"
+
+
+def test_client_tracking_redirect_resp2(fresh, keyguard):
+    sink = RespConn(keyguard.port)
+    sink_id = sink.call("CLIENT", "ID")
+    sink.send("SUBSCRIBE", "__redis__:invalidate")
+    assert sink.value() == [b"subscribe", b"__redis__:invalidate", 1]
+    c = RespConn(keyguard.port)
+    assert c.call("CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) == "OK"
+    assert c.call("GET", "t2") is None
+    redis.Redis(port=keyguard.port).set("t2", "x")
+    assert sink.value() == [b"message", b"__redis__:invalidate", [b"t2"]]
+
+
+def test_monitor(fresh, keyguard):
+    m = RespConn(keyguard.port)
+    assert m.call("MONITOR") == "OK"
+    redis.Redis(port=keyguard.port).set("watched", "1")
+    line = m.value()
+    assert line.split("] ", 1)[1] == '"SET" "watched" "1"', line
+    # A command on the monitoring connection still gets its own reply in order.
+    m.send("PING")
+    v = m.value()
+    while v != "PONG":
+        assert '"' in v  # only monitor lines may come first
+        v = m.value()
+
+
+def test_client_reply_off_and_skip(fresh, keyguard):
+    data = encode("CLIENT", "REPLY", "OFF") + encode("SET", "a", "1") + encode("CLIENT", "REPLY", "ON") + \
+        encode("GET", "a") + encode("CLIENT", "REPLY", "SKIP") + encode("SET", "b", "2") + encode("GET", "b") + \
+        encode("CLIENT", "REPLY", "SKIP") + encode("FLUSHALL") + encode("GET", "a")
+    p = RespConn(keyguard.port).exchange(data)
+    # FLUSHALL is denied by keyguard here; under SKIP even its error is suppressed, as Redis would.
+    assert p == b"+OK\r\n$1\r\n1\r\n$1\r\n2\r\n$1\r\n1\r\n"
+
+
+def test_reset_leaves_subscribe_mode_and_resp3(fresh, keyguard):
+    c = RespConn(keyguard.port)
+    c.call("HELLO", "3")
+    c.send("SUBSCRIBE", "r")
+    assert c.value() == Push([b"subscribe", b"r", 1])
+    assert c.call("RESET") == "RESET"
+    c.send("SUBSCRIBE", "r2")
+    assert c.read()[1] == b"*3\r\n$9\r\nsubscribe\r\n$2\r\nr2\r\n:1\r\n"  # RESP2 again
+    assert c.call("RESET") == "RESET"
+    assert c.call("SET", "z", "1") == "OK"
+
+
+def test_quit(fresh, keyguard):
+    c = RespConn(keyguard.port)
+    assert c.exchange(encode("SET", "q", "1") + encode("QUIT") + encode("SET", "q", "2"), timeout=3) == \
+        b"+OK\r\n+OK\r\n<closed>"
+    assert redis.Redis(port=fresh.port).get("q") == b"1"
+
+
+def test_auth_with_acl_user(fresh, keyguard):
+    admin = redis.Redis(port=fresh.port)
+    admin.execute_command("ACL", "SETUSER", "app", "on", ">app-pw", "~app:*", "+@all")
+    try:
+        r = redis.Redis(port=keyguard.port, username="app", password="app-pw")
+        assert r.set("app:1", "v")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.set("other:1", "v")
+        data = encode("AUTH", "app", "wrong") + encode("AUTH", "app", "app-pw") + encode("SET", "other:2", "x") + \
+            encode("ACL", "WHOAMI")
+        d, p = direct_and_proxied(fresh, keyguard, data)
+        assert p == d
+        assert p.startswith(b"-WRONGPASS")
+        assert b"$3\r\napp\r\n" in p
+    finally:
+        admin.execute_command("ACL", "DELUSER", "app")
+
+
+# --- keyguard's own replies in the pipeline ------------------------------------------------------
+
+def test_denied_command_mid_pipeline_gets_its_error_in_place(fresh, keyguard):
+    before = keyguard.metric('keyguard_commands_total{command="flushall",outcome="rejected"}')
+    c = RespConn(keyguard.port)
+    out = c.exchange(encode("SET", "a", "1") + encode("FLUSHALL") + encode("GET", "a") + encode("flushall", "async"))
+    assert out == b"+OK\r\n-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n$1\r\n1\r\n" \
+                  b"-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n"
+    assert redis.Redis(port=fresh.port).get("a") == b"1"
+    assert keyguard.metric('keyguard_commands_total{command="flushall",outcome="rejected"}') == before + 2
+
+
+def test_denied_command_inside_multi_aborts_exec(fresh, keyguard):
+    c = RespConn(keyguard.port)
+    out = c.exchange(encode("MULTI") + encode("SET", "m", "1") + encode("FLUSHALL") + encode("EXEC") +
+                     encode("GET", "m"))
+    assert out == b"+OK\r\n+QUEUED\r\n-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n" \
+                  b"-EXECABORT Transaction discarded because of previous errors.\r\n$-1\r\n"
+    assert redis.Redis(port=fresh.port).get("m") is None
+
+
+# --- malformed input ------------------------------------------------------------------------
+
+MALFORMED = [
+    b"*abc\r\n",
+    b"*2\r\n$3\r\nGET\r\nx\r\n",
+    b"*1\r\n$-5\r\n",
+    b"*1\r\n$abc\r\n",
+    b'SET "a b\r\n',
+    b"SET 'a'b c\r\n",
+    b"*3000000000\r\n",
+    b"*1\r\n$600000000\r\n",
+    b"PING\r\n*1\r\n+x\r\n",
+    b"x" * 70000,
+    b"*1\r\n$" + b"1" * 70000,
+    b"*" + b"1" * 70000,
+]
+
+
+@pytest.mark.parametrize("data", MALFORMED, ids=range(len(MALFORMED)))
+def test_malformed_input_gets_redis_error_then_close(fresh, keyguard, data):
+    before = keyguard.metric("keyguard_client_protocol_errors_total")
+    d, p = direct_and_proxied(fresh, keyguard, data, timeout=3)
+    assert p == d
+    assert b"-ERR Protocol error: " in p and p.endswith(b"<closed>")
+    assert keyguard.metric("keyguard_client_protocol_errors_total") == before + 1
+
+
+# --- failures -----------------------------------------------------------------------------
+
+def test_client_killed_mid_pipeline(redis_server):
+    kg = Keyguard(redis_server.port)  # its own instance: the connection gauges start at 0
+    try:
+        c = RespConn(kg.port)
+        c.send_raw(b"".join(encode("SET", "kill:%d" % i, "x" * 100) for i in range(20000)))
+        c.sock.close()  # gone without reading a reply
+        deadline = time.time() + 10
+        while time.time() < deadline and kg.metric("keyguard_client_connections") != 0:
+            time.sleep(0.05)
+        assert kg.metric("keyguard_client_connections") == 0
+        assert kg.metric("keyguard_upstream_connections") == 0
+        assert redis.Redis(port=kg.port).ping()
+    finally:
+        assert kg.stop() == 0
+
+
+def test_upstream_killed_mid_pipeline():
+    r = Redis()
+    kg = Keyguard(r.port)
+    try:
+        c = RespConn(kg.port)
+        assert c.call("SET", "a", "1") == "OK"
+        c.send_raw(encode("BLPOP", "never", "0") + encode("GET", "a") + encode("PING"))
+        time.sleep(0.3)
+        r.stop(sig=9)
+        assert c.read_until_closed() == b"-ERR keyguard: upstream unavailable\r\n" * 3
+        assert kg.metric('keyguard_upstream_errors_total{reason="closed"}') + \
+            kg.metric('keyguard_upstream_errors_total{reason="reset"}') == 1
+        assert kg.metric('keyguard_commands_total{command="get",outcome="failed"}') == 1
+        status, body = kg.http("/readyz")
+        assert status == 503 and "unreachable" in body
+    finally:
+        assert kg.stop() == 0
+        r.stop()
+
+
+def test_upstream_down_at_connect():
+    kg = Keyguard(upstream_port=1)  # nothing listens on port 1
+    try:
+        before = kg.metric('keyguard_upstream_errors_total{reason="connect"}')
+        c = RespConn(kg.port)
+        assert c.exchange(encode("PING"), timeout=5) == b"-ERR keyguard: upstream unavailable\r\n<closed>"
+        assert kg.metric('keyguard_upstream_errors_total{reason="connect"}') == before + 1
+        assert kg.http("/healthz") == (200, "ok\n")
+        assert kg.http("/readyz")[0] == 503
+    finally:
+        assert kg.stop() == 0
+
+
+def test_sigterm_drains_in_flight_replies(redis_server):
+    kg = Keyguard(redis_server.port, config="drain_timeout_ms: 5000\n")
+    c = RespConn(kg.port)
+    c.send("BLPOP", "drain-q", "4")
+    time.sleep(0.2)
+    kg.proc.send_signal(15)
+    time.sleep(0.3)
+    assert kg.proc.poll() is None  # still draining: a reply is pending
+    with pytest.raises(OSError):
+        RespConn(kg.port, timeout=1).call("PING")  # no longer accepting
+    redis.Redis(port=redis_server.port).rpush("drain-q", "last")
+    assert c.value() == [b"drain-q", b"last"]
+    assert kg.proc.wait(5) == 0
+    assert "draining" in kg.output()
+
+
+def test_sigterm_drain_timeout_closes_stuck_clients(redis_server):
+    kg = Keyguard(redis_server.port, config="drain_timeout_ms: 300\n")
+    c = RespConn(kg.port)
+    c.send("BLPOP", "never-q", "0")
+    time.sleep(0.2)
+    start = time.time()
+    assert kg.stop() == 0
+    assert time.time() - start < 3
+    with pytest.raises((Closed, ConnectionResetError)):
+        c.value()
+
+
+def test_slow_reader_keeps_memory_bounded():
+    r = Redis()
+    kg = Keyguard(r.port, threads=1)
+    try:
+        big = b"v" * (10 << 20)
+        redis.Redis(port=r.port).set("big", big)
+        c = RespConn(kg.port)
+        c.sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 65536)
+        base = kg.rss_kb()
+        c.send_raw(encode("GET", "big") * 60)  # 600 MB of replies, never read
+        peak = 0
+        for _ in range(30):
+            time.sleep(0.1)
+            peak = max(peak, kg.rss_kb())
+        growth_mb = (peak - base) / 1024
+        # One 10 MB reply in the read buffer plus at most one in the output backlog, whatever the
+        # number of pipelined GETs.
+        assert growth_mb < 40, growth_mb
+        # Once the client reads, every reply arrives intact.
+        for _ in range(60):
+            v, _ = c.read()
+            assert len(v) == len(big)
+    finally:
+        kg.stop()
+        r.stop()
