@@ -13,13 +13,14 @@ namespace {
 // '\r' in reach, too many digits); callers then take the exact slow path.
 inline const char* FastDigits(const char* p, const char* end, int64_t* out) {
   const char* start = p;
+  const char* limit = end - p > 18 ? p + 18 : end;  // 18 digits always fit in int64
   int64_t v = 0;
-  while (p < end && static_cast<unsigned>(*p - '0') <= 9) {
+  while (p < limit && static_cast<unsigned>(*p - '0') <= 9) {
     v = v * 10 + (*p - '0');
     ++p;
   }
   const size_t n = p - start;
-  if (p >= end || *p != '\r' || n == 0 || n > 18 || (n > 1 && *start == '0')) return nullptr;
+  if (p >= end || *p != '\r' || n == 0 || (n > 1 && *start == '0')) return nullptr;
   *out = v;
   return p;
 }
@@ -325,7 +326,7 @@ Status ReplyFramer::Next(const char* data, size_t len) {
       case '!':
       case '=': {
         if (!have_number && !ParseRedisInt(line, &number)) return Fail("invalid bulk length");
-        if (number == -1 && t != '=') {
+        if (number == -1 && t == '$') {
           if (stack_.empty()) top_size_ = -1;
           RecordScalar('_', line_off, 0);
           break;

@@ -222,7 +222,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 TEST(ReplyFramer, RejectsMalformedReplies) {
-  for (const char* bad : {"?x\r\n", ":abc\r\n", "$-2\r\n", "*-2\r\n", "#x\r\n", "_x\r\n", "%-1\r\n"}) {
+  for (const char* bad : {"?x\r\n", ":abc\r\n", "$-2\r\n", "*-2\r\n", "#x\r\n", "_x\r\n", "%-1\r\n", "!-1\r\n", "=-1\r\n"}) {
     EXPECT_NE(FeedReplies(bad, 0).error, "") << bad;
   }
 }

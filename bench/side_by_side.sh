@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Side by side, in one run: redis-benchmark SET/GET (50 clients, pipeline 1 and 16) against direct
+# redis-server, haproxy (TCP mode), twemproxy (nutcracker) and keyguard; ops/s and each proxy's CPU
+# microseconds per command from /proc, with keyguard's ratios to haproxy and twemproxy.
+# usage: bench/side_by_side.sh [KEYGUARD_BIN]   env: N (requests, 200000), C (clients, 50), ROUNDS (2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KG=${1:-build/keyguard}
+[ -x "$KG" ] || bash scripts/build.sh release >/dev/null
+N=${N:-200000}; C=${C:-50}; ROUNDS=${ROUNDS:-2}
+D=$(mktemp -d /tmp/kg-bench.XXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$D"; }
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+RP=$(port); HP=$(port); TP=$(port); TS=$(port); KP=$(port); KA=$(port)
+redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$D/redis.log" &
+pids+=($!)
+cat > "$D/haproxy.cfg" <<CFG
+global
+  maxconn 4096
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+listen r
+  bind 127.0.0.1:$HP
+  server s1 127.0.0.1:$RP
+CFG
+haproxy -f "$D/haproxy.cfg" -db >"$D/haproxy.log" 2>&1 & pids+=($!); HAP=$!
+cat > "$D/nut.yml" <<CFG
+pool:
+  listen: 127.0.0.1:$TP
+  redis: true
+  hash: fnv1a_64
+  distribution: ketama
+  server_connections: 1
+  servers:
+    - 127.0.0.1:$RP:1
+CFG
+nutcracker -c "$D/nut.yml" -o "$D/nut.log" -s "$TS" & pids+=($!); NUT=$!
+"$KG" --listen "127.0.0.1:$KP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$KA" >"$D/kg.log" 2>&1 & pids+=($!); KGP=$!
+sleep 1
+hz=$(getconf CLK_TCK)
+cpu() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
+printf "%-10s %-4s %12s %12s\n" target pipe "ops/s" "proxy_us/op"
+declare -A US
+for r in $(seq "$ROUNDS"); do
+  for P in 1 16; do
+    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP"; do
+      IFS=: read -r name p pid <<<"$t"
+      c0=$(cpu "$pid")
+      out=$(redis-benchmark -h 127.0.0.1 -p "$p" -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv 2>/dev/null)
+      c1=$(cpu "$pid")
+      ops=$(echo "$out" | awk -F'"' '/"SET"|"GET"/{s+=$4; n++} END{if(n) printf "%.0f", s/n; else print 0}')
+      us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$N" 'BEGIN{printf "%.2f", (b-a)/hz*1e6/(2*n)}')
+      printf "%-10s %-4s %12s %12s\n" "$name" "$P" "$ops" "$us"
+      US[$r.$P.$name]=$us
+    done
+    awk -v k="${US[$r.$P.keyguard]}" -v h="${US[$r.$P.haproxy]}" -v t="${US[$r.$P.twemproxy]}" -v p="$P" \
+      'BEGIN{printf "  pipeline %s: keyguard CPU/cmd = %.2fx haproxy, %.2fx twemproxy\n", p, (h>0?k/h:0), (t>0?k/t:0)}'
+  done
+done

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what keyguard needs to build, run and test on Debian 12, skipping what is present.
+# The single list of packages: CI, the README and docker/Dockerfile all use this script.
+set -euo pipefail
+BUILD_PKGS=(build-essential cmake ninja-build pkg-config libboost-dev libabsl-dev libre2-dev
+            libprotobuf-dev protobuf-compiler libyaml-cpp-dev libhiredis-dev)
+RUN_PKGS=(redis-server redis-tools)
+TEST_PKGS=(libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 python3-redis
+           python3-pytest prometheus haproxy nutcracker yamllint curl procps)
+case "${1:-all}" in
+  build) want=("${BUILD_PKGS[@]}") ;;
+  run) want=("${BUILD_PKGS[@]}" "${RUN_PKGS[@]}") ;;
+  all) want=("${BUILD_PKGS[@]}" "${RUN_PKGS[@]}" "${TEST_PKGS[@]}") ;;
+  *) echo "usage: $0 [build|run|all]" >&2; exit 2 ;;
+esac
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The Debian redis-server package starts a system redis on 6379; keyguard's scripts and tests
+# start their own on private ports and do not need it.

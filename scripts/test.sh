@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the whole test suite:
+#   unit tests (framer fragment replay, hiredis differential, config, metrics),
+#   integration tests through keyguard against real redis-server (hiredis, redis-py, redis-cli,
+#   raw RESP), promtool on real /metrics, the same suites against an ASan+UBSan build,
+#   and a short libFuzzer run of the framers.
+# Env: FUZZ_SECONDS (default 30), SKIP_ASAN=1 to skip the sanitizer pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
+
+step "install"
+bash scripts/install-deps.sh all
+# Tests start their own redis-server on free ports; nothing else is needed running.
+
+step "build (release)"
+bash scripts/build.sh release
+
+step "unit + hiredis client tests"
+(cd build && ctest --output-on-failure)
+
+step "integration tests (release)"
+KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration
+
+if [ "${SKIP_ASAN:-0}" != 1 ]; then
+  step "build (ASan+UBSan)"
+  bash scripts/build.sh asan
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  step "unit + hiredis client tests (ASan+UBSan)"
+  (cd build-asan && ctest --output-on-failure)
+  step "integration tests (ASan+UBSan keyguard)"
+  KEYGUARD_BIN=$PWD/build-asan/keyguard /usr/bin/python3 -m pytest -q tests/integration
+fi
+
+step "fuzz the framers (${FUZZ_SECONDS:-30}s)"
+bash scripts/build.sh fuzz
+mkdir -p build-fuzz/corpus
+./build-fuzz/framer_fuzz tests/fuzz/regressions/* >/dev/null 2>&1 || { echo "fuzz regression input fails"; exit 1; }
+./build-fuzz/framer_fuzz -max_total_time="${FUZZ_SECONDS:-30}" -dict=tests/fuzz/resp.dict \
+  -max_len=4096 build-fuzz/corpus tests/fuzz/corpus 2>&1 | tail -3
+
+step "framer throughput (informational)"
+./build/framer_bench --benchmark_min_time=0.2 2>/dev/null | grep -E "BM_"
+
+step "all tests passed"
