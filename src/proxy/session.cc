@@ -236,7 +236,16 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   p.command = id;
   p.start_ns = now;
   std::string_view bytes(raw, raw_len);
-  if (id == known.multi) {
+  if (id == known.quit) {
+    stop_reading_ = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
+    quit_sent_ = true;
+  } else if (id == known.reset) {
+    // RESET is not queued by MULTI either: it discards the transaction and every mode.
+    p.kind = Kind::kReset;
+    reply_off_ = false;
+    silent = false;
+    in_multi_ = multi_aborted_ = false;
+  } else if (id == known.multi) {
     in_multi_ = true;
   } else if (id == known.exec) {
     if (in_multi_ && multi_aborted_) {
@@ -262,13 +271,6 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) p.hello_version = static_cast<int8_t>(v);
   } else if (id == known.monitor) {
     p.kind = Kind::kMonitor;
-  } else if (id == known.reset) {
-    p.kind = Kind::kReset;
-    reply_off_ = false;
-    silent = false;
-  } else if (id == known.quit) {
-    stop_reading_ = true;  // Redis reads nothing after QUIT
-    quit_sent_ = true;
   } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
     if (EqualsIgnoreCase(args[2], "off")) {
       reply_off_ = true;

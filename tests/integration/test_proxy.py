@@ -290,6 +290,13 @@ def test_quit(fresh, keyguard):
     assert redis.Redis(port=fresh.port).get("q") == b"1"
 
 
+def test_quit_and_reset_inside_multi(fresh, keyguard):
+    d, p = direct_and_proxied(fresh, keyguard, encode("MULTI") + encode("SET", "t", "1") + encode("RESET") +
+                              encode("EXEC") + encode("MULTI") + encode("QUIT") + encode("PING"), timeout=2)
+    assert p == d
+    assert p == b"+OK\r\n+QUEUED\r\n+RESET\r\n-ERR EXEC without MULTI\r\n+OK\r\n+OK\r\n<closed>"
+
+
 def test_auth_with_acl_user(fresh, keyguard):
     admin = redis.Redis(port=fresh.port)
     admin.execute_command("ACL", "SETUSER", "app", "on", ">app-pw", "~app:*", "+@all")
