@@ -1,48 +1,22 @@
 #include "proxy/outbox.h"
 
-#include <sys/socket.h>
-#include <sys/uio.h>
-
-#include <cerrno>
-
 namespace keyguard::proxy {
-namespace {
 
-bool WouldBlock(int e) { return e == EAGAIN || e == EWOULDBLOCK; }
-
-}  // namespace
-
-Outbox::Outbox(asio::io_context& io, metrics::Counter* bytes_sent)
-    : io_(io), bytes_sent_(bytes_sent), event_(io) {}
+Outbox::Outbox(tcp::socket& socket, metrics::Counter* bytes_sent)
+    : socket_(socket), bytes_sent_(bytes_sent), event_(socket.get_executor()) {}
 
 bool Outbox::Send(const std::vector<asio::const_buffer>& buffers) {
   if (failed_) return false;
   if (buffers.empty()) return true;
   size_t skip = 0;
   if (!draining_ && pending_.empty()) {
-    constexpr size_t kMaxIov = 64;
-    iovec iov[kMaxIov];
-    const size_t count = buffers.size() < kMaxIov ? buffers.size() : kMaxIov;
-    for (size_t i = 0; i < count; ++i) {
-      iov[i].iov_base = const_cast<void*>(buffers[i].data());
-      iov[i].iov_len = buffers[i].size();
+    error_code ec;
+    skip = socket_.write_some(buffers, ec);  // the socket is non-blocking
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      Fail(ec);
+      return false;
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = count;
-    ssize_t n;
-    do {
-      n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-      if (!WouldBlock(errno)) {
-        Fail(error_code(errno, boost::system::system_category()));
-        return false;
-      }
-      writable_->Clear();
-      n = 0;
-    }
-    skip = static_cast<size_t>(n);
+    if (ec) skip = 0;
     bytes_sent_->Add(skip);
   }
   bool queued = false;
@@ -66,7 +40,7 @@ bool Outbox::Send(std::string_view bytes) {
 void Outbox::StartDrain() {
   if (draining_ || failed_) return;
   draining_ = true;
-  asio::co_spawn(io_, Drain(owner_.lock()), asio::detached);
+  asio::co_spawn(socket_.get_executor(), Drain(owner_.lock()), asio::detached);
 }
 
 awaitable<void> Outbox::Drain(std::shared_ptr<void> keep_alive) {
@@ -74,28 +48,23 @@ awaitable<void> Outbox::Drain(std::shared_ptr<void> keep_alive) {
     writing_.swap(pending_);
     pending_.clear();
     written_ = 0;
-    while (written_ < writing_.size() && !failed_) {
-      const ssize_t n = ::send(fd_, writing_.data() + written_, writing_.size() - written_, MSG_NOSIGNAL);
-      if (n > 0) {
-        written_ += static_cast<size_t>(n);
-        bytes_sent_->Add(static_cast<uint64_t>(n));
-        event_.cancel();  // progress: let waiters re-check the backlog
-        continue;
+    while (written_ < writing_.size()) {
+      error_code ec;
+      const size_t n = co_await socket_.async_write_some(
+          asio::buffer(writing_.data() + written_, writing_.size() - written_), AwaitEc(ec));
+      if (ec) {
+        Fail(ec);
+        break;
       }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && WouldBlock(errno)) {
-        writable_->Clear();
-        const error_code ec = co_await writable_->Wait();
-        if (ec) Fail(ec);
-        continue;
-      }
-      Fail(error_code(n < 0 ? errno : EPIPE, boost::system::system_category()));
+      written_ += n;
+      bytes_sent_->Add(n);
+      event_.cancel();  // progress: let waiters re-check the backlog
     }
     writing_.clear();
     written_ = 0;
     if (writing_.capacity() > (1u << 20)) std::string().swap(writing_);
   }
-  if (pending_.empty() && pending_.capacity() > (1u << 20)) std::string().swap(pending_);
+  if (pending_.capacity() > (1u << 20) && pending_.empty()) std::string().swap(pending_);
   draining_ = false;
   event_.cancel();
 }

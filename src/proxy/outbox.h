@@ -1,8 +1,7 @@
 // Writes to one socket in order. Send() writes straight from the caller's buffers with one
-// non-blocking sendmsg when the socket takes it (the common case: zero copies, no suspension);
-// only what the socket does not take is copied and written in the background when the Poller
-// reports the socket writable. Callers apply backpressure by waiting for the backlog to shrink
-// before reading more from the other side.
+// non-blocking writev when the socket takes it (the common case: zero copies, no suspension);
+// only what the socket does not take is copied and written in the background. Callers apply
+// backpressure by waiting for the backlog to shrink before reading more from the other side.
 #pragma once
 
 #include <functional>
@@ -13,20 +12,14 @@
 
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
-#include "proxy/poller.h"
 
 namespace keyguard::proxy {
 
 class Outbox {
  public:
-  Outbox(asio::io_context& io, metrics::Counter* bytes_sent);
-
-  // The socket to write to and its writability; until then nothing may be sent.
-  void Attach(int fd, Readiness* writable) {
-    fd_ = fd;
-    writable_ = writable;
-  }
   // `owner` is kept alive while a background write runs; `on_error` runs once if a write fails.
+  Outbox(tcp::socket& socket, metrics::Counter* bytes_sent);
+
   void set_owner(std::weak_ptr<void> owner) { owner_ = std::move(owner); }
   void set_on_error(std::function<void(error_code)> f) { on_error_ = std::move(f); }
 
@@ -49,14 +42,12 @@ class Outbox {
   awaitable<void> Drain(std::shared_ptr<void> keep_alive);
   void Fail(error_code ec);
 
-  asio::io_context& io_;
-  int fd_ = -1;
-  Readiness* writable_ = nullptr;
+  tcp::socket& socket_;
   metrics::Counter* bytes_sent_;
   std::weak_ptr<void> owner_;
   std::function<void(error_code)> on_error_;
   std::string pending_;  // accepted, not yet handed to a write
-  std::string writing_;  // being written by Drain
+  std::string writing_;  // owned by the write in flight
   size_t written_ = 0;
   bool draining_ = false;
   bool failed_ = false;

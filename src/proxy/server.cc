@@ -88,7 +88,6 @@ absl::Status RunServer(const config::ProxyConfig& config) {
   std::fflush(stdout);
 
   for (int i = 0; i < nthreads; ++i) {
-    workers[i]->poller.Start();
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
   }
   std::vector<std::thread> threads;

@@ -1,11 +1,5 @@
 #include "proxy/session.h"
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 
 #include "absl/strings/ascii.h"
@@ -61,24 +55,12 @@ void AppendBuffer(std::vector<asio::const_buffer>* gather, const char* data, siz
 
 }  // namespace
 
-namespace {
-
-void TuneSocket(int fd, bool keepalive) {
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (keepalive) ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
-
-}  // namespace
-
 Session::Session(Worker& worker, tcp::socket client)
     : worker_(worker),
-      client_fd_(client.release()),
-      connector_(worker.io),
-      client_out_(worker.io, &worker.shard->client_bytes_sent),
-      upstream_out_(worker.io, &worker.shard->upstream_bytes_sent),
+      client_(std::move(client)),
+      upstream_(worker.io),
+      client_out_(client_, &worker.shard->client_bytes_sent),
+      upstream_out_(upstream_, &worker.shard->upstream_bytes_sent),
       client_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       upstream_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       request_framer_(worker.config.limits),
@@ -90,7 +72,6 @@ Session::Session(Worker& worker, tcp::socket client)
 }
 
 Session::~Session() {
-  Close();
   worker_.shard->client_connections.Add(-1);
   worker_.session_count.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -111,12 +92,9 @@ void Session::Start() {
 
 awaitable<void> Session::Run() {
   auto self = shared_from_this();
-  TuneSocket(client_fd_, false);
-  if (!worker_.poller.Add(client_fd_, &client_io_)) {
-    Close();
-    co_return;
-  }
-  client_out_.Attach(client_fd_, &client_io_.out);
+  error_code ec;
+  client_.non_blocking(true, ec);
+  client_.set_option(tcp::no_delay(true), ec);
 
   // Connect upstream, bounded by the connect timeout.
   asio::steady_timer timer(worker_.io);
@@ -125,57 +103,25 @@ awaitable<void> Session::Run() {
   timer.async_wait([weak](error_code e) {
     if (auto s = weak.lock(); s && !e) {
       error_code ignored;
-      s->connector_.close(ignored);
+      s->upstream_.close(ignored);
     }
   });
-  error_code ec;
-  co_await connector_.async_connect(worker_.upstream, AwaitEc(ec));
+  co_await upstream_.async_connect(worker_.upstream, AwaitEc(ec));
   timer.cancel();
   if (closed_) co_return;
-  if (ec || !connector_.is_open()) {
+  if (ec || !upstream_.is_open()) {
     worker_.shard->CountUpstreamError(metrics::UpstreamError::kConnect);
     error_code ignored;
-    connector_.close(ignored);
+    upstream_.close(ignored);
   } else {
-    upstream_fd_ = connector_.release(ec);
-    TuneSocket(upstream_fd_, true);
-    if (ec || !worker_.poller.Add(upstream_fd_, &upstream_io_)) {
-      worker_.shard->CountUpstreamError(metrics::UpstreamError::kConnect);
-    } else {
-      upstream_up_ = true;
-      upstream_out_.Attach(upstream_fd_, &upstream_io_.out);
-      worker_.shard->upstream_connections.Add(1);
-      asio::co_spawn(worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
-    }
+    upstream_ready_ = true;
+    upstream_.non_blocking(true, ec);
+    upstream_.set_option(tcp::no_delay(true), ec);
+    upstream_.set_option(asio::socket_base::keep_alive(true), ec);
+    worker_.shard->upstream_connections.Add(1);
+    asio::co_spawn(worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
   }
   co_await ClientPump();
-}
-
-awaitable<size_t> Session::ReadSome(int fd, Readiness& ready, ReadBuffer& buf, error_code& ec) {
-  for (;;) {
-    if (!ready.ready()) {
-      ec = co_await ready.Wait();
-      if (ec) co_return 0;
-    }
-    const asio::mutable_buffer space = buf.free_space();
-    const ssize_t n = ::recv(fd, space.data(), space.size(), 0);
-    if (n > 0) {
-      // A short read drained the socket: the next data brings a new edge.
-      if (static_cast<size_t>(n) < space.size()) ready.Clear();
-      co_return static_cast<size_t>(n);
-    }
-    if (n == 0) {
-      ec = asio::error::eof;
-      co_return 0;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      ready.Clear();
-      continue;
-    }
-    if (errno == EINTR) continue;
-    ec = error_code(errno, boost::system::system_category());
-    co_return 0;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,7 +144,7 @@ awaitable<void> Session::ClientPump() {
     if (closed_) break;
     client_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await ReadSome(client_fd_, client_io_.in, client_buf_, ec);
+    const size_t n = co_await client_.async_read_some(client_buf_.free_space(), AwaitEc(ec));
     if (closed_) break;
     if (ec) {
       // The client went away (or reset): nothing is left to deliver to it.
@@ -264,8 +210,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   bool silent = reply_off_ || skipped;
   skip_next_reply_ = false;
 
-  if (worker_.deny[id] || !upstream_up_) {
-    if (!upstream_up_) {
+  if (worker_.deny[id] || !upstream_ready_) {
+    if (!upstream_ready_) {
       worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
       Reply(std::string(kUpstreamUnavailable), id, /*close_after=*/true);
       stop_reading_ = true;
@@ -372,7 +318,7 @@ awaitable<void> Session::UpstreamPump() {
     if (closed_) break;
     upstream_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await ReadSome(upstream_fd_, upstream_io_.in, upstream_buf_, ec);
+    const size_t n = co_await upstream_.async_read_some(upstream_buf_.free_space(), AwaitEc(ec));
     if (closed_) break;
     if (ec) {
       FailUpstream(ec == asio::error::eof ? metrics::UpstreamError::kClosed : metrics::UpstreamError::kReset);
@@ -530,11 +476,12 @@ void Session::NotifyQueue() {
 }
 
 void Session::FailUpstream(metrics::UpstreamError reason) {
-  if (closed_ || !upstream_up_) return;
+  if (closed_ || !upstream_ready_) return;
   if (!(quit_sent_ && reason == metrics::UpstreamError::kClosed)) worker_.shard->CountUpstreamError(reason);
-  upstream_up_ = false;
+  upstream_ready_ = false;
   worker_.shard->upstream_connections.Add(-1);
-  CloseUpstreamSocket();
+  error_code ignored;
+  upstream_.close(ignored);
   // Every command still waiting gets an error, in order with keyguard's own replies.
   std::string out;
   for (Pending& p : queue_) {
@@ -582,39 +529,22 @@ void Session::Drain() {
   // Otherwise UpstreamPump closes once the last pending reply is delivered.
 }
 
-void Session::CloseUpstreamSocket() {
-  if (upstream_fd_ >= 0) {
-    worker_.poller.Remove(upstream_fd_);
-    ::close(upstream_fd_);
-    upstream_fd_ = -1;
-  }
-  upstream_io_.in.Abort();
-  upstream_io_.out.Abort();
-}
-
 void Session::Close() {
   if (closed_) return;
-  std::shared_ptr<Session> self = weak_from_this().lock();  // null when called from ~Session
+  auto self = shared_from_this();
   closed_ = true;
-  if (client_fd_ >= 0) {
-    worker_.poller.Remove(client_fd_);
-    ::shutdown(client_fd_, SHUT_RDWR);
-    ::close(client_fd_);
-    client_fd_ = -1;
-  }
-  client_io_.in.Abort();
-  client_io_.out.Abort();
-  if (upstream_up_) {
-    upstream_up_ = false;
+  error_code ignored;
+  client_.shutdown(tcp::socket::shutdown_both, ignored);
+  client_.close(ignored);
+  if (upstream_ready_) {
+    upstream_ready_ = false;
     worker_.shard->upstream_connections.Add(-1);
   }
-  CloseUpstreamSocket();
-  error_code ignored;
-  connector_.close(ignored);
+  upstream_.close(ignored);
   queue_event_.cancel();
   client_out_.Wake();
   upstream_out_.Wake();
-  if (self) worker_.sessions.erase(self);
+  worker_.sessions.erase(self);
 }
 
 }  // namespace keyguard::proxy

@@ -17,7 +17,6 @@
 #include "keyguard/resp/framer.h"
 #include "proxy/asio.h"
 #include "proxy/outbox.h"
-#include "proxy/poller.h"
 #include "proxy/read_buffer.h"
 #include "proxy/worker.h"
 
@@ -61,8 +60,6 @@ class Session : public std::enable_shared_from_this<Session> {
   awaitable<void> ClientPump();
   awaitable<void> UpstreamPump();
   awaitable<void> FlushAndClose();
-  // Reads what `fd` has into `buf`; waits on `ready` when the socket is drained.
-  awaitable<size_t> ReadSome(int fd, Readiness& ready, ReadBuffer& buf, error_code& ec);
 
   // Client side.
   void ProcessClientBytes(size_t* hint);
@@ -77,16 +74,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
   void TrackConfirmation(std::string_view kind, std::string_view channel);
   void FailUpstream(metrics::UpstreamError reason);
-  void CloseUpstreamSocket();
   void NotifyQueue();
   void AppendOut(std::string_view bytes);
 
   Worker& worker_;
-  int client_fd_;
-  int upstream_fd_ = -1;
-  tcp::socket connector_;  // connects upstream, then hands its descriptor to upstream_fd_
-  SocketReadiness client_io_;
-  SocketReadiness upstream_io_;
+  tcp::socket client_;
+  tcp::socket upstream_;
   Outbox client_out_;
   Outbox upstream_out_;
   ReadBuffer client_buf_;
@@ -112,7 +105,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool quit_sent_ = false;
   absl::flat_hash_set<std::string> subscriptions_[3];  // channels, patterns, shard channels
 
-  bool upstream_up_ = false;
+  bool upstream_ready_ = false;
   bool stop_reading_ = false;
   bool closing_ = false;
   bool closed_ = false;

@@ -10,7 +10,6 @@
 #include "keyguard/config/config.h"
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
-#include "proxy/poller.h"
 
 namespace keyguard::proxy {
 
@@ -18,12 +17,11 @@ class Session;
 
 struct Worker {
   Worker(const config::ProxyConfig& c, metrics::WorkerShard* s, tcp::endpoint up)
-      : io(1), poller(io), config(c), shard(s), upstream(up), deny(commands::CommandCount(), false) {
+      : io(1), config(c), shard(s), upstream(up), deny(commands::CommandCount(), false) {
     for (const std::string& name : c.deny_commands) deny[commands::LookupCommand(name)] = true;
   }
 
   asio::io_context io;
-  Poller poller;  // readiness of every session socket on this worker
   const config::ProxyConfig& config;
   metrics::WorkerShard* shard;
   tcp::endpoint upstream;
