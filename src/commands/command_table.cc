@@ -1,58 +1,257 @@
 #include "keyguard/commands/command_table.h"
 
 #include <string>
-#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "keyguard/resp/framer.h"
 
 namespace keyguard::commands {
 namespace {
 
-constexpr std::string_view kAllNames[] = {
-#include "command_names.inc"
-};
+#include "command_table.inc"
 
-struct Table {
-  std::vector<std::string_view> names;  // by id
+struct Index {
   absl::flat_hash_map<std::string_view, CommandId> ids;
   size_t max_len = 0;
 
-  Table() {
-    names.push_back("unknown");
-    for (std::string_view n : kAllNames) {
-      if (n.find('|') != std::string_view::npos) continue;  // subcommands: not ids (yet)
-      ids.emplace(n, static_cast<CommandId>(names.size()));
-      names.push_back(n);
-      if (n.size() > max_len) max_len = n.size();
+  Index() {
+    for (size_t id = 1; id < kTopLevelCommands; ++id) {
+      const std::string_view name = kCommandSpecs[id].name;
+      ids.emplace(name, static_cast<CommandId>(id));
+      if (name.size() > max_len) max_len = name.size();
     }
   }
 };
 
-const Table& GetTable() {
-  static const Table* table = new Table();
-  return *table;
+const Index& GetIndex() {
+  static const Index* index = new Index();
+  return *index;
+}
+
+bool HasArg(std::span<const std::string_view> args, size_t from, std::string_view word) {
+  for (size_t i = from; i < args.size(); ++i) {
+    if (EqualsIgnoreCase(args[i], word)) return true;
+  }
+  return false;
+}
+
+// Redis's getKeysUsingKeySpecs (db.c), position for position. Returns false for an invalid or
+// incomplete spec, which makes Redis fall back to the command's own key parser.
+bool KeysFromSpecs(const CommandSpec& cmd, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
+  const int argc = static_cast<int>(args.size());
+  for (const KeySpec& spec : KeySpecs(cmd)) {
+    if (spec.flags & kKeyNotKey) continue;
+    int first = 0;
+    if (spec.begin == KeySpec::kIndex) {
+      first = spec.index;
+    } else if (spec.begin == KeySpec::kKeyword) {
+      const int start = spec.startfrom > 0 ? spec.startfrom : argc + spec.startfrom;
+      const int end = spec.startfrom > 0 ? argc - 1 : 1;
+      for (int i = start; i != end; i = start <= end ? i + 1 : i - 1) {
+        if (i >= argc || i < 1) break;
+        if (EqualsIgnoreCase(args[i], spec.keyword)) {
+          first = i + 1;
+          break;
+        }
+      }
+      if (first == 0) continue;  // keyword not present: this spec has no keys here
+    } else {
+      return false;
+    }
+    int last, step;
+    if (spec.find == KeySpec::kRange) {
+      step = spec.keystep;
+      if (spec.lastkey >= 0) {
+        last = first + spec.lastkey;
+      } else if (spec.limit == 0) {
+        last = argc + spec.lastkey;
+      } else {
+        last = first + ((argc - first) / spec.limit + spec.lastkey);
+      }
+    } else if (spec.find == KeySpec::kKeynum) {
+      step = spec.keystep;
+      const int at = first + spec.keynumidx;
+      int64_t numkeys;
+      if (at >= argc || !resp::ParseRedisInt(args[at], &numkeys) || numkeys < 0 || numkeys > argc) return false;
+      first += spec.firstkey;
+      last = first + static_cast<int>(numkeys) - 1;
+    } else {
+      return false;
+    }
+    if (last >= argc || last < first || first >= argc) return false;
+    for (int i = first; i <= last; i += step) {
+      if (i >= argc) continue;  // commands of variable arity report the error themselves
+      out->push_back(KeyRef{static_cast<uint32_t>(i), spec.flags});
+    }
+    if (spec.flags & kKeyIncomplete) return false;
+  }
+  return true;
+}
+
+// sortGetKeys / sortROGetKeys: the sort key, and for SORT the last STORE destination. BY and
+// GET take patterns, not keys.
+void SortKeys(bool read_only, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
+  out->push_back(KeyRef{1, kKeyRo | kKeyAccess});
+  if (read_only) return;
+  int store = -1;
+  const int argc = static_cast<int>(args.size());
+  for (int i = 2; i < argc; ++i) {
+    if (EqualsIgnoreCase(args[i], "limit")) {
+      i += 2;
+    } else if (EqualsIgnoreCase(args[i], "get") || EqualsIgnoreCase(args[i], "by")) {
+      i += 1;
+    } else if (EqualsIgnoreCase(args[i], "store") && i + 1 < argc) {
+      store = i + 1;  // like Redis, the next argument is looked at again as an option
+    }
+  }
+  if (store > 0) out->push_back(KeyRef{static_cast<uint32_t>(store), kKeyOw | kKeyUpdate});
+}
+
+// migrateGetKeys: argv[3], or with an empty argv[3] everything after KEYS.
+void MigrateKeys(std::span<const std::string_view> args, std::vector<KeyRef>* out) {
+  const int argc = static_cast<int>(args.size());
+  int first = 3, num = 1;
+  if (argc > 6) {
+    for (int i = 6; i < argc; ++i) {
+      if (EqualsIgnoreCase(args[i], "keys")) {
+        if (!args[3].empty()) {
+          num = 0;
+        } else {
+          first = i + 1;
+          num = argc - first;
+        }
+        break;
+      }
+      if (EqualsIgnoreCase(args[i], "auth")) {
+        i += 1;
+      } else if (EqualsIgnoreCase(args[i], "auth2")) {
+        i += 2;
+      }
+    }
+  }
+  for (int i = 0; i < num; ++i) {
+    if (first + i < argc) out->push_back(KeyRef{static_cast<uint32_t>(first + i), kKeyRw | kKeyAccess | kKeyDelete});
+  }
+}
+
+// bitfieldGetKeys: read-only when only GET and OVERFLOW appear.
+uint32_t BitfieldFlags(std::span<const std::string_view> args) {
+  const int argc = static_cast<int>(args.size());
+  for (int i = 2; i < argc; ++i) {
+    const int rem = argc - i - 1;
+    if (EqualsIgnoreCase(args[i], "get") && rem >= 2) {
+      i += 2;
+    } else if ((EqualsIgnoreCase(args[i], "set") || EqualsIgnoreCase(args[i], "incrby")) && rem >= 3) {
+      return kKeyRw | kKeyAccess | kKeyUpdate;
+    } else if (EqualsIgnoreCase(args[i], "overflow") && rem >= 1) {
+      i += 1;
+    } else {
+      return kKeyRw | kKeyAccess | kKeyUpdate;
+    }
+  }
+  return kKeyRo | kKeyAccess;
 }
 
 }  // namespace
 
 CommandId LookupCommand(std::string_view name) {
-  const Table& t = GetTable();
-  if (name.size() > t.max_len || name.empty()) return kUnknownCommand;
+  const Index& index = GetIndex();
+  if (name.size() > index.max_len || name.empty()) return kUnknownCommand;
   char lower[64];
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     lower[i] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
   }
-  auto it = t.ids.find(std::string_view(lower, name.size()));
-  return it == t.ids.end() ? kUnknownCommand : it->second;
+  auto it = index.ids.find(std::string_view(lower, name.size()));
+  return it == index.ids.end() ? kUnknownCommand : it->second;
 }
 
 std::string_view CommandName(CommandId id) {
-  const Table& t = GetTable();
-  return id < t.names.size() ? t.names[id] : t.names[0];
+  return id < kTopLevelCommands ? kCommandSpecs[id].name : kCommandSpecs[0].name;
 }
 
-size_t CommandCount() { return GetTable().names.size(); }
+size_t CommandCount() { return kTopLevelCommands; }
+
+const CommandSpec& Spec(CommandId id) { return kCommandSpecs[id < kTopLevelCommands ? id : 0]; }
+
+std::span<const CommandSpec> AllSpecs() { return kCommandSpecs; }
+
+std::span<const KeySpec> KeySpecs(const CommandSpec& spec) {
+  return std::span<const KeySpec>(kKeySpecs).subspan(spec.spec_begin, spec.spec_count);
+}
+
+const CommandSpec* ResolveSpec(CommandId id, std::span<const std::string_view> args) {
+  const CommandSpec& top = Spec(id);
+  if (top.sub_count == 0) return &top;
+  if (args.size() < 2) return &top;  // Redis answers with an arity error
+  const std::string_view prefix(top.name);
+  for (size_t i = top.sub_begin; i < top.sub_begin + top.sub_count; ++i) {
+    const std::string_view name(kCommandSpecs[i].name);
+    if (EqualsIgnoreCase(name.substr(prefix.size() + 1), args[1])) return &kCommandSpecs[i];
+  }
+  return nullptr;
+}
+
+uint32_t CommandFlagMask(std::string_view name) {
+  for (size_t i = 0; i < std::size(kCommandFlagNames); ++i) {
+    if (EqualsIgnoreCase(kCommandFlagNames[i], name)) return 1u << i;
+  }
+  return 0;
+}
+
+uint32_t AclCategoryMask(std::string_view name) {
+  if (!name.empty() && name[0] == '@') name.remove_prefix(1);
+  for (size_t i = 0; i < std::size(kAclCategoryNames); ++i) {
+    if (EqualsIgnoreCase(kAclCategoryNames[i], name)) return 1u << i;
+  }
+  return 0;
+}
+
+bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
+  const size_t before = out->size();
+  uint32_t all = 0, missing = 0;
+  for (const KeySpec& k : KeySpecs(spec)) {
+    all |= k.flags;
+    missing |= ~k.flags;
+  }
+  const bool has_keyspec = (missing & kKeyNotKey) != 0;
+  const bool variable_flags = (all & kKeyVariableFlags) != 0;
+  const std::string_view name(spec.name);
+  if (has_keyspec && !variable_flags) {
+    if (KeysFromSpecs(spec, args, out)) return true;
+    out->resize(before);
+    // Redis falls back to the command's own parser; only these differ from "no keys".
+    if (name == "sort" || name == "sort_ro") {
+      SortKeys(name == "sort_ro", args, out);
+      return true;
+    }
+    if (name == "migrate") {
+      MigrateKeys(args, out);
+      return out->size() > before;
+    }
+    // EVAL/FCALL: when numkeys does not fit, Redis's own parser finds no keys, and for commands
+    // whose keys are optional that is an answer, not an error.
+    return (spec.flags & CommandFlagMask("no_mandatory_keys")) != 0;
+  }
+  if (variable_flags) {
+    // SET and BITFIELD: the positions of their specs, the flags their arguments imply.
+    if (!KeysFromSpecs(spec, args, out)) {
+      out->resize(before);
+      return false;
+    }
+    uint32_t flags = 0;
+    if (name == "set") {
+      flags = HasArg(args, 3, "get") ? (kKeyRw | kKeyAccess | kKeyUpdate) : (kKeyOw | kKeyUpdate);
+    } else if (name == "bitfield") {
+      flags = BitfieldFlags(args);
+    }
+    if (flags != 0) {
+      for (size_t i = before; i < out->size(); ++i) (*out)[i].flags = flags;
+    }
+    return true;
+  }
+  return true;  // no keys
+}
 
 const KnownCommands& Known() {
   static const KnownCommands known{

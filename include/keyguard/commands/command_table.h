@@ -1,23 +1,99 @@
-// Command names and dense ids. Ids index per-command metric arrays; id 0 stands for every command
-// the table does not know, so label sets stay bounded whatever clients send.
-// (Key specs and flags come with the full command table, issue 3.)
+// The command table: every Redis command and subcommand with its arity, flags, ACL categories
+// and key specs, generated from a real server's COMMAND INFO (scripts/capture_commands.py,
+// scripts/gen_command_table.py), and key extraction that follows Redis's own
+// getKeysFromCommandWithSpecs, with explicit handling where the specs are incomplete.
+//
+// Top-level commands have dense ids (CommandId), used to index per-command metric arrays; id 0
+// stands for every command the table does not know, so label sets stay bounded.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 namespace keyguard::commands {
 
 using CommandId = uint16_t;
 inline constexpr CommandId kUnknownCommand = 0;
 
+// Key spec flags, as Redis names them (RO RW OW RM access update insert delete not_key
+// incomplete variable_flags).
+enum KeyFlag : uint32_t {
+  kKeyRo = 1u << 0,
+  kKeyRw = 1u << 1,
+  kKeyOw = 1u << 2,
+  kKeyRm = 1u << 3,
+  kKeyAccess = 1u << 4,
+  kKeyUpdate = 1u << 5,
+  kKeyInsert = 1u << 6,
+  kKeyDelete = 1u << 7,
+  kKeyNotKey = 1u << 8,
+  kKeyIncomplete = 1u << 9,
+  kKeyVariableFlags = 1u << 10,
+};
+
+// One Redis key spec: where the search for keys begins, and how keys are found from there.
+struct KeySpec {
+  enum Begin : uint8_t { kUnknownBegin, kIndex, kKeyword };
+  enum Find : uint8_t { kUnknownFind, kRange, kKeynum };
+  Begin begin;
+  int16_t index;        // kIndex: position of the first key
+  const char* keyword;  // kKeyword: the keyword before the first key
+  int16_t startfrom;    // kKeyword: where to start looking; negative counts from the end
+  Find find;
+  int16_t lastkey;      // kRange: last key relative to the first; negative counts from the end
+  int16_t keystep;      // kRange and kKeynum: distance between keys
+  int16_t limit;        // kRange with lastkey -1: only 1/limit of the remaining arguments
+  int16_t keynumidx;    // kKeynum: position of the key count, relative to the begin
+  int16_t firstkey;     // kKeynum: position of the first key, relative to the begin
+  uint32_t flags;       // KeyFlag
+};
+
+struct CommandSpec {
+  const char* name;  // lowercase; subcommands as "object|encoding"
+  int16_t arity;     // Redis arity: N exact, -N at least N (the name included)
+  uint32_t flags;    // command flags (see CommandFlagMask)
+  uint32_t acl;      // ACL categories (see AclCategoryMask)
+  uint16_t spec_begin, spec_count;
+  uint16_t sub_begin, sub_count;
+};
+
 // Case-insensitive lookup of a command name (the first argument of a request).
 CommandId LookupCommand(std::string_view name);
 // The lowercase name of `id`, "unknown" for kUnknownCommand.
 std::string_view CommandName(CommandId id);
-// Number of ids, kUnknownCommand included.
+// Number of top-level ids, kUnknownCommand included.
 size_t CommandCount();
+
+const CommandSpec& Spec(CommandId id);
+// The spec a request runs under: the subcommand's when `id` has subcommands and args[1] names
+// one, else the command's own. nullptr for an unknown subcommand.
+const CommandSpec* ResolveSpec(CommandId id, std::span<const std::string_view> args);
+std::span<const KeySpec> KeySpecs(const CommandSpec& spec);
+// Every spec in the table, top-level commands first (for tests and coverage reports).
+std::span<const CommandSpec> AllSpecs();
+
+// Masks for the names Redis uses in COMMAND INFO: flags ("write", "readonly", ...) and ACL
+// categories ("keyspace", "string", "dangerous", ...; with or without '@'). 0 when unknown.
+uint32_t CommandFlagMask(std::string_view name);
+uint32_t AclCategoryMask(std::string_view name);
+
+// A key found in a request: its position in the arguments (0 is the command name) and how the
+// command uses it (KeyFlag).
+struct KeyRef {
+  uint32_t pos;
+  uint32_t flags;
+  bool operator==(const KeyRef&) const = default;
+};
+
+// Appends the keys of `args` (a whole request, name included) to `out`, as Redis's COMMAND
+// GETKEYS finds them: key specs first, and for commands whose specs are incomplete or carry
+// variable flags (SORT, SORT_RO, MIGRATE, SET, BITFIELD) the same parsing Redis does. Returns
+// false when the arguments do not fit the specs (Redis will refuse the command); `out` then
+// holds nothing for this request. Channel specs (SPUBLISH, SSUBSCRIBE: not_key) are skipped.
+bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out);
 
 // Ids the proxy treats specially, resolved once.
 struct KnownCommands {

@@ -1,0 +1,93 @@
+#include "keyguard/commands/command_table.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace keyguard::commands {
+namespace {
+
+// Keys of a request as strings, or {"!"} when the arguments do not fit the specs.
+std::vector<std::string> Keys(std::vector<std::string_view> args) {
+  const CommandId id = LookupCommand(args[0]);
+  const CommandSpec* spec = ResolveSpec(id, args);
+  if (spec == nullptr) return {"?"};
+  std::vector<KeyRef> refs;
+  if (!FindKeys(*spec, args, &refs)) return {"!"};
+  std::vector<std::string> out;
+  for (const KeyRef& r : refs) out.emplace_back(args[r.pos]);
+  return out;
+}
+
+using V = std::vector<std::string>;
+
+TEST(FindKeys, KeySpecShapes) {
+  EXPECT_EQ(Keys({"GET", "a"}), V{"a"});
+  EXPECT_EQ(Keys({"set", "a", "v", "EX", "10"}), V{"a"});
+  EXPECT_EQ(Keys({"MSET", "a", "1", "b", "2", "c", "3"}), (V{"a", "b", "c"}));
+  EXPECT_EQ(Keys({"DEL", "a", "b", "c"}), (V{"a", "b", "c"}));
+  EXPECT_EQ(Keys({"RENAME", "a", "b"}), (V{"a", "b"}));
+  EXPECT_EQ(Keys({"ZUNIONSTORE", "dst", "2", "a", "b", "WEIGHTS", "1", "2"}), (V{"dst", "a", "b"}));
+  EXPECT_EQ(Keys({"EVAL", "return 1", "2", "k1", "k2", "arg"}), (V{"k1", "k2"}));
+  EXPECT_EQ(Keys({"FCALL", "f", "1", "k1", "arg"}), V{"k1"});
+  EXPECT_EQ(Keys({"EVAL", "return 1", "0"}), V{});
+  EXPECT_EQ(Keys({"XREAD", "COUNT", "2", "STREAMS", "s1", "s2", "0", "0"}), (V{"s1", "s2"}));
+  EXPECT_EQ(Keys({"XREADGROUP", "GROUP", "g", "c", "STREAMS", "streams", "0"}), V{"streams"});
+  EXPECT_EQ(Keys({"LMPOP", "2", "l1", "l2", "LEFT"}), (V{"l1", "l2"}));
+  EXPECT_EQ(Keys({"BLMPOP", "0", "1", "l1", "RIGHT"}), V{"l1"});
+  EXPECT_EQ(Keys({"GEORADIUS", "g", "0", "0", "1", "km", "STORE", "dst"}), (V{"g", "dst"}));
+  EXPECT_EQ(Keys({"OBJECT", "ENCODING", "k"}), V{"k"});
+  EXPECT_EQ(Keys({"MEMORY", "USAGE", "k", "SAMPLES", "5"}), V{"k"});
+  EXPECT_EQ(Keys({"PING"}), V{});
+  EXPECT_EQ(Keys({"SPUBLISH", "channel", "msg"}), V{});  // a sharded channel, not a key
+}
+
+TEST(FindKeys, InvalidArgumentsFindNothing) {
+  // EVAL's keys are optional: a numkeys that does not fit means no keys (COMMAND GETKEYS: []).
+  EXPECT_EQ(Keys({"EVAL", "s", "3", "k1"}), V{});
+  EXPECT_EQ(Keys({"EVAL", "s", "x", "k1"}), V{});
+  EXPECT_EQ(Keys({"BLMPOP", "0", "3", "l1", "LEFT"}), V{"!"});
+  EXPECT_EQ(Keys({"ZUNIONSTORE", "dst", "-1", "a"}), V{"!"});
+  EXPECT_EQ(Keys({"XREAD", "STREAMS", "s1", "s2", "0"}), (V{"s1"}));  // what COMMAND GETKEYS says
+  EXPECT_EQ(Keys({"OBJECT", "NOSUCH", "k"}), V{"?"});
+}
+
+TEST(FindKeys, IncompleteSpecsParsedLikeRedis) {
+  EXPECT_EQ(Keys({"SORT", "l", "BY", "w_*", "GET", "o_*", "LIMIT", "0", "5", "STORE", "dst"}), (V{"l", "dst"}));
+  EXPECT_EQ(Keys({"SORT", "l", "STORE", "d1", "STORE", "d2"}), (V{"l", "d2"}));
+  EXPECT_EQ(Keys({"SORT_RO", "l", "BY", "w_*"}), V{"l"});
+  EXPECT_EQ(Keys({"MIGRATE", "h", "6379", "k", "0", "100"}), V{"k"});
+  EXPECT_EQ(Keys({"MIGRATE", "h", "6379", "", "0", "100", "AUTH", "pw", "KEYS", "a", "b"}), (V{"a", "b"}));
+}
+
+TEST(FindKeys, VariableFlags) {
+  std::vector<KeyRef> refs;
+  std::vector<std::string_view> set_get = {"SET", "k", "v", "GET"};
+  ASSERT_TRUE(FindKeys(*ResolveSpec(LookupCommand("set"), set_get), set_get, &refs));
+  ASSERT_EQ(refs.size(), 1u);
+  EXPECT_EQ(refs[0].flags, kKeyRw | kKeyAccess | kKeyUpdate);
+  refs.clear();
+  std::vector<std::string_view> set = {"SET", "k", "v"};
+  ASSERT_TRUE(FindKeys(*ResolveSpec(LookupCommand("set"), set), set, &refs));
+  EXPECT_EQ(refs[0].flags, kKeyOw | kKeyUpdate);
+  refs.clear();
+  std::vector<std::string_view> bf = {"BITFIELD", "k", "GET", "u8", "0"};
+  ASSERT_TRUE(FindKeys(*ResolveSpec(LookupCommand("bitfield"), bf), bf, &refs));
+  EXPECT_EQ(refs[0].flags, kKeyRo | kKeyAccess);
+}
+
+TEST(CommandTable, FlagsAndCategories) {
+  const CommandSpec& set = Spec(LookupCommand("set"));
+  EXPECT_EQ(set.arity, -3);
+  EXPECT_NE(set.flags & CommandFlagMask("write"), 0u);
+  EXPECT_NE(set.acl & AclCategoryMask("@string"), 0u);
+  EXPECT_EQ(Spec(LookupCommand("get")).flags & CommandFlagMask("write"), 0u);
+  EXPECT_NE(Spec(LookupCommand("flushall")).acl & AclCategoryMask("dangerous"), 0u);
+  EXPECT_EQ(CommandFlagMask("nosuchflag"), 0u);
+  EXPECT_GE(CommandCount(), 230u);
+  EXPECT_GT(AllSpecs().size(), CommandCount() + 100);  // subcommands too
+}
+
+}  // namespace
+}  // namespace keyguard::commands
