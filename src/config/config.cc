@@ -9,47 +9,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "keyguard/commands/command_table.h"
+#include "config/yaml_proto.h"
+#include "keyguard/config/v1/config.pb.h"
 #include "yaml-cpp/yaml.h"
 
 namespace keyguard::config {
 namespace {
 
+namespace v1 = keyguard::config::v1;
+
 absl::Status FieldError(absl::string_view path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
-
-absl::Status CheckKeys(const YAML::Node& node, absl::string_view path, const std::set<std::string>& allowed) {
-  if (!node.IsMap()) return FieldError(path.empty() ? "(top level)" : path, "expected a mapping");
-  for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
-    if (!allowed.count(key)) {
-      return FieldError(absl::StrCat(path, path.empty() ? "" : ".", key),
-                        absl::StrCat("unknown field (known: ", absl::StrJoin(allowed, ", "), ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status GetInt(const YAML::Node& parent, const std::string& key, absl::string_view path, int64_t min,
-                    int64_t max, int64_t* out) {
-  const YAML::Node n = parent[key];
-  if (!n) return absl::OkStatus();
-  const std::string field = absl::StrCat(path, path.empty() ? "" : ".", key);
-  int64_t v;
-  if (!n.IsScalar() || !absl::SimpleAtoi(n.Scalar(), &v)) return FieldError(field, "expected an integer");
-  if (v < min || v > max) return FieldError(field, absl::StrCat("must be between ", min, " and ", max));
-  *out = v;
-  return absl::OkStatus();
-}
-
-absl::Status GetAddress(const YAML::Node& parent, const std::string& key, HostPort* out) {
-  const YAML::Node n = parent[key];
-  if (!n) return absl::OkStatus();
-  if (!n.IsScalar()) return FieldError(key, "expected HOST:PORT");
-  auto hp = ParseHostPort(n.Scalar(), key);
-  if (!hp.ok()) return hp.status();
-  *out = *hp;
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -92,57 +62,81 @@ absl::StatusOr<ProxyConfig> ParseConfig(std::string_view yaml) {
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
   }
-  ProxyConfig c;
-  if (root.IsNull()) return c;
-  if (auto s = CheckKeys(root, "", {"listen", "upstream", "admin", "threads", "upstream_connect_timeout_ms",
-                                    "drain_timeout_ms", "deny_commands", "limits"});
-      !s.ok()) {
-    return s;
-  }
-  for (const char* key : {"listen", "upstream", "admin"}) {
-    HostPort* target = std::string(key) == "listen" ? &c.listen : std::string(key) == "upstream" ? &c.upstream : &c.admin;
-    if (auto s = GetAddress(root, key, target); !s.ok()) return s;
-  }
-  int64_t v = c.threads;
-  if (auto s = GetInt(root, "threads", "", 0, 256, &v); !s.ok()) return s;
-  c.threads = static_cast<int>(v);
-  v = c.upstream_connect_timeout_ms;
-  if (auto s = GetInt(root, "upstream_connect_timeout_ms", "", 1, 600000, &v); !s.ok()) return s;
-  c.upstream_connect_timeout_ms = static_cast<int>(v);
-  v = c.drain_timeout_ms;
-  if (auto s = GetInt(root, "drain_timeout_ms", "", 0, 3600000, &v); !s.ok()) return s;
-  c.drain_timeout_ms = static_cast<int>(v);
+  v1::Config proto;
+  if (auto s = YamlToProto(root, &proto); !s.ok()) return s;
+  return Compile(proto);
+}
 
-  if (const YAML::Node deny = root["deny_commands"]) {
-    if (!deny.IsSequence()) return FieldError("deny_commands", "expected a list of command names");
-    for (size_t i = 0; i < deny.size(); ++i) {
-      const std::string field = absl::StrCat("deny_commands[", i, "]");
-      if (!deny[i].IsScalar() || deny[i].Scalar().empty()) return FieldError(field, "expected a command name");
-      const std::string name = absl::AsciiStrToLower(deny[i].Scalar());
-      if (commands::LookupCommand(name) == commands::kUnknownCommand) {
-        return FieldError(field, absl::StrCat("'", deny[i].Scalar(), "' is not a Redis command"));
-      }
-      c.deny_commands.push_back(name);
-    }
+absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
+  ProxyConfig c;
+  struct Address {
+    const std::string& text;
+    const char* field;
+    HostPort* target;
+  };
+  for (const Address& a : {Address{p.listen(), "listen", &c.listen}, Address{p.upstream(), "upstream", &c.upstream},
+                           Address{p.admin(), "admin", &c.admin}}) {
+    if (a.text.empty()) continue;
+    auto hp = ParseHostPort(a.text, a.field);
+    if (!hp.ok()) return hp.status();
+    *a.target = *hp;
   }
-  if (const YAML::Node limits = root["limits"]) {
-    if (auto s = CheckKeys(limits, "limits", {"max_bulk_len", "max_multibulk_len", "max_inline_len", "max_depth",
-                                              "max_pending_commands", "max_output_buffer", "read_buffer_size"});
-        !s.ok()) {
-      return s;
-    }
-    if (auto s = GetInt(limits, "max_bulk_len", "limits", 1, int64_t{1} << 40, &c.limits.max_bulk_len); !s.ok()) return s;
-    if (auto s = GetInt(limits, "max_multibulk_len", "limits", 1, 2147483647, &c.limits.max_multibulk_len); !s.ok()) return s;
-    v = static_cast<int64_t>(c.limits.max_inline_len);
-    if (auto s = GetInt(limits, "max_inline_len", "limits", 16, int64_t{1} << 30, &v); !s.ok()) return s;
-    c.limits.max_inline_len = static_cast<size_t>(v);
-    v = c.limits.max_depth;
-    if (auto s = GetInt(limits, "max_depth", "limits", 1, 4096, &v); !s.ok()) return s;
-    c.limits.max_depth = static_cast<int>(v);
-    if (auto s = GetInt(limits, "max_pending_commands", "limits", 1, int64_t{1} << 30, &c.max_pending_commands); !s.ok()) return s;
-    if (auto s = GetInt(limits, "max_output_buffer", "limits", 4096, int64_t{1} << 40, &c.max_output_buffer); !s.ok()) return s;
-    if (auto s = GetInt(limits, "read_buffer_size", "limits", 512, 64 << 20, &c.read_buffer_size); !s.ok()) return s;
+  auto range = [](const char* field, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
+    if (v < lo || v > hi) return FieldError(field, absl::StrCat("must be between ", lo, " and ", hi));
+    return absl::OkStatus();
+  };
+  if (p.has_threads()) {
+    if (auto s = range("threads", p.threads(), 0, 256); !s.ok()) return s;
+    c.threads = static_cast<int>(p.threads());
   }
+  if (p.has_upstream_connect_timeout_ms()) {
+    if (auto s = range("upstream_connect_timeout_ms", p.upstream_connect_timeout_ms(), 1, 600000); !s.ok()) return s;
+    c.upstream_connect_timeout_ms = static_cast<int>(p.upstream_connect_timeout_ms());
+  }
+  if (p.has_drain_timeout_ms()) {
+    if (auto s = range("drain_timeout_ms", p.drain_timeout_ms(), 0, 3600000); !s.ok()) return s;
+    c.drain_timeout_ms = static_cast<int>(p.drain_timeout_ms());
+  }
+  for (int i = 0; i < p.deny_commands_size(); ++i) {
+    const std::string field = absl::StrCat("deny_commands[", i, "]");
+    const std::string name = absl::AsciiStrToLower(p.deny_commands(i));
+    if (commands::LookupCommand(name) == commands::kUnknownCommand) {
+      return FieldError(field, absl::StrCat("'", p.deny_commands(i), "' is not a Redis command"));
+    }
+    c.deny_commands.push_back(name);
+  }
+  const v1::Limits& l = p.limits();
+  if (l.has_max_bulk_len()) {
+    if (auto s = range("limits.max_bulk_len", l.max_bulk_len(), 1, int64_t{1} << 40); !s.ok()) return s;
+    c.limits.max_bulk_len = l.max_bulk_len();
+  }
+  if (l.has_max_multibulk_len()) {
+    if (auto s = range("limits.max_multibulk_len", l.max_multibulk_len(), 1, 2147483647); !s.ok()) return s;
+    c.limits.max_multibulk_len = l.max_multibulk_len();
+  }
+  if (l.has_max_inline_len()) {
+    if (auto s = range("limits.max_inline_len", l.max_inline_len(), 16, int64_t{1} << 30); !s.ok()) return s;
+    c.limits.max_inline_len = static_cast<size_t>(l.max_inline_len());
+  }
+  if (l.has_max_depth()) {
+    if (auto s = range("limits.max_depth", l.max_depth(), 1, 4096); !s.ok()) return s;
+    c.limits.max_depth = l.max_depth();
+  }
+  if (l.has_max_pending_commands()) {
+    if (auto s = range("limits.max_pending_commands", l.max_pending_commands(), 1, int64_t{1} << 30); !s.ok()) return s;
+    c.max_pending_commands = l.max_pending_commands();
+  }
+  if (l.has_max_output_buffer()) {
+    if (auto s = range("limits.max_output_buffer", l.max_output_buffer(), 4096, int64_t{1} << 40); !s.ok()) return s;
+    c.max_output_buffer = l.max_output_buffer();
+  }
+  if (l.has_read_buffer_size()) {
+    if (auto s = range("limits.read_buffer_size", l.read_buffer_size(), 512, 64 << 20); !s.ok()) return s;
+    c.read_buffer_size = l.read_buffer_size();
+  }
+  auto policy = policy::KeyPolicy::Compile(p.key_policy());
+  if (!policy.ok()) return policy.status();
+  c.key_policy = *std::move(policy);
   if (auto s = Validate(c); !s.ok()) return s;
   return c;
 }

@@ -17,6 +17,13 @@ void WorkerShard::ObserveLatency(commands::CommandId id, uint64_t nanos) {
   s.latency_sum_ns.Add(nanos);
 }
 
+const std::string& WorkerShard::PatternLabel(const std::string& pattern, size_t cap) {
+  auto it = patterns_.find(pattern);
+  if (it != patterns_.end()) return *it;
+  if (patterns_.size() >= cap) return other_;
+  return *patterns_.insert(pattern).first;
+}
+
 WorkerShard* Registry::AddShard() {
   std::lock_guard<std::mutex> lock(mu_);
   return &shards_.emplace_back();
@@ -77,6 +84,21 @@ std::string Registry::Render() const {
     absl::StrAppend(&out, "keyguard_upstream_errors_total{reason=\"", kUpstreamErrorNames[r], "\"} ",
                     Sum(shards_, [&](const WorkerShard& s) { return s.upstream_errors[r].Get(); }), "\n");
   }
+
+  auto labeled = [&](absl::string_view name, absl::string_view help, LabeledCounters WorkerShard::*field) {
+    std::map<std::string, uint64_t> merged;
+    for (const WorkerShard& s : shards_) {
+      (s.*field).ForEach([&](const std::string& labels, uint64_t v) { merged[labels] += v; });
+    }
+    Header(&out, name, "counter", help);
+    for (const auto& [labels, v] : merged) absl::StrAppend(&out, name, "{", labels, "} ", v, "\n");
+  };
+  labeled("keyguard_key_violations_total", "Keys that broke a key-name rule, by rule, action and key pattern.",
+          &WorkerShard::key_violations);
+  labeled("keyguard_keys_rewritten_total", "Keys keyguard rewrote before forwarding, by rule.",
+          &WorkerShard::keys_rewritten);
+  labeled("keyguard_commands_rejected_total", "Commands keyguard refused, by reason.",
+          &WorkerShard::commands_rejected);
 
   Header(&out, "keyguard_draining", "gauge", "1 while keyguard drains connections before exiting.");
   absl::StrAppend(&out, "keyguard_draining ", draining_.Get(), "\n");

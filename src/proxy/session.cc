@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/encoder.h"
 
 namespace keyguard::proxy {
@@ -53,6 +54,27 @@ void AppendBuffer(std::vector<asio::const_buffer>* gather, const char* data, siz
   gather->emplace_back(data, len);
 }
 
+std::string JsonEscape(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (unsigned char c : in) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20 || c >= 0x7f) {
+      absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
+std::string CommandNameOf(commands::CommandId id) {
+  const std::string_view n = commands::CommandName(id);
+  return std::string(n.data(), n.size());
+}
+
 }  // namespace
 
 Session::Session(Worker& worker, tcp::socket client)
@@ -95,6 +117,8 @@ awaitable<void> Session::Run() {
   error_code ec;
   client_.non_blocking(true, ec);
   client_.set_option(tcp::no_delay(true), ec);
+  const tcp::endpoint peer = client_.remote_endpoint(ec);
+  if (!ec) client_address_ = absl::StrCat(peer.address().to_string(), ":", peer.port());
 
   // Connect upstream, bounded by the connect timeout.
   asio::steady_timer timer(worker_.io);
@@ -196,6 +220,7 @@ void Session::ProcessClientBytes(size_t* hint) {
   }
   if (!forward_.empty()) upstream_out_.Send(forward_);
   forward_.clear();
+  scratch_.clear();
   client_buf_.Consume(pos);
 }
 
@@ -232,10 +257,15 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     return;
   }
 
+  std::string_view bytes(raw, raw_len);
+  if (!worker_.config.key_policy->empty() && !ApplyKeyPolicy(args, id, silent, &bytes)) {
+    if (skipped) ForwardRaw(kPing.data(), kPing.size());  // as for a denied command
+    return;
+  }
+
   Pending p;
   p.command = id;
   p.start_ns = now;
-  std::string_view bytes(raw, raw_len);
   if (id == known.quit) {
     stop_reading_ = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
     quit_sent_ = true;
@@ -271,6 +301,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) p.hello_version = static_cast<int8_t>(v);
   } else if (id == known.monitor) {
     p.kind = Kind::kMonitor;
+  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "setname")) {
+    client_name_.assign(args[2].data(), args[2].size());
   } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
     if (EqualsIgnoreCase(args[2], "off")) {
       reply_off_ = true;
@@ -290,6 +322,93 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     return;
   }
   queue_.push_back(std::move(p));
+}
+
+bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, bool silent,
+                             std::string_view* bytes) {
+  const policy::KeyPolicy& policy = *worker_.config.key_policy;
+  const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
+  if (spec == nullptr) return true;
+  key_refs_.clear();
+  commands::FindKeys(*spec, args, &key_refs_);
+  if (key_refs_.empty()) return true;
+  metrics::WorkerShard& shard = *worker_.shard;
+  const policy::Violation* reject = nullptr;
+  std::string reject_key;
+  std::vector<std::pair<uint32_t, std::string>> rewrites;
+  for (const commands::KeyRef& ref : key_refs_) {
+    const std::string_view key = args[ref.pos];
+    violations_.clear();
+    policy.Check(key, id, *spec, &violations_);
+    if (violations_.empty()) continue;
+    const std::string& pattern = shard.PatternLabel(policy::KeyPattern(key), policy.max_key_patterns());
+    bool rewritten = false;
+    for (const policy::Violation& v : violations_) {
+      shard.key_violations
+          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(v.rule->action),
+                            "\",key_pattern=\"", pattern, "\""))
+          .Add();
+      switch (v.rule->action) {
+        case policy::Action::kWarn:
+          Warn(v, key, id);
+          break;
+        case policy::Action::kReject:
+          if (reject == nullptr) {
+            reject = &v;
+            reject_key.assign(key.data(), key.size());
+          }
+          break;
+        case policy::Action::kRewrite:
+          if (!rewritten && !v.suggestion.empty()) {
+            rewritten = true;
+            rewrites.emplace_back(ref.pos, v.suggestion);
+            shard.keys_rewritten.Get(absl::StrCat("rule=\"", v.rule->name, "\"")).Add();
+          }
+          break;
+        case policy::Action::kObserve:
+          break;
+      }
+    }
+    if (reject != nullptr) break;
+  }
+  if (reject != nullptr) {
+    shard.CountCommand(id, metrics::Outcome::kRejected);
+    shard.commands_rejected.Get("reason=\"key_policy\"").Add();
+    if (in_multi_) multi_aborted_ = true;
+    if (silent) return false;
+    std::string text;
+    std::string message = absl::StrCat("ERR keyguard: key '", reject_key, "' violates rule '", reject->rule->name, "'");
+    if (!reject->suggestion.empty()) absl::StrAppend(&message, ": use ", reject->suggestion);
+    resp::AppendError(&text, message);
+    Reply(std::move(text), id, false);
+    return false;
+  }
+  if (!rewrites.empty()) {
+    // The command goes upstream re-encoded with the new keys; everything else is unchanged.
+    std::vector<std::string_view> out(args.begin(), args.end());
+    for (const auto& [pos, key] : rewrites) out[pos] = key;
+    std::string& encoded = scratch_.emplace_back();
+    resp::AppendCommand(&encoded, out);
+    *bytes = encoded;
+  }
+  return true;
+}
+
+void Session::Warn(const policy::Violation& v, std::string_view key, commands::CommandId id) {
+  // At most kWarnBurst lines per second per worker, so a misbehaving app cannot flood the log.
+  constexpr int kWarnBurst = 20;
+  const int64_t second = NowNs() / 1000000000;
+  if (second != worker_.warn_second) {
+    worker_.warn_second = second;
+    worker_.warn_count = 0;
+  }
+  if (++worker_.warn_count > kWarnBurst) return;
+  std::string line = absl::StrCat("{\"level\":\"warn\",\"event\":\"key_violation\",\"rule\":\"", JsonEscape(v.rule->name),
+                                  "\",\"key\":\"", JsonEscape(key), "\",\"command\":\"", CommandNameOf(id), "\"");
+  if (!v.suggestion.empty()) absl::StrAppend(&line, ",\"suggestion\":\"", JsonEscape(v.suggestion), "\"");
+  absl::StrAppend(&line, ",\"client\":\"", JsonEscape(client_address_), "\",\"client_name\":\"", JsonEscape(client_name_),
+                  "\"}\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
 void Session::Reply(std::string text, commands::CommandId id, bool close_after) {

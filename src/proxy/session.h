@@ -65,6 +65,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void ProcessClientBytes(size_t* hint);
   void HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now);
   void ForwardRaw(const char* data, size_t len);
+  // Applies the key policy. Returns false when the command was refused (its error is queued);
+  // may replace `bytes` with a rewritten command owned by scratch_.
+  bool ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, bool silent,
+                      std::string_view* bytes);
+  void Warn(const policy::Violation& v, std::string_view key, commands::CommandId id);
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
   // Upstream side.
@@ -94,6 +99,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<asio::const_buffer> forward_;  // client bytes going upstream
   std::vector<asio::const_buffer> deliver_;  // reply bytes going to the client
   std::deque<std::string> held_;             // local replies referenced by deliver_ until sent
+  std::deque<std::string> scratch_;          // rewritten commands referenced by forward_ until sent
+  std::vector<commands::KeyRef> key_refs_;
+  std::vector<policy::Violation> violations_;
+  std::string client_address_;
+  std::string client_name_;
 
   // Connection state as the client and the server see it.
   int protocol_ = 2;

@@ -29,6 +29,8 @@ struct Worker {
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;
+  int64_t warn_second = 0;  // rate limit of key-policy warn lines
+  int warn_count = 0;
 };
 
 }  // namespace keyguard::proxy

@@ -8,9 +8,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "keyguard/policy/key_policy.h"
 #include "keyguard/resp/framer.h"
 
 namespace keyguard::config {
+namespace v1 {
+class Config;
+}
 
 struct HostPort {
   std::string host;
@@ -33,11 +37,16 @@ struct ProxyConfig {
   int64_t max_pending_commands = 10000;   // per connection: stop reading the client beyond this
   int64_t max_output_buffer = 1 << 20;    // per direction: stop reading the other side beyond this
   int64_t read_buffer_size = 16 * 1024;   // initial read buffer per direction
+  // Key-name rules; without a config every built-in rule observes.
+  std::shared_ptr<const policy::KeyPolicy> key_policy = policy::KeyPolicy::Default();
 };
 
-// Parses a YAML document; unknown keys and wrong types are errors naming the field path.
+// Parses a YAML document against the schema in proto/keyguard/config/v1/config.proto; unknown
+// keys, wrong types and invalid values are errors naming the field path.
 absl::StatusOr<ProxyConfig> ParseConfig(std::string_view yaml);
 absl::StatusOr<ProxyConfig> LoadConfigFile(const std::string& path);
+// Turns the schema message into settings, checking ranges and compiling the key policy.
+absl::StatusOr<ProxyConfig> Compile(const v1::Config& proto);
 // Checks cross-field constraints; returns the first problem with its field path.
 absl::Status Validate(const ProxyConfig& config);
 

@@ -6,6 +6,9 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
+#include <set>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -60,6 +63,29 @@ struct CommandStats {
 enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kCount };
 inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol"};
 
+// Counters keyed by a rendered label set (`rule="lowercase",action="observe"`), created on first
+// use. Only the owning worker creates and increments; lookups need no lock because only that
+// thread inserts, and inserts take the mutex that Registry::Render holds while it reads.
+class LabeledCounters {
+ public:
+  Counter& Get(const std::string& labels) {
+    auto it = counters_.find(labels);
+    if (it != counters_.end()) return *it->second;
+    std::lock_guard<std::mutex> lock(mu_);
+    return *counters_.emplace(labels, std::make_unique<Counter>()).first->second;
+  }
+  // Calls f(labels, value) for every counter, under the lock.
+  template <typename F>
+  void ForEach(F f) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [labels, counter] : counters_) f(labels, counter->Get());
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Counter>> counters_;
+};
+
 // One worker's metrics. Only that worker writes; Registry::Render reads.
 class WorkerShard {
  public:
@@ -81,8 +107,17 @@ class WorkerShard {
   Counter client_protocol_errors;
   Counter unexpected_replies;
   std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
+  LabeledCounters key_violations;    // rule, action, key_pattern
+  LabeledCounters keys_rewritten;    // rule
+  LabeledCounters commands_rejected; // reason
+
+  // The label value for a key pattern: itself while fewer than `cap` distinct patterns were seen
+  // on this worker, then "{other}" for new ones.
+  const std::string& PatternLabel(const std::string& pattern, size_t cap);
 
  private:
+  std::set<std::string> patterns_;
+  std::string other_ = "{other}";
   friend class Registry;
   std::vector<CommandStats> commands_;
 };

@@ -1,0 +1,87 @@
+// Key-name policy: rules from the Redis data-modelling guidance (lowercase, colon-separated
+// segments, a restricted character set, a leading letter, short keys, no URLs or opaque blobs,
+// an entity allow-list, a required prefix) plus user rules (RE2 pattern + rewrite template).
+// Compiled once from the config into an immutable snapshot that sessions share read-only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "keyguard/commands/command_table.h"
+
+namespace re2 {
+class RE2;
+}
+namespace keyguard::config::v1 {
+class KeyPolicy;
+}
+
+namespace keyguard::policy {
+
+enum class Action : uint8_t { kObserve, kWarn, kRewrite, kReject };
+const char* ActionName(Action a);
+
+// The commands a rule applies to.
+struct Scope {
+  std::vector<commands::CommandId> commands;  // empty: every command
+  uint32_t flags = 0;                         // command flags (write, readonly, ...); 0: any
+  uint32_t acl = 0;                           // ACL categories; 0: any
+  bool Matches(commands::CommandId id, const commands::CommandSpec& spec) const;
+};
+
+struct Rule {
+  enum class Kind : uint8_t {
+    kUser, kLowercase, kCharset, kStartsWithLetter, kForbiddenCharacters, kHashTags, kMaxLength,
+    kMaxSegments, kOpaqueSegments, kEntities, kPrefix,
+  };
+  Kind kind;
+  std::string name;  // "lowercase", ..., or the user rule's name
+  Action action;
+  Scope scope;
+  std::shared_ptr<const re2::RE2> pattern;  // kUser
+  std::string rewrite;                      // kUser: template with \1..\9
+};
+
+// One broken rule for one key, with the suggested name when the rule has one.
+struct Violation {
+  const Rule* rule;
+  std::string suggestion;
+};
+
+class KeyPolicy {
+ public:
+  // Compiles the config section; errors name the field path (key_policy.rules[1].pattern: ...).
+  static absl::StatusOr<std::shared_ptr<const KeyPolicy>> Compile(const config::v1::KeyPolicy& proto);
+  // Every built-in rule on `observe`: what runs without a config.
+  static std::shared_ptr<const KeyPolicy> Default();
+
+  // Appends the rules `key` breaks under command `id` (resolved to `spec`), user rules first.
+  void Check(std::string_view key, commands::CommandId id, const commands::CommandSpec& spec,
+             std::vector<Violation>* out) const;
+
+  // `User_1001_Profile` -> `user:1001:profile` (lowercase; `_`, `-`, `.` and CamelCase breaks
+  // become `:`).
+  static std::string Normalize(std::string_view key);
+
+  const std::vector<Rule>& rules() const { return rules_; }
+  size_t max_key_patterns() const { return max_key_patterns_; }
+  bool empty() const { return rules_.empty(); }
+
+ private:
+  std::vector<Rule> rules_;
+  bool punctuation_[256] = {};
+  bool allow_hash_tags_ = true;
+  bool normalize_ = true;
+  uint32_t max_length_ = 128;
+  uint32_t max_segments_ = 8;
+  uint32_t max_segment_bytes_ = 64;
+  std::vector<std::string> entities_;
+  std::string prefix_;
+  size_t max_key_patterns_ = 500;
+};
+
+}  // namespace keyguard::policy

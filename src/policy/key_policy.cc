@@ -1,0 +1,281 @@
+#include "keyguard/policy/key_policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "keyguard/config/v1/config.pb.h"
+#include "re2/re2.h"
+
+namespace keyguard::policy {
+namespace {
+
+namespace pb = keyguard::config::v1;
+
+absl::Status FieldError(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+Action ToAction(pb::Action a, Action fallback) {
+  switch (a) {
+    case pb::OBSERVE: return Action::kObserve;
+    case pb::WARN: return Action::kWarn;
+    case pb::REWRITE: return Action::kRewrite;
+    case pb::REJECT: return Action::kReject;
+    default: return fallback;
+  }
+}
+
+absl::StatusOr<Scope> CompileScope(const pb::Scope& s, const std::string& path) {
+  Scope scope;
+  for (int i = 0; i < s.commands_size(); ++i) {
+    const commands::CommandId id = commands::LookupCommand(s.commands(i));
+    if (id == commands::kUnknownCommand) {
+      return FieldError(absl::StrCat(path, ".commands[", i, "]"), absl::StrCat("'", s.commands(i), "' is not a Redis command"));
+    }
+    scope.commands.push_back(id);
+  }
+  for (int i = 0; i < s.categories_size(); ++i) {
+    const uint32_t flag = commands::CommandFlagMask(s.categories(i));
+    const uint32_t acl = commands::AclCategoryMask(s.categories(i));
+    if (flag == 0 && acl == 0) {
+      return FieldError(absl::StrCat(path, ".categories[", i, "]"),
+                        absl::StrCat("'", s.categories(i), "' is neither a command flag nor an ACL category"));
+    }
+    // A name that is both (e.g. "write") selects by the command flag.
+    if (flag != 0) {
+      scope.flags |= flag;
+    } else {
+      scope.acl |= acl;
+    }
+  }
+  return scope;
+}
+
+bool IsLetter(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool IsDigit(unsigned char c) { return c >= '0' && c <= '9'; }
+bool IsForbidden(unsigned char c) {
+  switch (c) {
+    case ' ': case '"': case '\'': case '\\': case '*': case '?': case '[': case ']': case '(': case ')':
+      return true;
+    default:
+      return c < 0x20 || c == 0x7f;
+  }
+}
+
+// Braces form exactly one non-empty `{tag}` with nothing nested.
+bool WellFormedHashTag(std::string_view key) {
+  const size_t open = key.find('{');
+  const size_t close = key.find('}');
+  if (open == std::string_view::npos || close == std::string_view::npos || close < open + 2) return false;
+  return key.find('{', open + 1) == std::string_view::npos && key.find('}', close + 1) == std::string_view::npos;
+}
+
+}  // namespace
+
+const char* ActionName(Action a) {
+  switch (a) {
+    case Action::kObserve: return "observe";
+    case Action::kWarn: return "warn";
+    case Action::kRewrite: return "rewrite";
+    case Action::kReject: return "reject";
+  }
+  return "observe";
+}
+
+bool Scope::Matches(commands::CommandId id, const commands::CommandSpec& spec) const {
+  if (!commands.empty() && std::find(commands.begin(), commands.end(), id) == commands.end()) return false;
+  if ((flags | acl) != 0 && (spec.flags & flags) == 0 && (spec.acl & acl) == 0) return false;
+  return true;
+}
+
+std::string KeyPolicy::Normalize(std::string_view key) {
+  std::string out;
+  out.reserve(key.size() + 4);
+  auto separator = [&] {
+    if (!out.empty() && out.back() != ':') out.push_back(':');
+  };
+  for (size_t i = 0; i < key.size(); ++i) {
+    const unsigned char c = key[i];
+    if (c == '_' || c == '-' || c == '.' || c == ':') {
+      separator();
+      continue;
+    }
+    // A CamelCase break: lower or digit followed by upper ("userProfile", "v2Beta").
+    if (c >= 'A' && c <= 'Z' && i > 0) {
+      const unsigned char p = key[i - 1];
+      if ((p >= 'a' && p <= 'z') || IsDigit(p)) separator();
+    }
+    out.push_back(static_cast<char>(absl::ascii_tolower(c)));
+  }
+  while (!out.empty() && out.back() == ':') out.pop_back();
+  return out;
+}
+
+std::shared_ptr<const KeyPolicy> KeyPolicy::Default() {
+  static const std::shared_ptr<const KeyPolicy> policy = *Compile(pb::KeyPolicy());
+  return policy;
+}
+
+absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::KeyPolicy& p) {
+  auto policy = std::make_shared<KeyPolicy>();
+  const Action fallback = ToAction(p.default_action(), Action::kObserve);
+  const std::string punctuation = p.has_allowed_punctuation() ? p.allowed_punctuation() : ":._-|";
+  for (unsigned char c : punctuation) {
+    if (IsLetter(c) || IsDigit(c) || IsForbidden(c)) {
+      return FieldError("key_policy.allowed_punctuation", absl::StrCat("'", std::string(1, c), "' cannot be punctuation"));
+    }
+    policy->punctuation_[c] = true;
+  }
+  policy->allow_hash_tags_ = !p.has_allow_hash_tags() || p.allow_hash_tags();
+  policy->normalize_ = !p.has_normalize_separators() || p.normalize_separators();
+  if (p.has_max_length_bytes()) policy->max_length_ = p.max_length_bytes();
+  if (p.has_max_segment_count()) policy->max_segments_ = p.max_segment_count();
+  if (p.has_max_segment_bytes()) policy->max_segment_bytes_ = p.max_segment_bytes();
+  if (p.has_max_key_patterns()) policy->max_key_patterns_ = p.max_key_patterns();
+  for (const std::string& e : p.entities()) policy->entities_.push_back(e);
+  policy->prefix_ = p.required_prefix();
+
+  // User rules come first: they name the fix the platform team wants.
+  for (int i = 0; i < p.rules_size(); ++i) {
+    const pb::UserRule& u = p.rules(i);
+    const std::string path = absl::StrCat("key_policy.rules[", i, "]");
+    if (u.name().empty()) return FieldError(path + ".name", "required");
+    for (const Rule& r : policy->rules_) {
+      if (r.name == u.name()) return FieldError(path + ".name", absl::StrCat("'", u.name(), "' is used twice"));
+    }
+    if (u.pattern().empty()) return FieldError(path + ".pattern", "required");
+    auto re = std::make_shared<re2::RE2>(u.pattern(), re2::RE2::Quiet);
+    if (!re->ok()) return FieldError(path + ".pattern", re->error());
+    Rule rule{Rule::Kind::kUser, u.name(), ToAction(u.action(), fallback), {}, re, ""};
+    // The template uses $1..$9; RE2 rewrites with \1..\9.
+    for (size_t j = 0; j < u.rewrite().size(); ++j) {
+      const char c = u.rewrite()[j];
+      if (c == '$' && j + 1 < u.rewrite().size() && IsDigit(u.rewrite()[j + 1])) {
+        rule.rewrite.push_back('\\');  // $1 -> \1
+        continue;
+      }
+      if (c == '\\') rule.rewrite.push_back('\\');  // a literal backslash
+      rule.rewrite.push_back(c);
+    }
+    std::string why;
+    if (!rule.rewrite.empty() && !re->CheckRewriteString(rule.rewrite, &why)) return FieldError(path + ".rewrite", why);
+    if (rule.action == Action::kRewrite && rule.rewrite.empty()) {
+      return FieldError(path + ".rewrite", "required when the action is rewrite");
+    }
+    auto scope = CompileScope(u.scope(), path + ".scope");
+    if (!scope.ok()) return scope.status();
+    rule.scope = *std::move(scope);
+    policy->rules_.push_back(std::move(rule));
+  }
+
+  struct Builtin {
+    Rule::Kind kind;
+    const char* name;
+    const pb::Rule& config;
+    bool applies;
+  };
+  const Builtin builtins[] = {
+      {Rule::Kind::kLowercase, "lowercase", p.lowercase(), true},
+      {Rule::Kind::kCharset, "charset", p.charset(), true},
+      {Rule::Kind::kStartsWithLetter, "starts_with_letter", p.starts_with_letter(), true},
+      {Rule::Kind::kForbiddenCharacters, "forbidden_characters", p.forbidden_characters(), true},
+      {Rule::Kind::kHashTags, "hash_tags", p.hash_tags(), true},
+      {Rule::Kind::kMaxLength, "max_length", p.max_length(), true},
+      {Rule::Kind::kMaxSegments, "max_segments", p.max_segments(), true},
+      {Rule::Kind::kOpaqueSegments, "no_opaque_segments", p.no_opaque_segments(), true},
+      {Rule::Kind::kEntities, "entity_allow_list", p.entity_allow_list(), !p.entities().empty()},
+      {Rule::Kind::kPrefix, "prefix", p.prefix(), !p.required_prefix().empty()},
+  };
+  for (const Builtin& b : builtins) {
+    if (!b.applies || (b.config.has_enabled() && !b.config.enabled())) continue;
+    auto scope = CompileScope(b.config.scope(), absl::StrCat("key_policy.", b.name, ".scope"));
+    if (!scope.ok()) return scope.status();
+    Action action = ToAction(b.config.action(), fallback);
+    policy->rules_.push_back(Rule{b.kind, b.name, action, *std::move(scope), nullptr, ""});
+  }
+  return std::shared_ptr<const KeyPolicy>(std::move(policy));
+}
+
+void KeyPolicy::Check(std::string_view key, commands::CommandId id, const commands::CommandSpec& spec,
+                      std::vector<Violation>* out) const {
+  // One pass over the key collects everything the built-in rules look at.
+  bool upper = false, bad_char = false, forbidden = false, braces = false;
+  uint32_t segments = 1;
+  size_t segment_start = 0, longest_segment = 0;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const unsigned char c = key[i];
+    if (IsLetter(c) || IsDigit(c)) {
+      upper |= (c >= 'A' && c <= 'Z');
+      continue;
+    }
+    if (c == ':') {
+      longest_segment = std::max(longest_segment, i - segment_start);
+      segment_start = i + 1;
+      ++segments;
+    }
+    if (c == '{' || c == '}') {
+      braces = true;
+      continue;
+    }
+    if (!punctuation_[c]) bad_char = true;
+    if (IsForbidden(c)) forbidden = true;
+  }
+  longest_segment = std::max(longest_segment, key.size() - segment_start);
+
+  for (const Rule& rule : rules_) {
+    if (!rule.scope.Matches(id, spec)) continue;
+    bool broken = false;
+    std::string suggestion;
+    switch (rule.kind) {
+      case Rule::Kind::kUser:
+        if (re2::RE2::FullMatch(key, *rule.pattern)) {
+          broken = true;
+          if (!rule.rewrite.empty()) re2::RE2::Extract(key, *rule.pattern, rule.rewrite, &suggestion);
+        }
+        break;
+      case Rule::Kind::kLowercase:
+        broken = upper;
+        if (broken) suggestion = normalize_ ? Normalize(key) : absl::AsciiStrToLower(std::string(key));
+        break;
+      case Rule::Kind::kCharset:
+        broken = bad_char || (braces && !allow_hash_tags_);
+        if (broken && normalize_) {
+          std::string n = Normalize(key);
+          bool clean = true;
+          for (unsigned char c : n) clean &= IsLetter(c) || IsDigit(c) || punctuation_[c];
+          if (clean && !n.empty()) suggestion = std::move(n);
+        }
+        break;
+      case Rule::Kind::kStartsWithLetter:
+        broken = key.empty() || !IsLetter(static_cast<unsigned char>(key[0]));
+        break;
+      case Rule::Kind::kForbiddenCharacters:
+        broken = forbidden;
+        break;
+      case Rule::Kind::kHashTags:
+        broken = braces && (!allow_hash_tags_ || !WellFormedHashTag(key));
+        break;
+      case Rule::Kind::kMaxLength:
+        broken = key.size() > max_length_;
+        break;
+      case Rule::Kind::kMaxSegments:
+        broken = segments > max_segments_;
+        break;
+      case Rule::Kind::kOpaqueSegments:
+        broken = longest_segment > max_segment_bytes_ || key.find("://") != std::string_view::npos;
+        break;
+      case Rule::Kind::kEntities: {
+        const std::string_view entity = key.substr(0, key.find(':'));
+        broken = std::find(entities_.begin(), entities_.end(), entity) == entities_.end();
+        break;
+      }
+      case Rule::Kind::kPrefix:
+        broken = key.substr(0, prefix_.size()) != prefix_;
+        break;
+    }
+    if (broken) out->push_back(Violation{&rule, std::move(suggestion)});
+  }
+}
+
+}  // namespace keyguard::policy

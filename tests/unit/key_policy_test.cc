@@ -1,0 +1,133 @@
+#include "keyguard/policy/key_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "keyguard/config/config.h"
+#include "keyguard/policy/key_pattern.h"
+
+namespace keyguard::policy {
+namespace {
+
+std::shared_ptr<const KeyPolicy> FromYaml(const std::string& yaml) {
+  auto c = config::ParseConfig(yaml);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? c->key_policy : nullptr;
+}
+
+// "rule:suggestion" for every rule `key` breaks under `command`.
+std::vector<std::string> Broken(const KeyPolicy& p, std::string_view key, std::string_view command = "set") {
+  const commands::CommandId id = commands::LookupCommand(command);
+  std::vector<Violation> v;
+  p.Check(key, id, commands::Spec(id), &v);
+  std::vector<std::string> out;
+  for (const Violation& x : v) out.push_back(x.rule->name + (x.suggestion.empty() ? "" : ":" + x.suggestion));
+  return out;
+}
+
+using V = std::vector<std::string>;
+
+TEST(KeyPolicy, DefaultRulesObserveAndConformingKeysPass) {
+  auto p = KeyPolicy::Default();
+  for (const Rule& r : p->rules()) EXPECT_EQ(r.action, Action::kObserve) << r.name;
+  for (const char* ok : {"user:1001:profile", "game:space-invaders:leaderboard", "session:ab12", "a", "x.y_z-w|v",
+                         "cart:{user:7}:items"}) {
+    EXPECT_EQ(Broken(*p, ok), V{}) << ok;
+  }
+}
+
+struct Case {
+  const char* key;
+  V broken;
+};
+
+TEST(KeyPolicy, EveryBuiltinRule) {
+  auto p = KeyPolicy::Default();
+  const Case cases[] = {
+      {"User_1001_Profile", {"lowercase:user:1001:profile"}},
+      {"userProfile", {"lowercase:user:profile"}},
+      {"user#1", {"charset"}},
+      {"user 1", {"charset", "forbidden_characters"}},
+      {"1user", {"starts_with_letter"}},
+      {":user", {"starts_with_letter"}},
+      {"user:*", {"charset", "forbidden_characters"}},
+      {"user\x01", {"charset", "forbidden_characters"}},
+      {"user:\"q\"", {"charset", "forbidden_characters"}},
+      {"a{b", {"hash_tags"}},
+      {"a{b}{c}", {"hash_tags"}},
+      {"a{}", {"hash_tags"}},
+      {"https://example.com/x", {"charset", "no_opaque_segments"}},
+      {"a:b:c:d:e:f:g:h:i", {"max_segments"}},
+  };
+  for (const Case& c : cases) EXPECT_EQ(Broken(*p, c.key), c.broken) << c.key;
+  EXPECT_EQ(Broken(*p, std::string(129, 'a')), (V{"max_length", "no_opaque_segments"}));
+  EXPECT_EQ(Broken(*p, "blob:" + std::string(65, 'x')), V{"no_opaque_segments"});
+  EXPECT_EQ(Broken(*p, "User.Name"), (V{"lowercase:user:name"}));
+}
+
+TEST(KeyPolicy, TunedRulesEntitiesPrefixAndUserRules) {
+  auto p = FromYaml(R"(
+key_policy:
+  default_action: reject
+  allowed_punctuation: ":_"
+  max_length_bytes: 20
+  max_segment_count: 3
+  entities: [user, game]
+  required_prefix: "user:"
+  hash_tags: {enabled: false}
+  rules:
+    - name: legacy-profile
+      pattern: '^User_(\d+)_Profile$'
+      rewrite: 'user:$1:profile'
+      action: rewrite
+)");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->rules().front().name, "legacy-profile");
+  EXPECT_EQ(p->rules().front().action, Action::kRewrite);
+  EXPECT_EQ(p->rules().back().action, Action::kReject);
+  EXPECT_EQ(Broken(*p, "user:1"), V{});
+  EXPECT_EQ(Broken(*p, "game:1"), V{"prefix"});
+  EXPECT_EQ(Broken(*p, "cart:1"), (V{"entity_allow_list", "prefix"}));
+  EXPECT_EQ(Broken(*p, "user:a.b"), V{"charset"});  // '.' no longer allowed
+  EXPECT_EQ(Broken(*p, "user:a:b:c"), V{"max_segments"});
+  EXPECT_EQ(Broken(*p, "user:aaaaaaaaaaaaaaaaaaaa"), V{"max_length"});
+  EXPECT_EQ(Broken(*p, "User_42_Profile"),
+            (V{"legacy-profile:user:42:profile", "lowercase:user:42:profile", "entity_allow_list", "prefix"}));
+}
+
+TEST(KeyPolicy, ScopeByCommandAndCategory) {
+  auto p = FromYaml(R"(
+key_policy:
+  lowercase: {scope: {categories: [write]}}
+  charset: {scope: {commands: [hset]}}
+  starts_with_letter: {enabled: false}
+)");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(Broken(*p, "A#", "set"), V{"lowercase:a#"});
+  EXPECT_EQ(Broken(*p, "A#", "get"), V{});
+  EXPECT_EQ(Broken(*p, "A#", "hset"), (V{"lowercase:a#", "charset"}));
+  EXPECT_EQ(Broken(*p, "1a", "get"), V{});
+}
+
+TEST(KeyPolicy, Normalize) {
+  EXPECT_EQ(KeyPolicy::Normalize("User_1001_Profile"), "user:1001:profile");
+  EXPECT_EQ(KeyPolicy::Normalize("getUserById"), "get:user:by:id");
+  EXPECT_EQ(KeyPolicy::Normalize("order-items.v2Beta"), "order:items:v2:beta");
+  EXPECT_EQ(KeyPolicy::Normalize("__a__"), "a");
+  EXPECT_EQ(KeyPolicy::Normalize("ABC"), "abc");
+}
+
+TEST(KeyPattern, FoldsVariableSegments) {
+  EXPECT_EQ(KeyPattern("user:1001:profile"), "user:{id}:profile");
+  EXPECT_EQ(KeyPattern("User_1001_Profile"), "User_{id}_Profile");
+  EXPECT_EQ(KeyPattern("session:3f2b8c1d9e:data"), "session:{id}:data");
+  EXPECT_EQ(KeyPattern("order:123e4567-e89b-12d3-a456-426614174000"), "order:{id}");
+  EXPECT_EQ(KeyPattern("blob:" + std::string(30, 'x')), "blob:{id}");
+  EXPECT_EQ(KeyPattern("game:space-invaders:leaderboard"), "game:space-invaders:leaderboard");
+  EXPECT_EQ(KeyPattern("a\"b\\c\n"), "a?b?c?");
+}
+
+}  // namespace
+}  // namespace keyguard::policy
