@@ -90,7 +90,7 @@ key_policy:
   EXPECT_EQ(Broken(*p, "user:1"), V{});
   EXPECT_EQ(Broken(*p, "game:1"), V{"prefix"});
   EXPECT_EQ(Broken(*p, "cart:1"), (V{"entity_allow_list", "prefix"}));
-  EXPECT_EQ(Broken(*p, "user:a.b"), V{"charset"});  // '.' no longer allowed
+  EXPECT_EQ(Broken(*p, "user:a.b"), V{"charset:user:a:b"});  // '.' no longer allowed
   EXPECT_EQ(Broken(*p, "user:a:b:c"), V{"max_segments"});
   EXPECT_EQ(Broken(*p, "user:aaaaaaaaaaaaaaaaaaaa"), V{"max_length"});
   EXPECT_EQ(Broken(*p, "User_42_Profile"),
