@@ -1,0 +1,124 @@
+"""Key-name policy through keyguard against a real redis-server: the shipped examples, rejects in
+pipelines and MULTI, rewrites of multi-key commands (checked against the keys Redis really
+stores), warn log lines, and exact violation metrics."""
+import json
+import os
+import subprocess
+import time
+
+import redis
+
+from conftest import KEYGUARD, ROOT, Keyguard
+from resp import RespConn, encode
+
+
+def example(name):
+    with open(os.path.join(ROOT, "examples", name)) as f:
+        return f.read()
+
+
+def direct(server):
+    return redis.Redis(port=server.port)
+
+
+def test_strict_example_rejects_with_rule_and_suggestion(fresh):
+    kg = Keyguard(fresh.port, config=example("strict.yaml"))
+    try:
+        c = RespConn(kg.port)
+        out = c.exchange(encode("SET", "user:1001:profile", "x") + encode("SET", "User_1001_Profile", "x") +
+                         encode("GET", "user:1001:profile") + encode("SET", "cart items", "1"))
+        assert out == b"+OK\r\n" \
+                      b"-ERR keyguard: key 'User_1001_Profile' violates rule 'lowercase': use user:1001:profile\r\n" \
+                      b"$1\r\nx\r\n" \
+                      b"-ERR keyguard: key 'cart items' violates rule 'charset'\r\n"
+        assert direct(fresh).keys("*") == [b"user:1001:profile"]
+        assert kg.metric('keyguard_key_violations_total{rule="lowercase",action="reject",'
+                         'key_pattern="User_{id}_Profile"}') == 1
+        assert kg.metric('keyguard_commands_rejected_total{reason="key_policy"}') == 2
+        assert kg.metric('keyguard_commands_total{command="set",outcome="rejected"}') == 2
+        # A refused key inside MULTI fails the transaction as Redis fails a bad queued command.
+        out = c.exchange(encode("MULTI") + encode("SET", "user:1:a", "1") + encode("SET", "BAD", "1") + encode("EXEC"))
+        assert out == b"+OK\r\n+QUEUED\r\n-ERR keyguard: key 'BAD' violates rule 'lowercase': use bad\r\n" \
+                      b"-EXECABORT Transaction discarded because of previous errors.\r\n"
+        assert direct(fresh).get("user:1:a") is None
+    finally:
+        assert kg.stop() == 0
+
+
+def test_rewrite_legacy_example_stores_the_new_names(fresh):
+    kg = Keyguard(fresh.port, config=example("rewrite-legacy.yaml"))
+    try:
+        r = redis.Redis(port=kg.port)
+        assert r.set("User_1001_Profile", "ada")
+        assert r.get("User_1001_Profile") == b"ada"
+        assert direct(fresh).keys("*") == [b"user:1001:profile"]
+        # Every key of a multi-key command gets the same mapping.
+        r.mset({"User_1_Profile": "a", "User_2_Profile": "b", "plain:key": "c"})
+        assert sorted(direct(fresh).keys("*")) == [b"plain:key", b"user:1001:profile", b"user:1:profile",
+                                                  b"user:2:profile"]
+        r.zadd("User_3_Profile", {"m": 1})
+        r.zadd("User_4_Profile", {"n": 2})
+        assert r.zunionstore("User_5_Profile", ["User_3_Profile", "User_4_Profile"]) == 2
+        assert direct(fresh).zrange("user:5:profile", 0, -1) == [b"m", b"n"]
+        r.xadd("User_6_Profile", {"f": "v"}, id="1-1")
+        # Replies carry the stored name (mapping names back in replies comes with tenant stripping).
+        assert r.xread({"User_6_Profile": "0"}) == [[b"user:6:profile", [(b"1-1", {b"f": b"v"})]]]
+        assert r.eval("return redis.call('GET', KEYS[1])", 1, "User_1_Profile") == b"a"
+        assert r.delete("User_1_Profile", "User_2_Profile") == 2
+        assert direct(fresh).exists("user:1:profile", "user:2:profile") == 0
+        rewrites = kg.metric('keyguard_keys_rewritten_total{rule="legacy-profile"}')
+        # set, get, mset (2), zadd, zadd, zunionstore (3), xadd, xread, eval, del (2)
+        assert rewrites == 1 + 1 + 2 + 1 + 1 + 3 + 1 + 1 + 1 + 2, kg.metrics()
+    finally:
+        assert kg.stop() == 0
+
+
+def test_warn_logs_a_json_line(fresh):
+    kg = Keyguard(fresh.port, config="key_policy:\n  lowercase: {action: warn}\n")
+    try:
+        c = RespConn(kg.port)
+        assert c.call("CLIENT", "SETNAME", "checkout") == "OK"
+        assert c.call("SET", "Cart:7", "1") == "OK"
+        time.sleep(0.2)
+        lines = [json.loads(line) for line in kg.output().splitlines() if line.startswith("{")]
+        assert len(lines) == 1, kg.output()
+        line = lines[0]
+        client = line.pop("client")
+        assert client.startswith("127.0.0.1:")
+        assert line == {"level": "warn", "event": "key_violation", "rule": "lowercase", "key": "Cart:7",
+                        "command": "set", "suggestion": "cart:7", "client_name": "checkout"}
+        assert direct(fresh).get("Cart:7") == b"1"  # warn changes nothing
+    finally:
+        assert kg.stop() == 0
+
+
+def test_default_policy_only_observes(fresh):
+    kg = Keyguard(fresh.port)
+    try:
+        r = redis.Redis(port=kg.port)
+        r.set("Bad Key:1", "v")
+        r.set("user:1:name", "ada")
+        assert sorted(direct(fresh).keys("*")) == [b"Bad Key:1", b"user:1:name"]
+        text = kg.metrics()
+        violations = sorted(line for line in text.splitlines() if line.startswith("keyguard_key_violations_total{"))
+        assert violations == [
+            'keyguard_key_violations_total{rule="charset",action="observe",key_pattern="Bad Key:{id}"} 1',
+            'keyguard_key_violations_total{rule="forbidden_characters",action="observe",key_pattern="Bad Key:{id}"} 1',
+            'keyguard_key_violations_total{rule="lowercase",action="observe",key_pattern="Bad Key:{id}"} 1',
+        ]
+    finally:
+        assert kg.stop() == 0
+
+
+def test_check_config_names_the_field():
+    bad = os.path.join(ROOT, "build", "bad-policy.yaml")
+    with open(bad, "w") as f:
+        f.write("key_policy:\n  rules:\n    - name: x\n      pattern: '(unclosed'\n")
+    out = subprocess.run([KEYGUARD, "check-config", bad], capture_output=True, text=True)
+    os.unlink(bad)
+    assert out.returncode == 2
+    assert out.stderr == "keyguard: %s: key_policy.rules[0].pattern: missing ): (unclosed\n" % bad
+    for name in ("observe.yaml", "strict.yaml", "rewrite-legacy.yaml"):
+        out = subprocess.run([KEYGUARD, "check-config", os.path.join(ROOT, "examples", name)], capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr
