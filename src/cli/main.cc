@@ -46,6 +46,12 @@ void PrintConfig(const keyguard::config::ProxyConfig& c) {
   std::printf("  max_pending_commands: %lld\n  max_output_buffer: %lld\n  read_buffer_size: %lld\n",
               static_cast<long long>(c.max_pending_commands), static_cast<long long>(c.max_output_buffer),
               static_cast<long long>(c.read_buffer_size));
+  std::printf("unknown_commands: %s\n", c.reject_unknown_commands ? "reject" : "forward");
+  std::printf("key_policy:%s\n", c.key_policy->empty() ? " off" : "");
+  for (const auto& r : c.key_policy->rules()) {
+    std::printf("  - rule: %s\n    action: %s\n", r.name.c_str(), keyguard::policy::ActionName(r.action));
+    if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0) std::printf("    scoped: true\n");
+  }
 }
 
 }  // namespace

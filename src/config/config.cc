@@ -134,6 +134,7 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("limits.read_buffer_size", l.read_buffer_size(), 512, 64 << 20); !s.ok()) return s;
     c.read_buffer_size = l.read_buffer_size();
   }
+  c.reject_unknown_commands = p.unknown_commands() == v1::REJECT_UNKNOWN;
   auto policy = policy::KeyPolicy::Compile(p.key_policy());
   if (!policy.ok()) return policy.status();
   c.key_policy = *std::move(policy);

@@ -119,6 +119,7 @@ std::shared_ptr<const KeyPolicy> KeyPolicy::Default() {
 
 absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::KeyPolicy& p) {
   auto policy = std::make_shared<KeyPolicy>();
+  if (p.has_enabled() && !p.enabled()) return std::shared_ptr<const KeyPolicy>(std::move(policy));  // no rules
   const Action fallback = ToAction(p.default_action(), Action::kObserve);
   const std::string punctuation = p.has_allowed_punctuation() ? p.allowed_punctuation() : ":._-|";
   for (unsigned char c : punctuation) {

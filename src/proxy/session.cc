@@ -235,6 +235,17 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   bool silent = reply_off_ || skipped;
   skip_next_reply_ = false;
 
+  if (id == commands::kUnknownCommand && worker_.config.reject_unknown_commands && upstream_ready_) {
+    worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
+    worker_.shard->commands_rejected.Get("reason=\"unknown_command\"").Add();
+    if (in_multi_) multi_aborted_ = true;
+    if (skipped) ForwardRaw(kPing.data(), kPing.size());
+    if (silent) return;
+    std::string text;
+    resp::AppendError(&text, absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"));
+    Reply(std::move(text), id, false);
+    return;
+  }
   if (worker_.deny[id] || !upstream_ready_) {
     if (!upstream_ready_) {
       worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
@@ -243,6 +254,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
       return;
     }
     worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
+    worker_.shard->commands_rejected.Get("reason=\"deny_list\"").Add();
     if (in_multi_) multi_aborted_ = true;  // Redis fails EXEC after a refused queued command
     if (skipped) {
       // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this it would

@@ -122,3 +122,15 @@ def test_check_config_names_the_field():
         out = subprocess.run([KEYGUARD, "check-config", os.path.join(ROOT, "examples", name)], capture_output=True,
                              text=True)
         assert out.returncode == 0, out.stderr
+
+
+def test_unknown_commands_rejected_and_policy_off(fresh):
+    kg = Keyguard(fresh.port, config="unknown_commands: reject_unknown\nkey_policy: {enabled: false}\n")
+    try:
+        c = RespConn(kg.port)
+        assert c.exchange(encode("NOSUCHCMD", "x") + encode("SET", "Bad Key", "1")) == \
+            b"-ERR keyguard: unknown command 'NOSUCHCMD'\r\n+OK\r\n"
+        assert kg.metric('keyguard_commands_rejected_total{reason="unknown_command"}') == 1
+        assert "keyguard_key_violations_total{" not in kg.metrics()
+    finally:
+        assert kg.stop() == 0
