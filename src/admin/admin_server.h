@@ -1,10 +1,11 @@
-// The admin HTTP endpoint (Boost.Beast): /healthz, /readyz and /metrics.
+// The admin HTTP endpoint (Boost.Beast): /healthz, /readyz, /metrics and /config.
 #pragma once
 
 #include <atomic>
 
 #include "absl/status/status.h"
 #include "keyguard/config/config.h"
+#include "keyguard/config/config_store.h"
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
 
@@ -14,7 +15,7 @@ class AdminServer {
  public:
   // Serves on `io` (its own thread); `upstream` is probed by /readyz; `draining` turns /readyz off.
   AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
-              tcp::endpoint upstream, const std::atomic<bool>& draining);
+              const config::ConfigStore& store, tcp::endpoint upstream, const std::atomic<bool>& draining);
 
   // Binds and starts accepting.
   absl::Status Listen();
@@ -29,6 +30,7 @@ class AdminServer {
   asio::io_context& io_;
   const metrics::Registry& registry_;
   const config::ProxyConfig& config_;
+  const config::ConfigStore& store_;
   tcp::endpoint upstream_;
   const std::atomic<bool>& draining_;
   tcp::acceptor acceptor_;

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/config/config.h"
+#include "keyguard/config/config_store.h"
 #include "keyguard/proxy/server.h"
 
 namespace {
@@ -34,26 +35,6 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-void PrintConfig(const keyguard::config::ProxyConfig& c) {
-  std::printf("listen: %s\nupstream: %s\nadmin: %s\nthreads: %d\n", c.listen.ToString().c_str(),
-              c.upstream.ToString().c_str(), c.admin.ToString().c_str(), c.threads);
-  std::printf("upstream_connect_timeout_ms: %d\ndrain_timeout_ms: %d\n", c.upstream_connect_timeout_ms, c.drain_timeout_ms);
-  std::printf("deny_commands: [");
-  for (size_t i = 0; i < c.deny_commands.size(); ++i) std::printf("%s%s", i ? ", " : "", c.deny_commands[i].c_str());
-  std::printf("]\nlimits:\n  max_bulk_len: %lld\n  max_multibulk_len: %lld\n  max_inline_len: %zu\n  max_depth: %d\n",
-              static_cast<long long>(c.limits.max_bulk_len), static_cast<long long>(c.limits.max_multibulk_len),
-              c.limits.max_inline_len, c.limits.max_depth);
-  std::printf("  max_pending_commands: %lld\n  max_output_buffer: %lld\n  read_buffer_size: %lld\n",
-              static_cast<long long>(c.max_pending_commands), static_cast<long long>(c.max_output_buffer),
-              static_cast<long long>(c.read_buffer_size));
-  std::printf("unknown_commands: %s\n", c.reject_unknown_commands ? "reject" : "forward");
-  std::printf("key_policy:%s\n", c.key_policy->empty() ? " off" : "");
-  for (const auto& r : c.key_policy->rules()) {
-    std::printf("  - rule: %s\n    action: %s\n", r.name.c_str(), keyguard::policy::ActionName(r.action));
-    if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0) std::printf("    scoped: true\n");
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,7 +46,7 @@ int main(int argc, char** argv) {
     if (args.size() != 2) return Fail("usage: keyguard check-config FILE");
     auto c = keyguard::config::LoadConfigFile(args[1]);
     if (!c.ok()) return Fail(std::string(c.status().message()));
-    PrintConfig(*c);
+    std::fputs(keyguard::config::DescribeConfig(*c).c_str(), stdout);
     return 0;
   }
   if (!args.empty() && args[0].rfind("--", 0) != 0) return Fail(absl::StrCat("unknown subcommand '", args[0], "'\n", kUsage));
@@ -115,7 +96,7 @@ int main(int argc, char** argv) {
     config.threads = n;
   }
   if (auto s = keyguard::config::Validate(config); !s.ok()) return Fail(std::string(s.message()));
-  auto status = keyguard::proxy::RunServer(config);
+  auto status = keyguard::proxy::RunServer(config, flags.count("--config") ? flags["--config"] : "");
   if (!status.ok()) return Fail(std::string(status.message()));
   return 0;
 }

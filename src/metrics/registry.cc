@@ -100,6 +100,8 @@ std::string Registry::Render() const {
   labeled("keyguard_commands_rejected_total", "Commands keyguard refused, by reason.",
           &WorkerShard::commands_rejected);
 
+  for (const auto& f : collectors_) f(&out);
+
   Header(&out, "keyguard_draining", "gauge", "1 while keyguard drains connections before exiting.");
   absl::StrAppend(&out, "keyguard_draining ", draining_.Get(), "\n");
 

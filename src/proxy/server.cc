@@ -43,8 +43,14 @@ absl::StatusOr<tcp::endpoint> Resolve(asio::io_context& io, const config::HostPo
 
 }  // namespace
 
-absl::Status RunServer(const config::ProxyConfig& config) {
+absl::Status RunServer(const config::ProxyConfig& config, const std::string& config_path) {
   metrics::Registry registry;
+  config::ConfigStore store(std::make_shared<config::ProxyConfig>(config), config_path);
+  registry.AddCollector([&store](std::string* out) {
+    absl::StrAppend(out, "# HELP keyguard_config_reloads_total Successful config reloads.\n# TYPE keyguard_config_reloads_total counter\nkeyguard_config_reloads_total ", store.reloads(), "\n");
+    absl::StrAppend(out, "# HELP keyguard_config_reload_failures_total Config reloads that failed; the previous config stays live.\n# TYPE keyguard_config_reload_failures_total counter\nkeyguard_config_reload_failures_total ", store.failures(), "\n");
+    absl::StrAppend(out, "# HELP keyguard_config_version Version of the live config, 1 at start-up.\n# TYPE keyguard_config_version gauge\nkeyguard_config_version ", store.version(), "\n");
+  });
   asio::io_context control(1);
 
   auto upstream = Resolve(control, config.upstream, "upstream");
@@ -59,7 +65,7 @@ absl::Status RunServer(const config::ProxyConfig& config) {
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   tcp::endpoint bound = *listen;
   for (int i = 0; i < nthreads; ++i) {
-    workers.push_back(std::make_unique<Worker>(config, registry.AddShard(), *upstream));
+    workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream));
     auto acceptor = std::make_unique<tcp::acceptor>(workers.back()->io);
     error_code ec;
     acceptor->open(bound.protocol(), ec);
@@ -78,7 +84,7 @@ absl::Status RunServer(const config::ProxyConfig& config) {
   }
 
   std::atomic<bool> draining{false};
-  admin::AdminServer admin(control, registry, config, *upstream, draining);
+  admin::AdminServer admin(control, registry, config, store, *upstream, draining);
   if (auto s = admin.Listen(); !s.ok()) return s;
 
   std::printf("keyguard %s listening on %s:%u, upstream %s, admin http://%s:%u/metrics, %d worker threads\n",
@@ -133,6 +139,27 @@ absl::Status RunServer(const config::ProxyConfig& config) {
     }
     poll();
   });
+
+  // Reload on SIGHUP, and when the file changes (a ConfigMap update).
+  asio::signal_set hup(control, SIGHUP);
+  std::function<void()> wait_hup = [&] {
+    hup.async_wait([&](error_code ec, int) {
+      if (ec) return;
+      (void)store.Reload("SIGHUP");
+      wait_hup();
+    });
+  };
+  wait_hup();
+  asio::steady_timer file_timer(control);
+  std::function<void()> poll_file = [&] {
+    file_timer.expires_after(std::chrono::seconds(1));
+    file_timer.async_wait([&](error_code ec) {
+      if (ec) return;
+      store.PollFile();
+      poll_file();
+    });
+  };
+  if (!config_path.empty()) poll_file();
 
   control.run();
   for (auto& w : workers) w->io.stop();

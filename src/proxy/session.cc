@@ -193,6 +193,7 @@ awaitable<void> Session::ClientPump() {
 
 void Session::ProcessClientBytes(size_t* hint) {
   *hint = 0;
+  worker_.Refresh();
   forward_.clear();
   const char* base = client_buf_.data();
   const size_t len = client_buf_.size();
@@ -235,7 +236,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   bool silent = reply_off_ || skipped;
   skip_next_reply_ = false;
 
-  if (id == commands::kUnknownCommand && worker_.config.reject_unknown_commands && upstream_ready_) {
+  if (id == commands::kUnknownCommand && worker_.live->reject_unknown_commands && upstream_ready_) {
     worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
     worker_.shard->commands_rejected.Get("reason=\"unknown_command\"").Add();
     if (in_multi_) multi_aborted_ = true;
@@ -270,7 +271,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   }
 
   std::string_view bytes(raw, raw_len);
-  if (!worker_.config.key_policy->empty() && !ApplyKeyPolicy(args, id, silent, &bytes)) {
+  if (!worker_.live->key_policy->empty() && !ApplyKeyPolicy(args, id, silent, &bytes)) {
     if (skipped) ForwardRaw(kPing.data(), kPing.size());  // as for a denied command
     return;
   }
@@ -338,7 +339,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
 bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, bool silent,
                              std::string_view* bytes) {
-  const policy::KeyPolicy& policy = *worker_.config.key_policy;
+  const policy::KeyPolicy& policy = *worker_.live->key_policy;
   const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
   if (spec == nullptr) return true;
   key_refs_.clear();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "keyguard/config/config.h"
+#include "keyguard/config/config_store.h"
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
 
@@ -16,16 +17,29 @@ namespace keyguard::proxy {
 class Session;
 
 struct Worker {
-  Worker(const config::ProxyConfig& c, metrics::WorkerShard* s, tcp::endpoint up)
-      : io(1), config(c), shard(s), upstream(up), deny(commands::CommandCount(), false) {
-    for (const std::string& name : c.deny_commands) deny[commands::LookupCommand(name)] = true;
+  Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up)
+      : io(1), config(c), store(st), shard(s), upstream(up) {
+    Refresh();
+  }
+
+  // Takes the live snapshot when the store has a new version: one relaxed load per batch.
+  void Refresh() {
+    const uint64_t v = store.version();
+    if (v == live_version) return;
+    live = store.Current();
+    live_version = v;
+    deny.assign(commands::CommandCount(), false);
+    for (const std::string& name : live->deny_commands) deny[commands::LookupCommand(name)] = true;
   }
 
   asio::io_context io;
-  const config::ProxyConfig& config;
+  const config::ProxyConfig& config;  // settings fixed at start-up
+  config::ConfigStore& store;
+  std::shared_ptr<const config::ProxyConfig> live;  // reloadable settings (key policy, deny list)
+  uint64_t live_version = 0;
   metrics::WorkerShard* shard;
   tcp::endpoint upstream;
-  std::vector<bool> deny;  // by command id
+  std::vector<bool> deny;  // by command id, from `live`
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;

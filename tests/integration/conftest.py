@@ -57,11 +57,13 @@ class Keyguard:
         self.port = free_port()
         self.admin_port = free_port()
         args = [KEYGUARD]
+        self.config_path = None
         if config is not None:
             fd, path = tempfile.mkstemp(suffix=".yaml", prefix="kg-")
             with os.fdopen(fd, "w") as f:
                 f.write(config)
             args += ["--config", path]
+            self.config_path = path
         args += ["--listen", "127.0.0.1:%d" % self.port, "--upstream", "127.0.0.1:%d" % upstream_port,
                  "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
         self.log = tempfile.TemporaryFile()

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -128,6 +129,8 @@ class Registry {
   // Creates a shard; call before workers start. The pointer lives as long as the registry.
   WorkerShard* AddShard();
   Gauge& draining() { return draining_; }
+  // Adds a function that appends more exposition text at each scrape (process-wide values).
+  void AddCollector(std::function<void(std::string*)> f) { collectors_.push_back(std::move(f)); }
   // Prometheus text exposition of every metric.
   std::string Render() const;
 
@@ -135,6 +138,7 @@ class Registry {
   std::mutex mu_;
   std::deque<WorkerShard> shards_;
   Gauge draining_;
+  std::vector<std::function<void(std::string*)>> collectors_;
 };
 
 }  // namespace keyguard::metrics

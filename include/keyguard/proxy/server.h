@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "keyguard/config/config.h"
@@ -11,6 +12,8 @@ namespace keyguard::proxy {
 
 // Runs until SIGTERM/SIGINT, then stops accepting, lets pending replies finish within
 // config.drain_timeout_ms, and returns OK. Returns an error if it cannot start (bind, resolve).
-absl::Status RunServer(const config::ProxyConfig& config);
+// SIGHUP, or a change of the file at `config_path` (checked every second), reloads the key
+// policy, deny list and unknown_commands from it.
+absl::Status RunServer(const config::ProxyConfig& config, const std::string& config_path);
 
 }  // namespace keyguard::proxy

@@ -1,0 +1,94 @@
+#include "keyguard/config/config_store.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_join.h"
+
+namespace keyguard::config {
+
+ConfigStore::ConfigStore(std::shared_ptr<const ProxyConfig> initial, std::string path)
+    : current_(std::move(initial)), path_(std::move(path)) {
+  file_id_ = Stat();
+}
+
+std::shared_ptr<const ProxyConfig> ConfigStore::Current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_;
+}
+
+ConfigStore::FileId ConfigStore::Stat() const {
+  FileId id;
+  struct stat st;
+  if (!path_.empty() && ::stat(path_.c_str(), &st) == 0) {
+    id.inode = st.st_ino;
+    id.size = st.st_size;
+    id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  }
+  return id;
+}
+
+absl::Status ConfigStore::Reload(const char* trigger) {
+  if (path_.empty()) return absl::FailedPreconditionError("no config file to reload");
+  auto loaded = LoadConfigFile(path_);
+  std::lock_guard<std::mutex> lock(mu_);
+  last_trigger_ = trigger;
+  if (!loaded.ok()) {
+    failures_.fetch_add(1);
+    last_error_ = std::string(loaded.status().message());
+    std::fprintf(stderr, "{\"level\":\"error\",\"event\":\"config_reload_failed\",\"trigger\":\"%s\",\"error\":\"%s\"}\n",
+                 trigger, absl::CHexEscape(last_error_).c_str());
+    return loaded.status();
+  }
+  // Only the reloadable settings change; listen, upstream, admin, threads and limits stay as
+  // the process started (flags may have overridden them).
+  auto next = std::make_shared<ProxyConfig>(*current_);
+  next->key_policy = loaded->key_policy;
+  next->deny_commands = loaded->deny_commands;
+  next->reject_unknown_commands = loaded->reject_unknown_commands;
+  current_ = std::move(next);
+  last_error_.clear();
+  reloads_.fetch_add(1);
+  const uint64_t v = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  std::fprintf(stderr, "{\"level\":\"info\",\"event\":\"config_reloaded\",\"trigger\":\"%s\",\"version\":%llu}\n",
+               trigger, static_cast<unsigned long long>(v));
+  return absl::OkStatus();
+}
+
+void ConfigStore::PollFile() {
+  const FileId id = Stat();
+  if (id == file_id_) return;
+  file_id_ = id;
+  if (id.size >= 0) Reload("file change");
+}
+
+std::string ConfigStore::Describe() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return absl::StrCat("version: ", version_.load(), "\nsource: ", path_.empty() ? "(flags and defaults)" : path_,
+                      "\nlast_reload_trigger: ", last_trigger_, "\nreloads: ", reloads_.load(),
+                      "\nreload_failures: ", failures_.load(), "\nlast_reload_error: ",
+                      last_error_.empty() ? "none" : last_error_, "\n---\n", DescribeConfig(*current_));
+}
+
+std::string DescribeConfig(const ProxyConfig& c) {
+  std::string out = absl::StrCat("listen: ", c.listen.ToString(), "\nupstream: ", c.upstream.ToString(),
+                                 "\nadmin: ", c.admin.ToString(), "\nthreads: ", c.threads,
+                                 "\nupstream_connect_timeout_ms: ", c.upstream_connect_timeout_ms,
+                                 "\ndrain_timeout_ms: ", c.drain_timeout_ms, "\ndeny_commands: [",
+                                 absl::StrJoin(c.deny_commands, ", "), "]\nlimits:\n  max_bulk_len: ",
+                                 c.limits.max_bulk_len, "\n  max_multibulk_len: ", c.limits.max_multibulk_len,
+                                 "\n  max_inline_len: ", c.limits.max_inline_len, "\n  max_depth: ", c.limits.max_depth,
+                                 "\n  max_pending_commands: ", c.max_pending_commands, "\n  max_output_buffer: ",
+                                 c.max_output_buffer, "\n  read_buffer_size: ", c.read_buffer_size,
+                                 "\nunknown_commands: ", c.reject_unknown_commands ? "reject" : "forward",
+                                 "\nkey_policy:", c.key_policy->empty() ? " off" : "", "\n");
+  for (const auto& r : c.key_policy->rules()) {
+    absl::StrAppend(&out, "  - rule: ", r.name, "\n    action: ", policy::ActionName(r.action), "\n");
+    if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0) absl::StrAppend(&out, "    scoped: true\n");
+  }
+  return out;
+}
+
+}  // namespace keyguard::config
