@@ -1,31 +1,44 @@
 #include "keyguard/commands/command_table.h"
 
+#include <algorithm>
+#include <climits>
+#include <deque>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "keyguard/resp/framer.h"
+#include "keyguard/resp/value.h"
 
 namespace keyguard::commands {
 namespace {
 
 #include "command_table.inc"
 
-struct Index {
+// The live table: the generated one, plus what the upstream's COMMAND INFO added at start-up.
+struct Table {
+  std::vector<CommandSpec> specs;   // top-level commands and subcommands, by index
+  std::vector<KeySpec> key_specs;
+  std::vector<uint32_t> top;        // CommandId -> index in specs
+  std::deque<std::string> strings;  // names and keywords of added commands
   absl::flat_hash_map<std::string_view, CommandId> ids;
   size_t max_len = 0;
 
-  Index() {
-    for (size_t id = 1; id < kTopLevelCommands; ++id) {
-      const std::string_view name = kCommandSpecs[id].name;
-      ids.emplace(name, static_cast<CommandId>(id));
-      if (name.size() > max_len) max_len = name.size();
-    }
+  Table() : specs(std::begin(kCommandSpecs), std::end(kCommandSpecs)), key_specs(std::begin(kKeySpecs), std::end(kKeySpecs)) {
+    for (size_t id = 0; id < kTopLevelCommands; ++id) top.push_back(static_cast<uint32_t>(id));
+    for (size_t id = 1; id < kTopLevelCommands; ++id) Index(static_cast<CommandId>(id));
+  }
+  void Index(CommandId id) {
+    const std::string_view name = specs[top[id]].name;
+    ids.emplace(name, id);
+    if (name.size() > max_len) max_len = name.size();
   }
 };
 
-const Index& GetIndex() {
-  static const Index* index = new Index();
-  return *index;
+Table& GetTable() {
+  static Table* table = new Table();
+  return *table;
 }
 
 bool HasArg(std::span<const std::string_view> args, size_t from, std::string_view word) {
@@ -155,9 +168,9 @@ uint32_t BitfieldFlags(std::span<const std::string_view> args) {
 }  // namespace
 
 CommandId LookupCommand(std::string_view name) {
-  const Index& index = GetIndex();
+  const Table& index = GetTable();
   if (name.size() > index.max_len || name.empty()) return kUnknownCommand;
-  char lower[64];
+  char lower[128];
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     lower[i] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
@@ -166,18 +179,19 @@ CommandId LookupCommand(std::string_view name) {
   return it == index.ids.end() ? kUnknownCommand : it->second;
 }
 
-std::string_view CommandName(CommandId id) {
-  return id < kTopLevelCommands ? kCommandSpecs[id].name : kCommandSpecs[0].name;
+std::string_view CommandName(CommandId id) { return Spec(id).name; }
+
+size_t CommandCount() { return GetTable().top.size(); }
+
+const CommandSpec& Spec(CommandId id) {
+  const Table& t = GetTable();
+  return t.specs[id < t.top.size() ? t.top[id] : 0];
 }
 
-size_t CommandCount() { return kTopLevelCommands; }
-
-const CommandSpec& Spec(CommandId id) { return kCommandSpecs[id < kTopLevelCommands ? id : 0]; }
-
-std::span<const CommandSpec> AllSpecs() { return kCommandSpecs; }
+std::span<const CommandSpec> AllSpecs() { return GetTable().specs; }
 
 std::span<const KeySpec> KeySpecs(const CommandSpec& spec) {
-  return std::span<const KeySpec>(kKeySpecs).subspan(spec.spec_begin, spec.spec_count);
+  return std::span<const KeySpec>(GetTable().key_specs).subspan(spec.spec_begin, spec.spec_count);
 }
 
 const CommandSpec* ResolveSpec(CommandId id, std::span<const std::string_view> args) {
@@ -185,9 +199,10 @@ const CommandSpec* ResolveSpec(CommandId id, std::span<const std::string_view> a
   if (top.sub_count == 0) return &top;
   if (args.size() < 2) return &top;  // Redis answers with an arity error
   const std::string_view prefix(top.name);
+  const Table& t = GetTable();
   for (size_t i = top.sub_begin; i < top.sub_begin + top.sub_count; ++i) {
-    const std::string_view name(kCommandSpecs[i].name);
-    if (EqualsIgnoreCase(name.substr(prefix.size() + 1), args[1])) return &kCommandSpecs[i];
+    const std::string_view name(t.specs[i].name);
+    if (name.size() > prefix.size() && EqualsIgnoreCase(name.substr(prefix.size() + 1), args[1])) return &t.specs[i];
   }
   return nullptr;
 }
@@ -251,6 +266,128 @@ bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, s
     return true;
   }
   return true;  // no keys
+}
+
+namespace {
+
+using resp::Value;
+
+// A flat [name, value, name, value, ...] array as a lookup.
+const Value* Field(const Value& flat, std::string_view name) {
+  for (size_t i = 0; i + 1 < flat.elements.size(); i += 2) {
+    if (EqualsIgnoreCase(flat.elements[i].text, name)) return &flat.elements[i + 1];
+  }
+  return nullptr;
+}
+
+int16_t Small(const Value* v) {
+  if (v == nullptr) return 0;
+  return static_cast<int16_t>(std::clamp<int64_t>(v->integer, INT16_MIN, INT16_MAX));
+}
+
+uint32_t KeyFlagMask(std::string_view name) {
+  static constexpr std::pair<std::string_view, uint32_t> kNames[] = {
+      {"RO", kKeyRo}, {"RW", kKeyRw}, {"OW", kKeyOw}, {"RM", kKeyRm}, {"access", kKeyAccess},
+      {"update", kKeyUpdate}, {"insert", kKeyInsert}, {"delete", kKeyDelete}, {"not_key", kKeyNotKey},
+      {"incomplete", kKeyIncomplete}, {"variable_flags", kKeyVariableFlags}};
+  for (const auto& [n, m] : kNames) {
+    if (EqualsIgnoreCase(n, name)) return m;
+  }
+  return 0;
+}
+
+KeySpec ParseKeySpec(const Value& v, Table& t) {
+  KeySpec k{KeySpec::kUnknownBegin, 0, nullptr, 0, KeySpec::kUnknownFind, 0, 0, 0, 0, 0, 0};
+  if (const Value* flags = Field(v, "flags")) {
+    for (const Value& f : flags->elements) k.flags |= KeyFlagMask(f.text);
+  }
+  if (const Value* bs = Field(v, "begin_search")) {
+    const Value* type = Field(*bs, "type");
+    const Value* spec = Field(*bs, "spec");
+    if (type != nullptr && spec != nullptr && type->text == "index") {
+      k.begin = KeySpec::kIndex;
+      k.index = Small(Field(*spec, "index"));
+    } else if (type != nullptr && spec != nullptr && type->text == "keyword") {
+      k.begin = KeySpec::kKeyword;
+      const Value* kw = Field(*spec, "keyword");
+      k.keyword = t.strings.emplace_back(kw ? std::string(kw->text) : std::string()).c_str();
+      k.startfrom = Small(Field(*spec, "startfrom"));
+    }
+  }
+  if (const Value* fk = Field(v, "find_keys")) {
+    const Value* type = Field(*fk, "type");
+    const Value* spec = Field(*fk, "spec");
+    if (type != nullptr && spec != nullptr && type->text == "range") {
+      k.find = KeySpec::kRange;
+      k.lastkey = Small(Field(*spec, "lastkey"));
+      k.keystep = Small(Field(*spec, "keystep"));
+      k.limit = Small(Field(*spec, "limit"));
+    } else if (type != nullptr && spec != nullptr && type->text == "keynum") {
+      k.find = KeySpec::kKeynum;
+      k.keynumidx = Small(Field(*spec, "keynumidx"));
+      k.firstkey = Small(Field(*spec, "firstkey"));
+      k.keystep = Small(Field(*spec, "keystep"));
+    }
+  }
+  if (k.keystep <= 0) k.keystep = 1;
+  return k;
+}
+
+// Builds a CommandSpec from one COMMAND INFO entry; subcommands are appended after it.
+bool AddCommand(const Value& c, Table& t, CommandSpec* out) {
+  if (c.type != '*' || c.elements.size() < 6) return false;
+  const std::string name = absl::AsciiStrToLower(std::string(c.elements[0].text));
+  if (name.empty() || name.size() > 100) return false;
+  CommandSpec spec{t.strings.emplace_back(name).c_str(), static_cast<int16_t>(c.elements[1].integer), 0, 0, 0, 0, 0, 0};
+  for (const Value& f : c.elements[2].elements) spec.flags |= CommandFlagMask(f.text);
+  if (c.elements.size() > 6) {
+    for (const Value& a : c.elements[6].elements) spec.acl |= AclCategoryMask(a.text);
+  }
+  spec.spec_begin = static_cast<uint16_t>(t.key_specs.size());
+  if (c.elements.size() > 8 && c.elements[8].type == '*') {
+    for (const Value& ks : c.elements[8].elements) t.key_specs.push_back(ParseKeySpec(ks, t));
+  } else if (c.elements[3].integer > 0) {
+    // Before Redis 7: first key, last key, step.
+    const int16_t first = Small(&c.elements[3]), last = Small(&c.elements[4]), step = Small(&c.elements[5]);
+    t.key_specs.push_back(KeySpec{KeySpec::kIndex, first, nullptr, 0, KeySpec::kRange,
+                                  static_cast<int16_t>(last < 0 ? last : last - first), step > 0 ? step : int16_t{1}, 0,
+                                  0, 0, kKeyRw | kKeyAccess});
+  }
+  spec.spec_count = static_cast<uint16_t>(t.key_specs.size() - spec.spec_begin);
+  *out = spec;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply) {
+  const auto v = resp::ParseValue(reply);
+  if (!v) return absl::InvalidArgumentError("COMMAND INFO reply is not one RESP value");
+  if (v->type == '-') return absl::UnavailableError(std::string(v->text));
+  if (v->type != '*') return absl::InvalidArgumentError(absl::StrCat("COMMAND INFO replied with type '", std::string(1, v->type), "'"));
+  Table& t = GetTable();
+  int added = 0;
+  for (const Value& c : v->elements) {
+    if (c.null || c.type != '*' || c.elements.empty()) continue;
+    if (LookupCommand(c.elements[0].text) != kUnknownCommand) continue;
+    CommandSpec spec;
+    if (!AddCommand(c, t, &spec)) continue;
+    const size_t index = t.specs.size();
+    t.specs.push_back(spec);
+    if (c.elements.size() > 9 && !c.elements[9].elements.empty()) {
+      t.specs[index].sub_begin = static_cast<uint16_t>(t.specs.size());
+      for (const Value& sub : c.elements[9].elements) {
+        CommandSpec s;
+        if (AddCommand(sub, t, &s)) t.specs.push_back(s);
+      }
+      t.specs[index].sub_count = static_cast<uint16_t>(t.specs.size() - t.specs[index].sub_begin);
+    }
+    const CommandId id = static_cast<CommandId>(t.top.size());
+    t.top.push_back(static_cast<uint32_t>(index));
+    t.Index(id);
+    ++added;
+  }
+  return added;
 }
 
 const KnownCommands& Known() {

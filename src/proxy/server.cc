@@ -5,8 +5,17 @@
 #include <cstdio>
 #include <thread>
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "admin/admin_server.h"
+#include "keyguard/commands/command_table.h"
+#include "keyguard/resp/framer.h"
 #include "proxy/session.h"
 #include "proxy/worker.h"
 
@@ -41,6 +50,48 @@ absl::StatusOr<tcp::endpoint> Resolve(asio::io_context& io, const config::HostPo
   return results.begin()->endpoint();
 }
 
+// Asks the upstream for COMMAND INFO (blocking, bounded by `timeout_ms`) and adds the commands
+// the built-in table lacks. Any failure leaves the built-in table as it is.
+absl::StatusOr<int> ExtendCommandTable(const tcp::endpoint& upstream, int timeout_ms) {
+  const int fd = ::socket(upstream.protocol().family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError("socket failed");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto wait = [&](short events) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, events, 0};
+    return ::poll(&p, 1, static_cast<int>(left.count())) == 1;
+  };
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::connect(fd, upstream.data(), static_cast<socklen_t>(upstream.size())) != 0 && errno != EINPROGRESS) {
+    return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
+  }
+  if (!wait(POLLOUT)) return absl::UnavailableError("connect timed out");
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err != 0) return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(err)));
+  constexpr std::string_view kRequest = "*2\r\n$7\r\nCOMMAND\r\n$4\r\nINFO\r\n";
+  if (::send(fd, kRequest.data(), kRequest.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(kRequest.size())) {
+    return absl::UnavailableError("send failed");
+  }
+  std::string buf;
+  resp::ReplyFramer framer;
+  char chunk[65536];
+  for (;;) {
+    if (!wait(POLLIN)) return absl::UnavailableError("no reply in time");
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n <= 0) return absl::UnavailableError("connection closed");
+    buf.append(chunk, static_cast<size_t>(n));
+    const resp::Status st = framer.Next(buf.data(), buf.size());
+    if (st == resp::Status::kProtocolError) return absl::InvalidArgumentError(framer.error());
+    if (st == resp::Status::kOk) return commands::ExtendFromCommandInfo(std::string_view(buf.data(), framer.consumed()));
+  }
+}
+
 }  // namespace
 
 absl::Status RunServer(const config::ProxyConfig& config, const std::string& config_path) {
@@ -57,6 +108,16 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   if (!upstream.ok()) return upstream.status();
   auto listen = Resolve(control, config.listen, "listen");
   if (!listen.ok()) return listen.status();
+
+  // Module commands and those of newer servers: learn them before the metric shards are sized.
+  const size_t builtin = commands::CommandCount();
+  auto added = ExtendCommandTable(*upstream, config.upstream_connect_timeout_ms + 3000);
+  if (added.ok()) {
+    std::printf("keyguard: command table: %zu built-in, %d added from the upstream's COMMAND INFO\n", builtin - 1, *added);
+  } else {
+    std::printf("keyguard: command table: %zu built-in; upstream COMMAND INFO unavailable (%s)\n", builtin - 1,
+                std::string(added.status().message()).c_str());
+  }
 
   int nthreads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
   if (nthreads <= 0) nthreads = 1;

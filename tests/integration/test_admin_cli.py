@@ -83,3 +83,28 @@ def test_check_config_and_flag_override(redis_server):
     finally:
         assert kg.stop() == 0
     os.unlink(f.name)
+
+
+def test_command_table_from_upstream_and_refusing_upstream():
+    from conftest import Redis
+    r = Redis("--requirepass", "pw")
+    try:
+        kg = Keyguard(r.port)
+        try:
+            out = kg.output()
+            assert "keyguard: command table: 240 built-in; upstream COMMAND INFO unavailable " \
+                   "(NOAUTH Authentication required.)" in out, out
+            c = redis.Redis(port=kg.port, password="pw")
+            assert c.set("k", "v") and c.get("k") == b"v"  # the built-in table keeps working
+        finally:
+            assert kg.stop() == 0
+    finally:
+        r.stop()
+
+
+def test_command_table_log_with_open_upstream(redis_server):
+    kg = Keyguard(redis_server.port)
+    try:
+        assert "keyguard: command table: 240 built-in, 0 added from the upstream's COMMAND INFO" in kg.output()
+    finally:
+        assert kg.stop() == 0

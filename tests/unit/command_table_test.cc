@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "keyguard/resp/encoder.h"
+
 namespace keyguard::commands {
 namespace {
 
@@ -87,6 +89,96 @@ TEST(CommandTable, FlagsAndCategories) {
   EXPECT_EQ(CommandFlagMask("nosuchflag"), 0u);
   EXPECT_GE(CommandCount(), 230u);
   EXPECT_GT(AllSpecs().size(), CommandCount() + 100);  // subcommands too
+}
+
+}  // namespace
+}  // namespace keyguard::commands
+
+namespace keyguard::commands {
+namespace {
+
+// A COMMAND INFO reply as a server with a module would send it.
+std::string ModuleCommandInfo() {
+  using namespace resp;
+  std::string r;
+  AppendArrayHeader(&r, 3);
+  // JSON.SET key path value: a 7.0-style entry with a key spec.
+  AppendArrayHeader(&r, 10);
+  AppendBulk(&r, "json.set");
+  AppendInteger(&r, -4);
+  AppendArrayHeader(&r, 2);
+  AppendSimple(&r, "write");
+  AppendSimple(&r, "denyoom");
+  AppendInteger(&r, 1);
+  AppendInteger(&r, 1);
+  AppendInteger(&r, 1);
+  AppendArrayHeader(&r, 2);
+  AppendSimple(&r, "@write");
+  AppendSimple(&r, "@json");
+  AppendArrayHeader(&r, 0);
+  AppendArrayHeader(&r, 1);
+  AppendArrayHeader(&r, 6);
+  AppendBulk(&r, "flags");
+  AppendArrayHeader(&r, 2);
+  AppendSimple(&r, "RW");
+  AppendSimple(&r, "update");
+  AppendBulk(&r, "begin_search");
+  AppendArrayHeader(&r, 4);
+  AppendBulk(&r, "type");
+  AppendBulk(&r, "index");
+  AppendBulk(&r, "spec");
+  AppendArrayHeader(&r, 2);
+  AppendBulk(&r, "index");
+  AppendInteger(&r, 1);
+  AppendBulk(&r, "find_keys");
+  AppendArrayHeader(&r, 4);
+  AppendBulk(&r, "type");
+  AppendBulk(&r, "range");
+  AppendBulk(&r, "spec");
+  AppendArrayHeader(&r, 6);
+  AppendBulk(&r, "lastkey");
+  AppendInteger(&r, 0);
+  AppendBulk(&r, "keystep");
+  AppendInteger(&r, 1);
+  AppendBulk(&r, "limit");
+  AppendInteger(&r, 0);
+  AppendArrayHeader(&r, 0);
+  // A pre-7.0 entry: first key 1, last key -1, step 2 (key value key value ...).
+  AppendArrayHeader(&r, 6);
+  AppendBulk(&r, "legacy.mset");
+  AppendInteger(&r, -3);
+  AppendArrayHeader(&r, 1);
+  AppendSimple(&r, "write");
+  AppendInteger(&r, 1);
+  AppendInteger(&r, -1);
+  AppendInteger(&r, 2);
+  // A command the table knows already: left alone.
+  AppendArrayHeader(&r, 6);
+  AppendBulk(&r, "get");
+  AppendInteger(&r, 99);
+  AppendArrayHeader(&r, 0);
+  AppendInteger(&r, 0);
+  AppendInteger(&r, 0);
+  AppendInteger(&r, 0);
+  return r;
+}
+
+TEST(CommandTable, ExtendsFromUpstreamCommandInfo) {
+  const size_t before = CommandCount();
+  ASSERT_EQ(LookupCommand("JSON.SET"), kUnknownCommand);
+  auto added = ExtendFromCommandInfo(ModuleCommandInfo());
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(*added, 2);
+  EXPECT_EQ(CommandCount(), before + 2);
+  const CommandId json_set = LookupCommand("JSON.SET");
+  ASSERT_NE(json_set, kUnknownCommand);
+  EXPECT_EQ(CommandName(json_set), "json.set");
+  EXPECT_NE(Spec(json_set).flags & CommandFlagMask("write"), 0u);
+  EXPECT_EQ(Keys({"JSON.SET", "doc:1", "$", "{}"}), V{"doc:1"});
+  EXPECT_EQ(Keys({"legacy.mset", "a", "1", "b", "2"}), (V{"a", "b"}));
+  EXPECT_EQ(Spec(LookupCommand("get")).arity, 2);  // known commands keep the built-in entry
+  EXPECT_FALSE(ExtendFromCommandInfo("-NOAUTH Authentication required.\r\n").ok());
+  EXPECT_FALSE(ExtendFromCommandInfo("garbage").ok());
 }
 
 }  // namespace

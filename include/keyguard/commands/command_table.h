@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace keyguard::commands {
 
 using CommandId = uint16_t;
@@ -94,6 +96,12 @@ struct KeyRef {
 // false when the arguments do not fit the specs (Redis will refuse the command); `out` then
 // holds nothing for this request. Channel specs (SPUBLISH, SSUBSCRIBE: not_key) are skipped.
 bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out);
+
+// Adds the commands of a COMMAND INFO reply (one RESP2 frame, as the upstream sent it) that the
+// table does not know yet: module commands (JSON.SET, FT.SEARCH) and those of newer servers,
+// with key specs (or, from servers before 7.0, the legacy first/last/step range) and
+// subcommands. Not synchronized: call before any worker starts. Returns how many were added.
+absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply);
 
 // Ids the proxy treats specially, resolved once.
 struct KnownCommands {
