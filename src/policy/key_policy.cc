@@ -195,34 +195,59 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     Action action = ToAction(b.config.action(), fallback);
     policy->rules_.push_back(Rule{b.kind, b.name, action, *std::move(scope), nullptr, ""});
   }
+  policy->BuildClasses();
   return std::shared_ptr<const KeyPolicy>(std::move(policy));
+}
+
+void KeyPolicy::BuildClasses() {
+  for (int c = 0; c < 256; ++c) {
+    uint8_t cls = 0;
+    if (IsLetter(c)) cls |= kLetter;
+    if (c >= 'A' && c <= 'Z') cls |= kUpper;
+    if (c == ':') cls |= kColon;
+    if (c == '{' || c == '}') {
+      cls |= kBrace;
+    } else if (!IsLetter(c) && !IsDigit(c) && !punctuation_[c]) {
+      cls |= kBad;
+    }
+    if (IsForbidden(static_cast<unsigned char>(c))) cls |= kForbidden;
+    class_[c] = cls;
+  }
+  slash_allowed_ = punctuation_[static_cast<unsigned char>('/')];
+  has_key_list_rules_ = false;
+  for (const Rule& r : rules_) {
+    has_key_list_rules_ |= r.kind == Rule::Kind::kUser || r.kind == Rule::Kind::kEntities || r.kind == Rule::Kind::kPrefix;
+  }
 }
 
 void KeyPolicy::Check(std::string_view key, commands::CommandId id, const commands::CommandSpec& spec,
                       std::vector<Violation>* out) const {
-  // One pass over the key collects everything the built-in rules look at.
-  bool upper = false, bad_char = false, forbidden = false, braces = false;
+  // One pass over the key, one table lookup per byte, collects everything the built-in rules
+  // look at.
+  uint8_t seen = 0;
   uint32_t segments = 1;
   size_t segment_start = 0, longest_segment = 0;
   for (size_t i = 0; i < key.size(); ++i) {
-    const unsigned char c = key[i];
-    if (IsLetter(c) || IsDigit(c)) {
-      upper |= (c >= 'A' && c <= 'Z');
-      continue;
-    }
-    if (c == ':') {
+    const uint8_t cls = class_[static_cast<unsigned char>(key[i])];
+    seen |= cls;
+    if (cls & kColon) {
       longest_segment = std::max(longest_segment, i - segment_start);
       segment_start = i + 1;
       ++segments;
     }
-    if (c == '{' || c == '}') {
-      braces = true;
-      continue;
-    }
-    if (!punctuation_[c]) bad_char = true;
-    if (IsForbidden(c)) forbidden = true;
   }
   longest_segment = std::max(longest_segment, key.size() - segment_start);
+  const bool upper = seen & kUpper;
+  const bool bad_char = seen & kBad;
+  const bool forbidden = seen & kForbidden;
+  const bool braces = seen & kBrace;
+  const bool letter_first = !key.empty() && (class_[static_cast<unsigned char>(key[0])] & kLetter);
+  // The common case: a conforming key and only built-in rules that look at its shape.
+  if (!has_key_list_rules_ && !upper && !bad_char && !braces && letter_first && key.size() <= max_length_ &&
+      segments <= max_segments_ && longest_segment <= max_segment_bytes_ &&
+      (!slash_allowed_ || key.find("://") == std::string_view::npos)) {
+    return;
+  }
 
   for (const Rule& rule : rules_) {
     if (!rule.scope.Matches(id, spec)) continue;
@@ -249,7 +274,7 @@ void KeyPolicy::Check(std::string_view key, commands::CommandId id, const comman
         }
         break;
       case Rule::Kind::kStartsWithLetter:
-        broken = key.empty() || !IsLetter(static_cast<unsigned char>(key[0]));
+        broken = !letter_first;
         break;
       case Rule::Kind::kForbiddenCharacters:
         broken = forbidden;

@@ -72,8 +72,14 @@ class KeyPolicy {
   bool empty() const { return rules_.empty(); }
 
  private:
+  void BuildClasses();
+  enum : uint8_t { kUpper = 1, kBad = 2, kForbidden = 4, kBrace = 8, kColon = 16, kLetter = 32 };
+
   std::vector<Rule> rules_;
   bool punctuation_[256] = {};
+  uint8_t class_[256] = {};  // character classes per byte, from punctuation_
+  bool slash_allowed_ = false;
+  bool has_key_list_rules_ = false;  // user, entity or prefix rules: no fast path
   bool allow_hash_tags_ = true;
   bool normalize_ = true;
   uint32_t max_length_ = 128;
