@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side by side, in one run: redis-benchmark SET/GET (50 clients, pipeline 1 and 16) against direct
 # redis-server, haproxy (TCP mode), twemproxy (nutcracker) and keyguard; ops/s and each proxy's CPU
-# microseconds per command from /proc, with keyguard's ratios to haproxy and twemproxy.
+# microseconds per command from /proc, with keyguard's ratios to haproxy and twemproxy, and keyguard
+# with its default (observe-only) key policy against keyguard with the policy off.
 # usage: bench/side_by_side.sh [KEYGUARD_BIN]   env: N (requests, 200000), C (clients, 50), ROUNDS (2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$D"; }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-RP=$(port); HP=$(port); TP=$(port); TS=$(port); KP=$(port); KA=$(port)
+RP=$(port); HP=$(port); TP=$(port); TS=$(port); KP=$(port); KA=$(port); NP=$(port); NA=$(port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$D/redis.log" &
 pids+=($!)
 cat > "$D/haproxy.cfg" <<CFG
@@ -41,14 +42,18 @@ pool:
 CFG
 nutcracker -c "$D/nut.yml" -o "$D/nut.log" -s "$TS" & pids+=($!); NUT=$!
 "$KG" --listen "127.0.0.1:$KP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$KA" >"$D/kg.log" 2>&1 & pids+=($!); KGP=$!
+# The same binary with the key policy off, to show what the default (observe-only) policy costs.
+printf 'key_policy: {enabled: false}\n' > "$D/nopolicy.yaml"
+"$KG" --config "$D/nopolicy.yaml" --listen "127.0.0.1:$NP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$NA" \
+  >"$D/kg-nopolicy.log" 2>&1 & pids+=($!); NPP=$!
 sleep 1
 hz=$(getconf CLK_TCK)
 cpu() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
 printf "%-10s %-4s %12s %12s\n" target pipe "ops/s" "proxy_us/op"
-declare -A US
+declare -A US OPS
 for r in $(seq "$ROUNDS"); do
   for P in 1 16; do
-    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP"; do
+    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP" "kg-nopolicy:$NP:$NPP"; do
       IFS=: read -r name p pid <<<"$t"
       c0=$(cpu "$pid")
       out=$(redis-benchmark -h 127.0.0.1 -p "$p" -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv 2>/dev/null)
@@ -57,8 +62,11 @@ for r in $(seq "$ROUNDS"); do
       us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$N" 'BEGIN{printf "%.2f", (b-a)/hz*1e6/(2*n)}')
       printf "%-10s %-4s %12s %12s\n" "$name" "$P" "$ops" "$us"
       US[$r.$P.$name]=$us
+      OPS[$r.$P.$name]=$ops
     done
     awk -v k="${US[$r.$P.keyguard]}" -v h="${US[$r.$P.haproxy]}" -v t="${US[$r.$P.twemproxy]}" -v p="$P" \
       'BEGIN{printf "  pipeline %s: keyguard CPU/cmd = %.2fx haproxy, %.2fx twemproxy\n", p, (h>0?k/h:0), (t>0?k/t:0)}'
+    awk -v a="${OPS[$r.$P.keyguard]}" -v b="${OPS[$r.$P.kg-nopolicy]}" -v c="${US[$r.$P.keyguard]}" -v d="${US[$r.$P.kg-nopolicy]}" -v p="$P" \
+      'BEGIN{printf "  pipeline %s: default policy = %.2fx the throughput of no policy, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
   done
 done
