@@ -236,44 +236,30 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   bool silent = reply_off_ || skipped;
   skip_next_reply_ = false;
 
-  if (id == commands::kUnknownCommand && worker_.live->reject_unknown_commands && upstream_ready_) {
-    worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
-    worker_.shard->commands_rejected.Get("reason=\"unknown_command\"").Add();
-    if (in_multi_) multi_aborted_ = true;
-    if (skipped) ForwardRaw(kPing.data(), kPing.size());
-    if (silent) return;
-    std::string text;
-    resp::AppendError(&text, absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"));
-    Reply(std::move(text), id, false);
+  if (!upstream_ready_) {
+    worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
+    Reply(std::string(kUpstreamUnavailable), id, /*close_after=*/true);
+    stop_reading_ = true;
     return;
   }
-  if (worker_.deny[id] || !upstream_ready_) {
-    if (!upstream_ready_) {
-      worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
-      Reply(std::string(kUpstreamUnavailable), id, /*close_after=*/true);
-      stop_reading_ = true;
+  if (id == commands::kUnknownCommand && worker_.live->reject_unknown_commands) {
+    Refuse(id, "unknown_command", absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"), skipped,
+           silent);
+    return;
+  }
+  if (worker_.deny[id]) {
+    Refuse(id, "deny_list",
+           absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])), "' is not allowed here"),
+           skipped, silent);
+    return;
+  }
+  std::string_view bytes(raw, raw_len);
+  if (!worker_.live->key_policy->empty()) {
+    std::string refusal;
+    if (!ApplyKeyPolicy(args, id, &bytes, &refusal)) {
+      Refuse(id, "key_policy", std::move(refusal), skipped, silent);
       return;
     }
-    worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
-    worker_.shard->commands_rejected.Get("reason=\"deny_list\"").Add();
-    if (in_multi_) multi_aborted_ = true;  // Redis fails EXEC after a refused queued command
-    if (skipped) {
-      // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this it would
-      // swallow the reply of the next command we forward.
-      ForwardRaw(kPing.data(), kPing.size());
-    }
-    if (silent) return;
-    std::string text;
-    resp::AppendError(&text, absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])),
-                                          "' is not allowed here"));
-    Reply(std::move(text), id, false);
-    return;
-  }
-
-  std::string_view bytes(raw, raw_len);
-  if (!worker_.live->key_policy->empty() && !ApplyKeyPolicy(args, id, silent, &bytes)) {
-    if (skipped) ForwardRaw(kPing.data(), kPing.size());  // as for a denied command
-    return;
   }
 
   Pending p;
@@ -337,8 +323,21 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   queue_.push_back(std::move(p));
 }
 
-bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, bool silent,
-                             std::string_view* bytes) {
+void Session::Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent) {
+  worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
+  worker_.shard->commands_rejected.Get(absl::StrCat("reason=\"", reason, "\"")).Add();
+  if (in_multi_) multi_aborted_ = true;  // Redis fails EXEC after a refused queued command
+  // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would
+  // swallow the reply of the next command we forward.
+  if (skipped) ForwardRaw(kPing.data(), kPing.size());
+  if (silent) return;
+  std::string text;
+  resp::AppendError(&text, message);
+  Reply(std::move(text), id, false);
+}
+
+bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string_view* bytes,
+                             std::string* refusal) {
   const policy::KeyPolicy& policy = *worker_.live->key_policy;
   const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
   if (spec == nullptr) return true;
@@ -385,15 +384,8 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
     if (reject != nullptr) break;
   }
   if (reject != nullptr) {
-    shard.CountCommand(id, metrics::Outcome::kRejected);
-    shard.commands_rejected.Get("reason=\"key_policy\"").Add();
-    if (in_multi_) multi_aborted_ = true;
-    if (silent) return false;
-    std::string text;
-    std::string message = absl::StrCat("ERR keyguard: key '", reject_key, "' violates rule '", reject->rule->name, "'");
-    if (!reject->suggestion.empty()) absl::StrAppend(&message, ": use ", reject->suggestion);
-    resp::AppendError(&text, message);
-    Reply(std::move(text), id, false);
+    *refusal = absl::StrCat("ERR keyguard: key '", reject_key, "' violates rule '", reject->rule->name, "'");
+    if (!reject->suggestion.empty()) absl::StrAppend(refusal, ": use ", reject->suggestion);
     return false;
   }
   if (!rewrites.empty()) {

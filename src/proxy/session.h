@@ -65,10 +65,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void ProcessClientBytes(size_t* hint);
   void HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now);
   void ForwardRaw(const char* data, size_t len);
-  // Applies the key policy. Returns false when the command was refused (its error is queued);
-  // may replace `bytes` with a rewritten command owned by scratch_.
-  bool ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, bool silent,
-                      std::string_view* bytes);
+  // Applies the key policy. Returns false with the error text in `refusal` when the command is
+  // refused; may point `bytes` at a rewritten command owned by scratch_.
+  bool ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string_view* bytes,
+                      std::string* refusal);
+  // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
+  // SKIP semantics.
+  void Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent);
   void Warn(const policy::Violation& v, std::string_view key, commands::CommandId id);
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
