@@ -5,7 +5,6 @@
 #include <deque>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/resp/framer.h"
@@ -22,17 +21,40 @@ struct Table {
   std::vector<KeySpec> key_specs;
   std::vector<uint32_t> top;        // CommandId -> index in specs
   std::deque<std::string> strings;  // names and keywords of added commands
-  absl::flat_hash_map<std::string_view, CommandId> ids;
+  // Open addressing on FNV-1a of the lowercase name: one short loop lowercases and hashes the
+  // request's first argument, one probe (rarely two) finds the id.
+  struct Slot {
+    uint64_t hash = 0;
+    CommandId id = kUnknownCommand;
+  };
+  std::vector<Slot> slots;
   size_t max_len = 0;
 
   Table() : specs(std::begin(kCommandSpecs), std::end(kCommandSpecs)), key_specs(std::begin(kKeySpecs), std::end(kKeySpecs)) {
     for (size_t id = 0; id < kTopLevelCommands; ++id) top.push_back(static_cast<uint32_t>(id));
     for (size_t id = 1; id < kTopLevelCommands; ++id) Index(static_cast<CommandId>(id));
   }
+  static uint64_t Hash(std::string_view lower) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : lower) h = (h ^ c) * 1099511628211ull;
+    return h;
+  }
   void Index(CommandId id) {
     const std::string_view name = specs[top[id]].name;
-    ids.emplace(name, id);
     if (name.size() > max_len) max_len = name.size();
+    if ((top.size() + 1) * 2 > slots.size()) {
+      // Keep the load under one half: rebuild for every id so far.
+      slots.assign(std::max<size_t>(1024, slots.size() * 2), Slot{});
+      for (CommandId i = 1; i < id; ++i) Insert(i);
+    }
+    Insert(id);
+  }
+  void Insert(CommandId id) {
+    const std::string_view name = specs[top[id]].name;
+    const uint64_t h = Hash(name);
+    size_t i = h & (slots.size() - 1);
+    while (slots[i].id != kUnknownCommand) i = (i + 1) & (slots.size() - 1);
+    slots[i] = Slot{h, id};
   }
 };
 
@@ -168,15 +190,21 @@ uint32_t BitfieldFlags(std::span<const std::string_view> args) {
 }  // namespace
 
 CommandId LookupCommand(std::string_view name) {
-  const Table& index = GetTable();
-  if (name.size() > index.max_len || name.empty()) return kUnknownCommand;
+  const Table& t = GetTable();
+  if (name.size() > t.max_len || name.empty()) return kUnknownCommand;
   char lower[128];
+  uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     lower[i] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
+    h = (h ^ static_cast<unsigned char>(lower[i])) * 1099511628211ull;
   }
-  auto it = index.ids.find(std::string_view(lower, name.size()));
-  return it == index.ids.end() ? kUnknownCommand : it->second;
+  const std::string_view key(lower, name.size());
+  for (size_t i = h & (t.slots.size() - 1);; i = (i + 1) & (t.slots.size() - 1)) {
+    const Table::Slot& slot = t.slots[i];
+    if (slot.id == kUnknownCommand) return kUnknownCommand;
+    if (slot.hash == h && key == t.specs[t.top[slot.id]].name) return slot.id;
+  }
 }
 
 std::string_view CommandName(CommandId id) { return Spec(id).name; }
@@ -224,6 +252,16 @@ uint32_t AclCategoryMask(std::string_view name) {
 
 bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
   const size_t before = out->size();
+  if (spec.spec_count == 1) {
+    // The most common shape by far (GET, HSET, INCR, ...): one key at a fixed position.
+    const KeySpec& k = KeySpecs(spec)[0];
+    if (k.begin == KeySpec::kIndex && k.find == KeySpec::kRange && k.lastkey == 0 &&
+        (k.flags & (kKeyNotKey | kKeyIncomplete | kKeyVariableFlags)) == 0 && k.index > 0 &&
+        static_cast<size_t>(k.index) < args.size()) {
+      out->push_back(KeyRef{static_cast<uint32_t>(k.index), k.flags});
+      return true;
+    }
+  }
   uint32_t all = 0, missing = 0;
   for (const KeySpec& k : KeySpecs(spec)) {
     all |= k.flags;

@@ -68,25 +68,25 @@ absl::Status SetScalar(const YAML::Node& n, Message* m, const FieldDescriptor* f
       return absl::OkStatus();
     }
     case FieldDescriptor::CPPTYPE_INT32: {
-      int32_t v;
+      int32_t v = 0;
       if (auto s = ParseInt(n, path, &v); !s.ok()) return s;
       rep ? r->AddInt32(m, f, v) : r->SetInt32(m, f, v);
       return absl::OkStatus();
     }
     case FieldDescriptor::CPPTYPE_INT64: {
-      int64_t v;
+      int64_t v = 0;
       if (auto s = ParseInt(n, path, &v); !s.ok()) return s;
       rep ? r->AddInt64(m, f, v) : r->SetInt64(m, f, v);
       return absl::OkStatus();
     }
     case FieldDescriptor::CPPTYPE_UINT32: {
-      uint32_t v;
+      uint32_t v = 0;
       if (auto s = ParseInt(n, path, &v); !s.ok()) return s;
       rep ? r->AddUInt32(m, f, v) : r->SetUInt32(m, f, v);
       return absl::OkStatus();
     }
     case FieldDescriptor::CPPTYPE_UINT64: {
-      uint64_t v;
+      uint64_t v = 0;
       if (auto s = ParseInt(n, path, &v); !s.ok()) return s;
       rep ? r->AddUInt64(m, f, v) : r->SetUInt64(m, f, v);
       return absl::OkStatus();

@@ -86,9 +86,21 @@ Status RequestFramer::Fail(std::string text) {
   return Status::kProtocolError;
 }
 
+Status RequestFramer::Park(const char* data, Status status) {
+  // The frame is incomplete: keep its arguments as offsets, since the caller may move the bytes
+  // before the next call.
+  offsets_.clear();
+  for (std::string_view a : args_) offsets_.emplace_back(static_cast<size_t>(a.data() - data), a.size());
+  args_.clear();
+  return status;
+}
+
 Status RequestFramer::Next(const char* data, size_t len) {
   hint_ = 0;
-  if (!in_frame_) {
+  if (in_frame_) {
+    args_.clear();
+    for (const auto& [off, n] : offsets_) args_.emplace_back(data + off, n);
+  } else {
     args_.clear();
     consumed_ = 0;
     if (len == 0) return Status::kNeedMore;
@@ -127,15 +139,13 @@ Status RequestFramer::Next(const char* data, size_t len) {
     in_frame_ = true;
     remaining_ = count;
     bulk_len_ = -1;
-    offsets_.clear();
-    offsets_.reserve(count < 64 ? count : 64);
   }
 
   const char* end = data + len;
   while (remaining_ > 0) {
     if (bulk_len_ < 0) {
       const char* p = data + pos_;
-      if (p >= end) return Status::kNeedMore;
+      if (p >= end) return Park(data, Status::kNeedMore);
       int64_t blen;
       const char* cr = (*p == '$' && scan_ == 0) ? FastDigits(p + 1, end, &blen) : nullptr;
       if (cr == nullptr) {
@@ -146,15 +156,15 @@ Status RequestFramer::Next(const char* data, size_t len) {
             return Fail("ERR Protocol error: too big bulk count string");
           }
           scan_ = len;
-          return Status::kNeedMore;
+          return Park(data, Status::kNeedMore);
         }
-        if (cr + 2 > end) return Status::kNeedMore;
+        if (cr + 2 > end) return Park(data, Status::kNeedMore);
         if (*p != '$') return Fail(absl::StrCat("ERR Protocol error: expected '$', got '", std::string(p, 1), "'"));
         if (!ParseRedisInt(std::string_view(p + 1, cr - p - 1), &blen) || blen < 0) {
           return Fail("ERR Protocol error: invalid bulk length");
         }
       }
-      if (cr + 2 > end) return Status::kNeedMore;
+      if (cr + 2 > end) return Park(data, Status::kNeedMore);
       scan_ = 0;
       if (blen > limits_.max_bulk_len) return Fail("ERR Protocol error: invalid bulk length");
       bulk_len_ = blen;
@@ -164,15 +174,13 @@ Status RequestFramer::Next(const char* data, size_t len) {
     const size_t need = pos_ + static_cast<size_t>(bulk_len_) + 2;
     if (need > len) {
       hint_ = need;
-      return Status::kNeedMore;
+      return Park(data, Status::kNeedMore);
     }
-    offsets_.emplace_back(pos_, static_cast<size_t>(bulk_len_));
+    args_.emplace_back(data + pos_, static_cast<size_t>(bulk_len_));
     pos_ = need;
     bulk_len_ = -1;
     --remaining_;
   }
-  args_.reserve(offsets_.size());
-  for (const auto& [off, n] : offsets_) args_.emplace_back(data + off, n);
   consumed_ = pos_;
   Reset();
   return Status::kOk;

@@ -404,11 +404,13 @@ def test_upstream_killed_mid_pipeline():
 def test_upstream_down_at_connect():
     kg = Keyguard(upstream_port=1)  # nothing listens on port 1
     try:
-        # The readiness probe of the fixture was a connection too: let it finish first.
+        # The fixture's readiness probe was one connection too, and fails to connect upstream
+        # once: wait for that before counting ours.
         deadline = time.time() + 5
-        while kg.metric("keyguard_client_connections") != 0 and time.time() < deadline:
+        while kg.metric('keyguard_upstream_errors_total{reason="connect"}') < 1 and time.time() < deadline:
             time.sleep(0.02)
         before = kg.metric('keyguard_upstream_errors_total{reason="connect"}')
+        assert before == 1
         c = RespConn(kg.port)
         assert c.exchange(encode("PING"), timeout=5) == b"-ERR keyguard: upstream unavailable\r\n<closed>"
         assert kg.metric('keyguard_upstream_errors_total{reason="connect"}') == before + 1

@@ -53,6 +53,7 @@ class RequestFramer {
 
  private:
   Status Fail(std::string text);
+  Status Park(const char* data, Status status);
   Status ParseInline(const char* data, size_t len);
 
   Limits limits_;
@@ -62,7 +63,8 @@ class RequestFramer {
   size_t scan_ = 0;         // where the search for the current line's end resumes (0 = fresh)
   int64_t remaining_ = 0;   // arguments still to read
   int64_t bulk_len_ = -1;   // length of the argument whose header was read, or -1
-  std::vector<std::pair<size_t, size_t>> offsets_;  // (offset, length) of each argument
+  // (offset, length) of each argument of a frame left incomplete by the last call.
+  std::vector<std::pair<size_t, size_t>> offsets_;
   // Result of the last call.
   size_t consumed_ = 0;
   size_t hint_ = 0;
