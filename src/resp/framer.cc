@@ -255,6 +255,44 @@ bool ReplyFramer::ElementDone() {
 
 Status ReplyFramer::Next(const char* data, size_t len) {
   hint_ = 0;
+  if (!in_frame_ && len >= 4) {
+    // Fast path for the replies most commands get: a whole simple string, error or bulk.
+    const char t = data[0];
+    if (t == '+' || t == '-') {
+      // Most are short (+OK, +PONG, +QUEUED): a plain loop beats a call to memchr.
+      const char* cr = nullptr;
+      const size_t near = len < 32 ? len : 32;
+      for (size_t i = 1; i < near; ++i) {
+        if (data[i] == '\r') {
+          cr = data + i;
+          break;
+        }
+      }
+      if (cr == nullptr && near < len) cr = static_cast<const char*>(memchr(data + near, '\r', len - near));
+      if (cr != nullptr && cr + 1 < data + len && cr[1] == '\n') {
+        top_type_ = t;
+        top_size_ = 0;
+        head_count_ = 1;
+        head_[0] = Scalar{t, std::string_view(data + 1, cr - data - 1)};
+        consumed_ = cr + 2 - data;
+        return Status::kOk;
+      }
+    } else if (t == '$') {
+      int64_t n;
+      const char* cr = FastDigits(data + 1, data + len, &n);
+      if (cr != nullptr && n <= limits_.max_bulk_len && cr + 1 < data + len && cr[1] == '\n') {
+        const size_t total = (cr + 2 - data) + static_cast<size_t>(n) + 2;
+        if (total <= len) {
+          top_type_ = '$';
+          top_size_ = 0;
+          head_count_ = 1;
+          head_[0] = Scalar{'$', std::string_view(cr + 2, static_cast<size_t>(n))};
+          consumed_ = total;
+          return Status::kOk;
+        }
+      }
+    }
+  }
   if (!in_frame_) {
     consumed_ = 0;
     top_type_ = 0;
