@@ -10,9 +10,10 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 
 AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
-                         const config::ConfigStore& store, tcp::endpoint upstream, const std::atomic<bool>& draining)
-    : io_(io), registry_(registry), config_(config), store_(store), upstream_(upstream), draining_(draining),
-      acceptor_(io) {}
+                         const config::ConfigStore& store, const hygiene::FindingLog& findings, tcp::endpoint upstream,
+                         const std::atomic<bool>& draining)
+    : io_(io), registry_(registry), config_(config), store_(store), findings_(findings), upstream_(upstream),
+      draining_(draining), acceptor_(io) {}
 
 absl::Status AdminServer::Listen() {
   tcp::resolver resolver(io_);
@@ -83,6 +84,9 @@ awaitable<void> AdminServer::Serve(tcp::socket socket) {
     } else if (path == "/metrics") {
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = registry_.Render();
+    } else if (path == "/debug/findings") {
+      res.set(http::field::content_type, "application/json");
+      res.body() = findings_.RecentJson();
     } else if (path == "/config") {
       res.body() = store_.Describe();
     } else if (path == "/healthz") {
@@ -99,7 +103,7 @@ awaitable<void> AdminServer::Serve(tcp::socket socket) {
       }
     } else {
       res.result(http::status::not_found);
-      res.body() = "not found; try /metrics, /healthz, /readyz, /config\n";
+      res.body() = "not found; try /metrics, /healthz, /readyz, /config, /debug/findings\n";
     }
     res.keep_alive(req.keep_alive());
     res.prepare_payload();

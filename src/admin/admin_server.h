@@ -1,4 +1,4 @@
-// The admin HTTP endpoint (Boost.Beast): /healthz, /readyz, /metrics and /config.
+// The admin HTTP endpoint (Boost.Beast): /healthz, /readyz, /metrics, /config, /debug/findings.
 #pragma once
 
 #include <atomic>
@@ -15,7 +15,8 @@ class AdminServer {
  public:
   // Serves on `io` (its own thread); `upstream` is probed by /readyz; `draining` turns /readyz off.
   AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
-              const config::ConfigStore& store, tcp::endpoint upstream, const std::atomic<bool>& draining);
+              const config::ConfigStore& store, const hygiene::FindingLog& findings, tcp::endpoint upstream,
+              const std::atomic<bool>& draining);
 
   // Binds and starts accepting.
   absl::Status Listen();
@@ -31,6 +32,7 @@ class AdminServer {
   const metrics::Registry& registry_;
   const config::ProxyConfig& config_;
   const config::ConfigStore& store_;
+  const hygiene::FindingLog& findings_;
   tcp::endpoint upstream_;
   const std::atomic<bool>& draining_;
   tcp::acceptor acceptor_;

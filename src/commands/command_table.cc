@@ -434,7 +434,8 @@ const KnownCommands& Known() {
       LookupCommand("subscribe"),    LookupCommand("psubscribe"),   LookupCommand("ssubscribe"),
       LookupCommand("unsubscribe"),  LookupCommand("punsubscribe"), LookupCommand("sunsubscribe"),
       LookupCommand("hello"),        LookupCommand("monitor"),      LookupCommand("reset"),
-      LookupCommand("quit"),         LookupCommand("client")};
+      LookupCommand("quit"),         LookupCommand("client"),       LookupCommand("watch"),
+      LookupCommand("unwatch")};
   return known;
 }
 

@@ -135,6 +135,20 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     c.read_buffer_size = l.read_buffer_size();
   }
   c.reject_unknown_commands = p.unknown_commands() == v1::REJECT_UNKNOWN;
+  const v1::Hygiene& h = p.hygiene();
+  if (h.has_enabled()) c.hygiene.enabled = h.enabled();
+  if (h.has_big_string_bytes()) c.hygiene.big_string_bytes = h.big_string_bytes();
+  if (h.has_huge_string_bytes()) c.hygiene.huge_string_bytes = h.huge_string_bytes();
+  if (h.has_big_collection_elements()) c.hygiene.big_collection_elements = static_cast<int64_t>(h.big_collection_elements());
+  if (h.has_rmw_window_ms()) c.hygiene.rmw_window_ms = static_cast<int64_t>(h.rmw_window_ms());
+  if (h.has_tracked_keys()) {
+    if (auto s = range("hygiene.tracked_keys", static_cast<int64_t>(h.tracked_keys()), 1, 10000000); !s.ok()) return s;
+    c.hygiene.tracked_keys = h.tracked_keys();
+  }
+  if (h.has_findings_kept()) {
+    if (auto s = range("hygiene.findings_kept", static_cast<int64_t>(h.findings_kept()), 1, 1000000); !s.ok()) return s;
+    c.hygiene.findings_kept = h.findings_kept();
+  }
   auto policy = policy::KeyPolicy::Compile(p.key_policy());
   if (!policy.ok()) return policy.status();
   c.key_policy = *std::move(policy);

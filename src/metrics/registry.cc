@@ -99,6 +99,9 @@ std::string Registry::Render() const {
           &WorkerShard::keys_rewritten);
   labeled("keyguard_commands_rejected_total", "Commands keyguard refused, by reason.",
           &WorkerShard::commands_rejected);
+  labeled("keyguard_findings_total", "Hygiene findings by kind and key pattern.", &WorkerShard::findings);
+  labeled("keyguard_bigkey_access_total", "Accesses to big keys by kind, command and key pattern.",
+          &WorkerShard::bigkey_access);
 
   for (const auto& f : collectors_) f(&out);
 

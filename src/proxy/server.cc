@@ -122,11 +122,13 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   int nthreads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
   if (nthreads <= 0) nthreads = 1;
 
+  hygiene::FindingLog findings(config.hygiene.findings_kept);
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   tcp::endpoint bound = *listen;
   for (int i = 0; i < nthreads; ++i) {
     workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream));
+    workers.back()->findings = &findings;
     auto acceptor = std::make_unique<tcp::acceptor>(workers.back()->io);
     error_code ec;
     acceptor->open(bound.protocol(), ec);
@@ -145,7 +147,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   }
 
   std::atomic<bool> draining{false};
-  admin::AdminServer admin(control, registry, config, store, *upstream, draining);
+  admin::AdminServer admin(control, registry, config, store, findings, *upstream, draining);
   if (auto s = admin.Listen(); !s.ok()) return s;
 
   std::printf("keyguard %s listening on %s:%u, upstream %s, admin http://%s:%u/metrics, %d worker threads\n",

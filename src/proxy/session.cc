@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/hygiene/detectors.h"
 #include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/encoder.h"
 
@@ -87,7 +88,8 @@ Session::Session(Worker& worker, tcp::socket client)
       upstream_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       request_framer_(worker.config.limits),
       reply_framer_(worker.config.limits),
-      queue_event_(worker.io) {
+      queue_event_(worker.io),
+      id_(worker.next_session_id++) {
   worker_.shard->client_connections.Add(1);
   worker_.shard->client_connections_total.Add();
   worker_.session_count.fetch_add(1, std::memory_order_relaxed);
@@ -265,6 +267,10 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   Pending p;
   p.command = id;
   p.start_ns = now;
+  if (worker_.config.hygiene.enabled) {
+    p.reply_check = DetectRequest(id, args);
+    if (p.reply_check != 0) p.text.assign(args[1].data(), args[1].size());
+  }
   if (id == known.quit) {
     stop_reading_ = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
     quit_sent_ = true;
@@ -274,9 +280,15 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     reply_off_ = false;
     silent = false;
     in_multi_ = multi_aborted_ = false;
+    watching_ = false;
   } else if (id == known.multi) {
     in_multi_ = true;
+  } else if (id == known.watch) {
+    watching_ = true;
+  } else if (id == known.unwatch) {
+    watching_ = false;
   } else if (id == known.exec) {
+    watching_ = false;
     if (in_multi_ && multi_aborted_) {
       p.kind = Kind::kExecAbort;
       bytes = kDiscard;
@@ -284,6 +296,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     in_multi_ = multi_aborted_ = false;
   } else if (id == known.discard) {
     in_multi_ = multi_aborted_ = false;
+    watching_ = false;
   } else if (in_multi_) {
     // Queued inside MULTI: the reply is +QUEUED whatever the command; effects come with EXEC.
   } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
@@ -416,6 +429,160 @@ void Session::Warn(const policy::Violation& v, std::string_view key, commands::C
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
+namespace {
+
+// How the hygiene detectors look at a command.
+enum ReplyCheck : uint8_t { kNoCheck = 0, kStringRead = 1, kCollectionRead = 2 };
+
+struct HygieneInfo {
+  int8_t value_pos = 0;      // position of the value of a string write (0: none)
+  bool pairs = false;        // MSET-style key value pairs from position 1
+  bool rmw_write = false;    // a write that replaces a serialized value
+  uint8_t reply = kNoCheck;
+  bool keys = false;
+  bool flush = false;
+  const char* suggestion = "";
+};
+
+const std::vector<HygieneInfo>& HygieneTable() {
+  static const std::vector<HygieneInfo> table = [] {
+    std::vector<HygieneInfo> t(commands::CommandCount());
+    auto at = [&](const char* name) -> HygieneInfo& { return t[commands::LookupCommand(name)]; };
+    for (const char* n : {"set", "setnx", "getset"}) at(n) = HygieneInfo{2, false, true};
+    for (const char* n : {"setex", "psetex"}) at(n) = HygieneInfo{3, false, true};
+    at("append") = HygieneInfo{2, false, false};
+    at("setrange") = HygieneInfo{3, false, false};
+    for (const char* n : {"mset", "msetnx"}) at(n) = HygieneInfo{0, true, true};
+    for (const char* n : {"get", "getex", "getdel"}) at(n).reply = kStringRead;
+    for (const char* n : {"hgetall", "hkeys", "hvals"}) {
+      at(n).reply = kCollectionRead;
+      at(n).suggestion = "read it in pages with HSCAN, or only the fields you need with HMGET";
+    }
+    for (const char* n : {"smembers", "sinter", "sunion", "sdiff"}) {
+      at(n).reply = kCollectionRead;
+      at(n).suggestion = "read it in pages with SSCAN";
+    }
+    at("lrange").reply = kCollectionRead;
+    at("lrange").suggestion = "read it in windows: LRANGE key start start+N";
+    for (const char* n : {"zrange", "zrevrange", "zrangebyscore", "zrevrangebyscore", "zrangebylex", "zrevrangebylex"}) {
+      at(n).reply = kCollectionRead;
+      at(n).suggestion = "read it in pages with ZSCAN or ZRANGE windows with LIMIT";
+    }
+    for (const char* n : {"xrange", "xrevrange"}) {
+      at(n).reply = kCollectionRead;
+      at(n).suggestion = "read it in pages with XRANGE ... COUNT N";
+    }
+    at("keys").keys = true;
+    at("flushall").flush = true;
+    at("flushdb").flush = true;
+    return t;
+  }();
+  return table;
+}
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+void Session::Emit(hygiene::Finding f, std::string_view key, commands::CommandId id) {
+  metrics::WorkerShard& shard = *worker_.shard;
+  f.key.assign(key.data(), key.size());
+  f.key_pattern = shard.PatternLabel(policy::KeyPattern(key), worker_.live->key_policy->max_key_patterns());
+  f.command = CommandNameOf(id);
+  f.client = client_address_;
+  f.client_name = client_name_;
+  const char* kind = hygiene::KindName(f.kind);
+  shard.findings.Get(absl::StrCat("kind=\"", kind, "\",key_pattern=\"", f.key_pattern, "\"")).Add();
+  if (f.kind == hygiene::Kind::kBigStringWrite || f.kind == hygiene::Kind::kBigStringRead ||
+      f.kind == hygiene::Kind::kWholeCollectionRead) {
+    shard.bigkey_access
+        .Get(absl::StrCat("kind=\"", kind, "\",command=\"", f.command, "\",key_pattern=\"", f.key_pattern, "\""))
+        .Add();
+  }
+  if (worker_.findings != nullptr) worker_.findings->Add(f);
+}
+
+uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::string_view> args) {
+  const auto& table = HygieneTable();
+  if (id >= table.size()) return kNoCheck;
+  const HygieneInfo& info = table[id];
+  const hygiene::Settings& settings = worker_.config.hygiene;
+  auto write = [&](std::string_view key, std::string_view value) {
+    if (value.size() >= settings.big_string_bytes) {
+      hygiene::Finding f{hygiene::Kind::kBigStringWrite};
+      f.bytes = static_cast<int64_t>(value.size());
+      f.suggestion = value.size() >= settings.huge_string_bytes
+                         ? "huge value: split it (a Hash or several keys) or keep it outside Redis"
+                         : "big value: store the parts you update separately (a Hash), or compress it";
+      Emit(std::move(f), key, id);
+    }
+    if (!info.rmw_write) return;
+    std::vector<hygiene::RmwTracker::Result> results;
+    worker_.rmw.OnWrite(key, id_, value, watching_, UnixMs(), &results);
+    for (const auto& r : results) {
+      hygiene::Finding f{r.kind};
+      f.format = hygiene::FormatName(r.format);
+      f.fields_changed = r.fields_changed;
+      f.fields_total = r.fields_total;
+      if (r.kind == hygiene::Kind::kSerializedRmw) {
+        f.suggestion = r.fields_total >= 0
+                           ? absl::StrCat("changed ", r.fields_changed, " of ", r.fields_total,
+                                          " fields: store it as a Hash and update fields with HSET / HINCRBY, or use "
+                                          "JSON.SET on a path for nested data")
+                           : "store it as a Hash and update fields with HSET / HINCRBY, or use JSON.SET on a path";
+      } else {
+        f.suggestion = "another connection wrote this key between this connection's read and write: use WATCH/MULTI, "
+                       "a Lua script, or field updates on a Hash";
+      }
+      Emit(std::move(f), key, id);
+    }
+  };
+  if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
+    write(args[1], args[info.value_pos]);
+  } else if (info.pairs) {
+    for (size_t i = 1; i + 1 < args.size(); i += 2) write(args[i], args[i + 1]);
+  } else if (info.keys && args.size() > 1) {
+    hygiene::Finding f{hygiene::Kind::kKeysCommand};
+    f.suggestion = "KEYS blocks the server while it walks every key: use SCAN with MATCH and COUNT";
+    Emit(std::move(f), args[1], id);
+  } else if (info.flush) {
+    bool async = false;
+    for (size_t i = 1; i < args.size(); ++i) async |= EqualsIgnoreCase(args[i], "async");
+    if (!async) {
+      hygiene::Finding f{hygiene::Kind::kFlushWithoutAsync};
+      f.suggestion = absl::StrCat(absl::AsciiStrToUpper(CommandNameOf(id)), " ASYNC frees memory in the background");
+      Emit(std::move(f), "", id);
+    }
+  }
+  return args.size() > 1 ? info.reply : kNoCheck;
+}
+
+void Session::DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk) {
+  const hygiene::Settings& settings = worker_.config.hygiene;
+  const std::string_view key = p.text;
+  if (p.reply_check == kStringRead && type == '$') {
+    if (bulk.size() >= settings.big_string_bytes) {
+      hygiene::Finding f{hygiene::Kind::kBigStringRead};
+      f.bytes = static_cast<int64_t>(bulk.size());
+      f.suggestion = "big value read whole: read the part you need (GETRANGE, or a Hash with HGET)";
+      Emit(std::move(f), key, p.command);
+    }
+    worker_.rmw.OnRead(key, id_, bulk, UnixMs());
+  } else if (p.reply_check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
+    // A RESP2 HGETALL replies field, value, field, value...
+    const bool pairs = type == '*' && p.command == commands::LookupCommand("hgetall");
+    const int64_t members = pairs ? size / 2 : size;
+    if (members >= settings.big_collection_elements) {
+      hygiene::Finding f{hygiene::Kind::kWholeCollectionRead};
+      f.elements = members;
+      f.suggestion = HygieneTable()[p.command].suggestion;
+      Emit(std::move(f), key, p.command);
+    }
+  }
+}
+
 void Session::Reply(std::string text, commands::CommandId id, bool close_after) {
   if (queue_.empty()) {
     // Nothing is pending before it: deliver now.
@@ -513,7 +680,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       if (front->expected < 0) {
         front->expected = std::max<int64_t>(1, static_cast<int64_t>(subscriptions_[front->confirm / 2].size()) + 1);
       }
-      if (--front->expected == 0) CompleteHead(type, now);
+      if (--front->expected == 0) CompleteHead(type, 0, {}, now);
       continue;
     }
     // Out-of-band: RESP3 pushes, RESP2 pub/sub messages, MONITOR lines.
@@ -547,7 +714,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       // Not a confirmation (an error such as NOAUTH): the command is over.
       front->expected = 0;
     }
-    CompleteHead(type, now);
+    CompleteHead(type, reply_framer_.size(), head.empty() ? std::string_view() : head[0].text, now);
   }
   DeliverLocalsAtHead();
   if (!deliver_.empty()) client_out_.Send(deliver_);
@@ -557,9 +724,10 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
   return ok;
 }
 
-void Session::CompleteHead(char reply_type, int64_t now) {
+void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk, int64_t now) {
   Pending& p = queue_.front();
   const bool error = reply_type == '-' || reply_type == '!';
+  if (p.reply_check != 0 && !error) DetectReply(p, reply_type, size, bulk);
   switch (p.kind) {
     case Kind::kHello:
       if (!error && p.hello_version != 0) protocol_ = p.hello_version;

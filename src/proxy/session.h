@@ -40,7 +40,8 @@ struct Pending {
   int8_t hello_version = 0;   // kHello: 2, 3 or 0 (unchanged)
   int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind
   int64_t start_ns = 0;
-  std::string text;           // kLocal
+  uint8_t reply_check = 0;    // hygiene: what to look at in the reply (see session.cc)
+  std::string text;           // kLocal: the reply; with reply_check: the key
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -73,12 +74,16 @@ class Session : public std::enable_shared_from_this<Session> {
   // SKIP semantics.
   void Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent);
   void Warn(const policy::Violation& v, std::string_view key, commands::CommandId id);
+  // Hygiene: request-side checks; returns what the reply should be checked for.
+  uint8_t DetectRequest(commands::CommandId id, std::span<const std::string_view> args);
+  void DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk);
+  void Emit(hygiene::Finding f, std::string_view key, commands::CommandId id);
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
   // Upstream side.
   bool ProcessUpstreamBytes(size_t* hint);
   void DeliverLocalsAtHead();
-  void CompleteHead(char reply_type, int64_t now);
+  void CompleteHead(char reply_type, int64_t size, std::string_view bulk, int64_t now);
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
   void TrackConfirmation(std::string_view kind, std::string_view channel);
   void FailUpstream(metrics::UpstreamError reason);
@@ -107,6 +112,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<policy::Violation> violations_;
   std::string client_address_;
   std::string client_name_;
+  uint64_t id_ = 0;        // per worker, for the hygiene trackers
+  bool watching_ = false;  // WATCH is active
 
   // Connection state as the client and the server see it.
   int protocol_ = 2;

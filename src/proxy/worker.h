@@ -43,6 +43,9 @@ struct Worker {
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;
+  hygiene::RmwTracker rmw{config.hygiene};  // serialized reads and writes on this worker
+  hygiene::FindingLog* findings = nullptr;
+  uint64_t next_session_id = 1;
   int64_t warn_second = 0;  // rate limit of key-policy warn lines
   int warn_count = 0;
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "keyguard/hygiene/detectors.h"
 #include "keyguard/policy/key_policy.h"
 #include "keyguard/resp/framer.h"
 
@@ -37,6 +38,7 @@ struct ProxyConfig {
   int64_t max_pending_commands = 10000;   // per connection: stop reading the client beyond this
   int64_t max_output_buffer = 1 << 20;    // per direction: stop reading the other side beyond this
   int64_t read_buffer_size = 16 * 1024;   // initial read buffer per direction
+  hygiene::Settings hygiene;
   // Commands the table does not know: forwarded (and counted) or refused.
   bool reject_unknown_commands = false;
   // Key-name rules; without a config every built-in rule observes.

@@ -111,6 +111,8 @@ class WorkerShard {
   LabeledCounters key_violations;    // rule, action, key_pattern
   LabeledCounters keys_rewritten;    // rule
   LabeledCounters commands_rejected; // reason
+  LabeledCounters findings;          // kind, key_pattern
+  LabeledCounters bigkey_access;     // kind, command, key_pattern
 
   // The label value for a key pattern: itself while fewer than `cap` distinct patterns were seen
   // on this worker, then "{other}" for new ones.

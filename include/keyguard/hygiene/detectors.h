@@ -1,0 +1,111 @@
+// Hygiene detectors: data-model mistakes keyguard can see in traffic, reported as findings with
+// the key pattern and the fix. Findings only observe: nothing is changed or refused.
+//
+// Built so far: serialized read-modify-write (with "changed N of M fields" for JSON), lost-update
+// risk between connections, big string writes and reads, whole-collection reads of big
+// collections, KEYS, FLUSHALL/FLUSHDB without ASYNC.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "keyguard/hygiene/serialized.h"
+
+namespace keyguard::hygiene {
+
+struct Settings {
+  bool enabled = true;
+  size_t big_string_bytes = 10 * 1024;         // a string value this large is a big key
+  size_t huge_string_bytes = 10 * 1024 * 1024; // and this large a huge one
+  int64_t big_collection_elements = 5000;      // members in one reply that make a whole-collection read
+  int64_t rmw_window_ms = 10000;               // a write this soon after a read is read-modify-write
+  size_t tracked_keys = 10000;                 // serialized keys remembered per worker
+  size_t findings_kept = 1000;                 // recent findings at /debug/findings
+};
+
+enum class Kind : uint8_t {
+  kSerializedRmw,
+  kLostUpdateRisk,
+  kBigStringWrite,
+  kBigStringRead,
+  kWholeCollectionRead,
+  kKeysCommand,
+  kFlushWithoutAsync,
+};
+const char* KindName(Kind k);
+
+struct Finding {
+  Kind kind;
+  std::string key;
+  std::string key_pattern;
+  std::string command;
+  std::string client;
+  std::string client_name;
+  std::string format;      // of a serialized value
+  std::string suggestion;  // what to do instead
+  int64_t bytes = -1;
+  int64_t elements = -1;
+  int64_t fields_changed = -1;
+  int64_t fields_total = -1;
+};
+
+// One JSON object per finding (the log line and the /debug/findings entry).
+std::string FindingJson(const Finding& f, int64_t unix_ms);
+
+// Process-wide: the recent findings (a bounded ring) and their JSON lines on stderr, at most one
+// line per kind and key pattern every 10 seconds. Thread-safe; findings are rare events.
+class FindingLog {
+ public:
+  explicit FindingLog(size_t capacity) : capacity_(capacity) {}
+  void Add(const Finding& f);
+  // {"findings":[...]} newest last.
+  std::string RecentJson() const;
+
+ private:
+  mutable std::mutex mu_;
+  size_t capacity_;
+  std::deque<std::string> recent_;
+  absl::flat_hash_map<std::string, int64_t> last_logged_;  // kind + pattern -> second
+};
+
+// Per worker: which connections read which serialized strings, as key hashes and field
+// fingerprints (never copies of values), bounded by Settings::tracked_keys.
+class RmwTracker {
+ public:
+  explicit RmwTracker(const Settings& s) : settings_(s) {}
+
+  void OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms);
+
+  struct Result {
+    Kind kind;
+    Format format;
+    int64_t fields_changed = -1;
+    int64_t fields_total = -1;
+  };
+  // A write of `value` to `key` by `session`; `watched` when the session WATCHes in a transaction
+  // (optimistic locking: no lost update). Appends what it finds.
+  void OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
+               std::vector<Result>* out);
+  size_t tracked() const { return entries_.size(); }
+
+ private:
+  struct Reader {
+    uint64_t session;
+    int64_t at_ms;
+    bool stale;  // someone else wrote the key after this read
+  };
+  struct Entry {
+    Format format;
+    std::vector<std::pair<uint64_t, uint64_t>> fields;
+    std::vector<Reader> readers;
+  };
+  const Settings& settings_;
+  absl::flat_hash_map<uint64_t, Entry> entries_;
+};
+
+}  // namespace keyguard::hygiene

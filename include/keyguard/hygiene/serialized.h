@@ -1,0 +1,24 @@
+// Recognising serialized objects stored in strings, and cheap fingerprints of a JSON object's
+// top-level fields (hashes, never copies of values) to tell how many fields an update changed.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace keyguard::hygiene {
+
+enum class Format : uint8_t { kNone, kJsonObject, kJsonArray, kMessagePack, kJavaSerialized, kPickle, kPhpSerialize };
+const char* FormatName(Format f);
+
+// What kind of serialized object `value` holds, from its first bytes (and, for JSON, its last).
+Format DetectFormat(std::string_view value);
+
+// For a JSON object: appends (hash of field name, hash of the field's raw value text) per
+// top-level field. Returns false when `json` is not a well-formed top-level object.
+bool JsonTopLevelFields(std::string_view json, std::vector<std::pair<uint64_t, uint64_t>>* out);
+
+uint64_t Fingerprint(std::string_view bytes);
+
+}  // namespace keyguard::hygiene

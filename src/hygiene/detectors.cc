@@ -1,0 +1,136 @@
+#include "keyguard/hygiene/detectors.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace keyguard::hygiene {
+namespace {
+
+std::string Json(std::string_view in) {
+  std::string out = "\"";
+  for (unsigned char c : in) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20 || c >= 0x7f) {
+      absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+}  // namespace
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kSerializedRmw: return "serialized_rmw";
+    case Kind::kLostUpdateRisk: return "lost_update_risk";
+    case Kind::kBigStringWrite: return "big_string_write";
+    case Kind::kBigStringRead: return "big_string_read";
+    case Kind::kWholeCollectionRead: return "whole_collection_read";
+    case Kind::kKeysCommand: return "keys_command";
+    case Kind::kFlushWithoutAsync: return "flush_without_async";
+  }
+  return "unknown";
+}
+
+std::string FindingJson(const Finding& f, int64_t unix_ms) {
+  std::string out = absl::StrCat("{\"time_ms\":", unix_ms, ",\"kind\":", Json(KindName(f.kind)), ",\"key\":", Json(f.key),
+                                 ",\"key_pattern\":", Json(f.key_pattern), ",\"command\":", Json(f.command),
+                                 ",\"client\":", Json(f.client), ",\"client_name\":", Json(f.client_name));
+  if (!f.format.empty()) absl::StrAppend(&out, ",\"format\":", Json(f.format));
+  if (f.bytes >= 0) absl::StrAppend(&out, ",\"bytes\":", f.bytes);
+  if (f.elements >= 0) absl::StrAppend(&out, ",\"elements\":", f.elements);
+  if (f.fields_changed >= 0) absl::StrAppend(&out, ",\"fields_changed\":", f.fields_changed);
+  if (f.fields_total >= 0) absl::StrAppend(&out, ",\"fields_total\":", f.fields_total);
+  absl::StrAppend(&out, ",\"suggestion\":", Json(f.suggestion), "}");
+  return out;
+}
+
+void FindingLog::Add(const Finding& f) {
+  const int64_t now_ms = static_cast<int64_t>(std::time(nullptr)) * 1000;
+  std::string line = FindingJson(f, now_ms);
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string limit_key = absl::StrCat(KindName(f.kind), "|", f.key_pattern);
+  auto [it, fresh] = last_logged_.try_emplace(limit_key, 0);
+  if (fresh || now_ms / 1000 - it->second >= 10) {
+    it->second = now_ms / 1000;
+    const std::string log = absl::StrCat("{\"level\":\"info\",\"event\":\"finding\",", line.substr(1), "\n");
+    std::fwrite(log.data(), 1, log.size(), stderr);
+  }
+  if (last_logged_.size() > 10000) last_logged_.clear();  // bounded; at worst a line repeats early
+  recent_.push_back(std::move(line));
+  while (recent_.size() > capacity_) recent_.pop_front();
+}
+
+std::string FindingLog::RecentJson() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out = "{\"findings\":[";
+  for (size_t i = 0; i < recent_.size(); ++i) absl::StrAppend(&out, i ? "," : "", recent_[i]);
+  out += "]}\n";
+  return out;
+}
+
+void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms) {
+  const Format format = DetectFormat(value);
+  const uint64_t h = Fingerprint(key);
+  if (format == Format::kNone) {
+    entries_.erase(h);
+    return;
+  }
+  if (entries_.size() >= settings_.tracked_keys && !entries_.contains(h)) {
+    entries_.erase(entries_.begin());  // bounded: forget an arbitrary key
+  }
+  Entry& e = entries_[h];
+  e.format = format;
+  e.fields.clear();
+  if (format == Format::kJsonObject) JsonTopLevelFields(value, &e.fields);
+  for (Reader& r : e.readers) {
+    if (r.session == session) {
+      r = Reader{session, now_ms, false};
+      return;
+    }
+  }
+  if (e.readers.size() >= 8) e.readers.erase(e.readers.begin());
+  e.readers.push_back(Reader{session, now_ms, false});
+}
+
+void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
+                         std::vector<Result>* out) {
+  auto it = entries_.find(Fingerprint(key));
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  std::erase_if(e.readers, [&](const Reader& r) { return now_ms - r.at_ms > settings_.rmw_window_ms; });
+  auto self = std::find_if(e.readers.begin(), e.readers.end(), [&](const Reader& r) { return r.session == session; });
+  std::vector<std::pair<uint64_t, uint64_t>> fields;
+  const bool json = e.format == Format::kJsonObject && JsonTopLevelFields(value, &fields);
+  if (self != e.readers.end()) {
+    Result rmw{Kind::kSerializedRmw, e.format};
+    if (json) {
+      int64_t changed = 0;
+      for (const auto& [name, hash] : fields) {
+        auto old = std::find_if(e.fields.begin(), e.fields.end(), [&](const auto& f) { return f.first == name; });
+        if (old == e.fields.end() || old->second != hash) ++changed;
+      }
+      for (const auto& [name, hash] : e.fields) {
+        if (std::none_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == name; })) ++changed;
+      }
+      rmw.fields_changed = changed;
+      rmw.fields_total = static_cast<int64_t>(std::max(fields.size(), e.fields.size()));
+    }
+    out->push_back(rmw);
+    if (self->stale && !watched) out->push_back(Result{Kind::kLostUpdateRisk, e.format});
+    e.readers.erase(self);
+  }
+  // Everyone else who read the old value now holds a stale copy.
+  for (Reader& r : e.readers) r.stale = true;
+  if (json) e.fields = std::move(fields);
+  if (e.readers.empty()) entries_.erase(it);
+}
+
+}  // namespace keyguard::hygiene

@@ -1,0 +1,106 @@
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "keyguard/hygiene/detectors.h"
+#include "keyguard/hygiene/serialized.h"
+
+namespace keyguard::hygiene {
+namespace {
+
+using namespace std::string_literals;
+
+TEST(DetectFormat, RecognisesSerializedObjects) {
+  EXPECT_EQ(DetectFormat(R"({"name":"ada","age":36})"), Format::kJsonObject);
+  EXPECT_EQ(DetectFormat("  [1, 2, 3]\n"), Format::kJsonArray);
+  EXPECT_EQ(DetectFormat("\x82\xa4name\xa3" "ada\xa3" "age\x24"s), Format::kMessagePack);
+  EXPECT_EQ(DetectFormat("\xac\xed\x00\x05sr\x00\x04User"s), Format::kJavaSerialized);
+  EXPECT_EQ(DetectFormat("\x80\x04\x95\x10\x00"s), Format::kPickle);
+  EXPECT_EQ(DetectFormat(R"(a:2:{s:4:"name";s:3:"ada";s:3:"age";i:36;})"), Format::kPhpSerialize);
+  EXPECT_EQ(DetectFormat(R"(O:4:"User":1:{s:4:"name";s:3:"ada";})"), Format::kPhpSerialize);
+  for (const char* plain : {"ada", "36", "{not json", "", "a:b"}) EXPECT_EQ(DetectFormat(plain), Format::kNone) << plain;
+}
+
+TEST(JsonTopLevelFields, FingerprintsEachField) {
+  std::vector<std::pair<uint64_t, uint64_t>> a, b;
+  ASSERT_TRUE(JsonTopLevelFields(R"({"name":"ada","tags":["x","y"],"addr":{"city":"Paris","zip":"75001"},"age":36})", &a));
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_TRUE(JsonTopLevelFields(R"({ "name" : "ada", "tags":["x","y"], "addr":{"city":"Lyon","zip":"75001"}, "age":36 })", &b));
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(a[0], b[0]);
+  EXPECT_NE(a[2], b[2]);  // the nested object changed
+  std::vector<std::pair<uint64_t, uint64_t>> c;
+  EXPECT_TRUE(JsonTopLevelFields(R"({"s":"a \"quoted\" } brace"})", &c));
+  EXPECT_EQ(c.size(), 1u);
+  for (const char* bad : {"[1]", "{", R"({"a":})", R"({"a" 1})", R"({"a":1,})"}) {
+    std::vector<std::pair<uint64_t, uint64_t>> d;
+    EXPECT_FALSE(JsonTopLevelFields(bad, &d)) << bad;
+  }
+}
+
+TEST(RmwTracker, ReadModifyWriteAndLostUpdate) {
+  Settings s;
+  RmwTracker t(s);
+  std::vector<RmwTracker::Result> out;
+  t.OnRead("user:1:profile", 1, R"({"name":"ada","age":36,"city":"Paris"})", 1000);
+  t.OnWrite("user:1:profile", 1, R"({"name":"ada","age":37,"city":"Paris"})", false, 1200, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind, Kind::kSerializedRmw);
+  EXPECT_EQ(out[0].fields_changed, 1);
+  EXPECT_EQ(out[0].fields_total, 3);
+  // Two connections read, both write back: the second write may lose the first.
+  out.clear();
+  t.OnRead("user:2:profile", 1, R"({"n":1})", 2000);
+  t.OnRead("user:2:profile", 2, R"({"n":1})", 2001);
+  t.OnWrite("user:2:profile", 1, R"({"n":2})", false, 2002, &out);
+  ASSERT_EQ(out.size(), 1u);
+  out.clear();
+  t.OnWrite("user:2:profile", 2, R"({"n":3})", false, 2003, &out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].kind, Kind::kSerializedRmw);
+  EXPECT_EQ(out[1].kind, Kind::kLostUpdateRisk);
+  // With WATCH the second writer is safe; outside the window nothing is reported; plain values
+  // are not tracked.
+  out.clear();
+  t.OnRead("k3", 1, R"({"n":1})", 3000);
+  t.OnRead("k3", 2, R"({"n":1})", 3000);
+  t.OnWrite("k3", 1, R"({"n":2})", false, 3001, &out);
+  out.clear();
+  t.OnWrite("k3", 2, R"({"n":3})", true, 3002, &out);
+  ASSERT_EQ(out.size(), 1u);
+  out.clear();
+  t.OnRead("k4", 1, R"({"n":1})", 0);
+  t.OnWrite("k4", 1, R"({"n":2})", false, s.rmw_window_ms + 1, &out);
+  EXPECT_TRUE(out.empty());
+  t.OnRead("k5", 1, "plain", 0);
+  t.OnWrite("k5", 1, "plain2", false, 1, &out);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(RmwTracker, BoundedState) {
+  Settings s;
+  s.tracked_keys = 100;
+  RmwTracker t(s);
+  for (int i = 0; i < 1000; ++i) t.OnRead("k" + std::to_string(i), 1, R"({"a":1})", i);
+  EXPECT_LE(t.tracked(), 100u);
+}
+
+TEST(FindingLog, RingIsBoundedAndJson) {
+  FindingLog log(2);
+  for (int i = 0; i < 3; ++i) {
+    Finding f{Kind::kKeysCommand};
+    f.key = "pat" + std::to_string(i) + "*\"";
+    f.key_pattern = "pat{id}*?";
+    f.command = "keys";
+    f.suggestion = "use SCAN";
+    log.Add(f);
+  }
+  const std::string json = log.RecentJson();
+  EXPECT_EQ(json.find("pat0"), std::string::npos);
+  EXPECT_NE(json.find(R"("key":"pat2*\"")"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("kind":"keys_command")"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keyguard::hygiene
