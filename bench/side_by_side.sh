@@ -2,7 +2,7 @@
 # Side by side, in one run: redis-benchmark SET/GET (50 clients, pipeline 1 and 16) against direct
 # redis-server, haproxy (TCP mode), twemproxy (nutcracker) and keyguard; ops/s and each proxy's CPU
 # microseconds per command from /proc, with keyguard's ratios to haproxy and twemproxy, and keyguard
-# with its default (observe-only) key policy against keyguard with the policy off.
+# with its defaults (key policy and hygiene detectors, observe-only) against keyguard with both off.
 # usage: bench/side_by_side.sh [KEYGUARD_BIN]   env: N (requests, 200000), C (clients, 50), ROUNDS (2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,10 +42,11 @@ pool:
 CFG
 nutcracker -c "$D/nut.yml" -o "$D/nut.log" -s "$TS" & pids+=($!); NUT=$!
 "$KG" --listen "127.0.0.1:$KP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$KA" >"$D/kg.log" 2>&1 & pids+=($!); KGP=$!
-# The same binary with the key policy off, to show what the default (observe-only) policy costs.
-printf 'key_policy: {enabled: false}\n' > "$D/nopolicy.yaml"
+# The same binary with the key policy and the hygiene detectors off, to show what the defaults
+# (both on, observe-only) cost.
+printf 'key_policy: {enabled: false}\nhygiene: {enabled: false}\n' > "$D/nopolicy.yaml"
 "$KG" --config "$D/nopolicy.yaml" --listen "127.0.0.1:$NP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$NA" \
-  >"$D/kg-nopolicy.log" 2>&1 & pids+=($!); NPP=$!
+  >"$D/kg-bare.log" 2>&1 & pids+=($!); NPP=$!
 sleep 1
 hz=$(getconf CLK_TCK)
 cpu() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
@@ -53,7 +54,7 @@ printf "%-10s %-4s %12s %12s\n" target pipe "ops/s" "proxy_us/op"
 declare -A US OPS
 for r in $(seq "$ROUNDS"); do
   for P in 1 16; do
-    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP" "kg-nopolicy:$NP:$NPP"; do
+    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP" "kg-bare:$NP:$NPP"; do
       IFS=: read -r name p pid <<<"$t"
       c0=$(cpu "$pid")
       out=$(redis-benchmark -h 127.0.0.1 -p "$p" -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv 2>/dev/null)
@@ -66,7 +67,7 @@ for r in $(seq "$ROUNDS"); do
     done
     awk -v k="${US[$r.$P.keyguard]}" -v h="${US[$r.$P.haproxy]}" -v t="${US[$r.$P.twemproxy]}" -v p="$P" \
       'BEGIN{printf "  pipeline %s: keyguard CPU/cmd = %.2fx haproxy, %.2fx twemproxy\n", p, (h>0?k/h:0), (t>0?k/t:0)}'
-    awk -v a="${OPS[$r.$P.keyguard]}" -v b="${OPS[$r.$P.kg-nopolicy]}" -v c="${US[$r.$P.keyguard]}" -v d="${US[$r.$P.kg-nopolicy]}" -v p="$P" \
-      'BEGIN{printf "  pipeline %s: default policy = %.2fx the throughput of no policy, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
+    awk -v a="${OPS[$r.$P.keyguard]}" -v b="${OPS[$r.$P.kg-bare]}" -v c="${US[$r.$P.keyguard]}" -v d="${US[$r.$P.kg-bare]}" -v p="$P" \
+      'BEGIN{printf "  pipeline %s: defaults (key policy + detectors) = %.2fx the throughput of both off, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
   done
 done

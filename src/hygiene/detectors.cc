@@ -78,6 +78,7 @@ std::string FindingLog::RecentJson() const {
 
 void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms) {
   const Format format = DetectFormat(value);
+  if (format == Format::kNone && entries_.empty()) return;  // the common case costs nothing
   const uint64_t h = Fingerprint(key);
   if (format == Format::kNone) {
     entries_.erase(h);
@@ -102,6 +103,7 @@ void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view
 
 void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
                          std::vector<Result>* out) {
+  if (entries_.empty()) return;
   auto it = entries_.find(Fingerprint(key));
   if (it == entries_.end()) return;
   Entry& e = it->second;

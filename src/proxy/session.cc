@@ -269,7 +269,11 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   p.start_ns = now;
   if (worker_.config.hygiene.enabled) {
     p.reply_check = DetectRequest(id, args);
-    if (p.reply_check != 0) p.text.assign(args[1].data(), args[1].size());
+    if (p.reply_check != 0) {
+      p.key_off = key_arena_base_ + key_arena_.size();
+      p.key_len = static_cast<uint32_t>(args[1].size());
+      key_arena_.append(args[1].data(), args[1].size());
+    }
   }
   if (id == known.quit) {
     stop_reading_ = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
@@ -561,7 +565,7 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
 
 void Session::DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk) {
   const hygiene::Settings& settings = worker_.config.hygiene;
-  const std::string_view key = p.text;
+  const std::string_view key(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
   if (p.reply_check == kStringRead && type == '$') {
     if (bulk.size() >= settings.big_string_bytes) {
       hygiene::Finding f{hygiene::Kind::kBigStringRead};
@@ -750,6 +754,26 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
   worker_.shard->ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));
   queue_.pop_front();
   DeliverLocalsAtHead();
+  if (!key_arena_.empty()) TrimKeyArena();
+}
+
+void Session::TrimKeyArena() {
+  if (queue_.empty()) {
+    key_arena_base_ += key_arena_.size();
+    key_arena_.clear();
+    return;
+  }
+  if (key_arena_.size() < 64 * 1024) return;
+  // Keys are appended in queue order: the first pending entry with a key holds the oldest one.
+  for (const Pending& q : queue_) {
+    if (q.reply_check == 0) continue;
+    const size_t consumed = static_cast<size_t>(q.key_off - key_arena_base_);
+    if (consumed > key_arena_.size() / 2) {
+      key_arena_.erase(0, consumed);
+      key_arena_base_ = q.key_off;
+    }
+    return;
+  }
 }
 
 void Session::DeliverLocalsAtHead() {

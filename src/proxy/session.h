@@ -41,7 +41,9 @@ struct Pending {
   int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind
   int64_t start_ns = 0;
   uint8_t reply_check = 0;    // hygiene: what to look at in the reply (see session.cc)
-  std::string text;           // kLocal: the reply; with reply_check: the key
+  uint32_t key_len = 0;       // with reply_check: the key, in the session's key arena
+  uint64_t key_off = 0;
+  std::string text;           // kLocal: the reply
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -78,6 +80,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint8_t DetectRequest(commands::CommandId id, std::span<const std::string_view> args);
   void DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk);
   void Emit(hygiene::Finding f, std::string_view key, commands::CommandId id);
+  void TrimKeyArena();
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
   // Upstream side.
@@ -113,6 +116,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string client_address_;
   std::string client_name_;
   uint64_t id_ = 0;        // per worker, for the hygiene trackers
+  // Keys of pending commands whose replies the detectors look at, appended in request order;
+  // offsets are absolute (key_arena_base_ + position), so the consumed front can be dropped.
+  std::string key_arena_;
+  uint64_t key_arena_base_ = 0;
   bool watching_ = false;  // WATCH is active
 
   // Connection state as the client and the server see it.
