@@ -522,7 +522,7 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
                          : "big value: store the parts you update separately (a Hash), or compress it";
       Emit(std::move(f), key, id);
     }
-    if (!info.rmw_write) return;
+    if (!info.rmw_write || worker_.rmw.idle()) return;
     std::vector<hygiene::RmwTracker::Result> results;
     worker_.rmw.OnWrite(key, id_, value, watching_, UnixMs(), &results);
     for (const auto& r : results) {
@@ -573,7 +573,9 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
       f.suggestion = "big value read whole: read the part you need (GETRANGE, or a Hash with HGET)";
       Emit(std::move(f), key, p.command);
     }
-    worker_.rmw.OnRead(key, id_, bulk, UnixMs());
+    if (!worker_.rmw.idle() || hygiene::DetectFormat(bulk) != hygiene::Format::kNone) {
+      worker_.rmw.OnRead(key, id_, bulk, UnixMs());
+    }
   } else if (p.reply_check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
     // A RESP2 HGETALL replies field, value, field, value...
     const bool pairs = type == '*' && p.command == commands::LookupCommand("hgetall");

@@ -92,6 +92,8 @@ class RmwTracker {
   void OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
                std::vector<Result>* out);
   size_t tracked() const { return entries_.size(); }
+  // Nothing tracked: writes cannot find anything, and only serialized reads need a look.
+  bool idle() const { return entries_.empty(); }
 
  private:
   struct Reader {
