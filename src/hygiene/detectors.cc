@@ -1,6 +1,7 @@
 #include "keyguard/hygiene/detectors.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,7 @@ const char* KindName(Kind k) {
     case Kind::kWholeCollectionRead: return "whole_collection_read";
     case Kind::kKeysCommand: return "keys_command";
     case Kind::kFlushWithoutAsync: return "flush_without_async";
+    case Kind::kHashCandidate: return "hash_candidate";
   }
   return "unknown";
 }
@@ -133,6 +135,37 @@ void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_vie
   for (Reader& r : e.readers) r.stale = true;
   if (json) e.fields = std::move(fields);
   if (e.readers.empty()) entries_.erase(it);
+}
+
+bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string* parent,
+                               std::vector<std::string>* attributes) {
+  const size_t colon = key.rfind(':');
+  // Only `parent:attribute` keys with a short attribute name that is not an id.
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 >= key.size() || key.size() - colon - 1 > 32) return false;
+  const std::string_view attribute = key.substr(colon + 1);
+  if (attribute.find_first_not_of("0123456789") == std::string_view::npos) return false;
+  if (now_ms < 0) {
+    now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  const uint64_t h = Fingerprint(key.substr(0, colon));
+  auto it = parents_.find(h);
+  if (it == parents_.end()) {
+    if (parents_.size() >= settings_.tracked_keys) parents_.erase(parents_.begin());  // bounded
+    it = parents_.emplace(h, Parent{now_ms, false, {}}).first;
+  }
+  Parent& p = it->second;
+  if (now_ms - p.first_ms > settings_.rmw_window_ms) p = Parent{now_ms, false, {}};
+  if (p.reported) return false;
+  if (std::find(p.attributes.begin(), p.attributes.end(), attribute) != p.attributes.end()) return false;
+  p.attributes.emplace_back(attribute);
+  if (p.attributes.size() < kThreshold) return false;
+  p.reported = true;
+  parent->assign(key.data(), colon);
+  *attributes = p.attributes;
+  p.attributes.clear();
+  p.attributes.shrink_to_fit();
+  return true;
 }
 
 }  // namespace keyguard::hygiene

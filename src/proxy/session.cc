@@ -522,7 +522,19 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
                          : "big value: store the parts you update separately (a Hash), or compress it";
       Emit(std::move(f), key, id);
     }
-    if (!info.rmw_write || worker_.rmw.idle()) return;
+    if (!info.rmw_write) return;
+    if (value.size() < 256 && hygiene::DetectFormat(value) == hygiene::Format::kNone) {
+      std::string parent;
+      std::vector<std::string> names;
+      if (worker_.attributes.OnWrite(key, -1, &parent, &names)) {
+        hygiene::Finding f{hygiene::Kind::kHashCandidate};
+        f.elements = static_cast<int64_t>(names.size());
+        f.suggestion = absl::StrCat("one attribute per key: keep them in one Hash, HSET ", parent);
+        for (const std::string& n : names) absl::StrAppend(&f.suggestion, " ", n, " ...");
+        Emit(std::move(f), parent, id);
+      }
+    }
+    if (worker_.rmw.idle()) return;
     std::vector<hygiene::RmwTracker::Result> results;
     worker_.rmw.OnWrite(key, id_, value, watching_, UnixMs(), &results);
     for (const auto& r : results) {

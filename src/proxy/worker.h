@@ -44,6 +44,7 @@ struct Worker {
   std::atomic<int> session_count{0};
   bool draining = false;
   hygiene::RmwTracker rmw{config.hygiene};  // serialized reads and writes on this worker
+  hygiene::AttributeTracker attributes{config.hygiene};  // one-attribute-per-key writes
   hygiene::FindingLog* findings = nullptr;
   uint64_t next_session_id = 1;
   int64_t warn_second = 0;  // rate limit of key-policy warn lines

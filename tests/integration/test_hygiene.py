@@ -110,3 +110,20 @@ def test_detectors_off(fresh):
         assert findings(kg) == []
     finally:
         assert kg.stop() == 0
+
+
+def test_one_attribute_per_key_is_a_hash_candidate(fresh):
+    kg = Keyguard(fresh.port, threads=1)
+    try:
+        r = redis.Redis(port=kg.port)
+        r.set("user:1:name", "ada")
+        r.set("user:1:age", "36")
+        r.set("user:2:name", "bob")
+        r.set("user:1:favor", "tea")
+        r.set("user:1:email", "a@x.io")
+        got = [(f["kind"], f["key"], f["suggestion"]) for f in findings(kg)]
+        assert got == [("hash_candidate", "user:1",
+                        "one attribute per key: keep them in one Hash, HSET user:1 name ... age ... favor ...")], got
+        assert kg.metric('keyguard_findings_total{kind="hash_candidate",key_pattern="user:{id}"}') == 1
+    finally:
+        assert kg.stop() == 0

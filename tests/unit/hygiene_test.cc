@@ -104,3 +104,29 @@ TEST(FindingLog, RingIsBoundedAndJson) {
 
 }  // namespace
 }  // namespace keyguard::hygiene
+
+namespace keyguard::hygiene {
+namespace {
+
+TEST(AttributeTracker, ThreeAttributesUnderOneParentOnce) {
+  Settings s;
+  AttributeTracker t(s);
+  std::string parent;
+  std::vector<std::string> names;
+  EXPECT_FALSE(t.OnWrite("user:1:name", 0, &parent, &names));
+  EXPECT_FALSE(t.OnWrite("user:1:name", 1, &parent, &names));  // same attribute again
+  EXPECT_FALSE(t.OnWrite("user:1:age", 2, &parent, &names));
+  EXPECT_FALSE(t.OnWrite("user:2:age", 3, &parent, &names));   // another parent
+  ASSERT_TRUE(t.OnWrite("user:1:favor", 4, &parent, &names));
+  EXPECT_EQ(parent, "user:1");
+  EXPECT_EQ(names, (std::vector<std::string>{"name", "age", "favor"}));
+  EXPECT_FALSE(t.OnWrite("user:1:email", 5, &parent, &names));  // reported once per window
+  // Ids are not attributes; keys without a parent are ignored; writes far apart are not "together".
+  for (const char* k : {"session:1", "session:2", "session:3", "plain", ":x"}) EXPECT_FALSE(t.OnWrite(k, 6, &parent, &names));
+  EXPECT_FALSE(t.OnWrite("user:3:a", 0, &parent, &names));
+  EXPECT_FALSE(t.OnWrite("user:3:b", 0, &parent, &names));
+  EXPECT_FALSE(t.OnWrite("user:3:c", s.rmw_window_ms + 1, &parent, &names));
+}
+
+}  // namespace
+}  // namespace keyguard::hygiene

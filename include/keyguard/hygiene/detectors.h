@@ -36,6 +36,7 @@ enum class Kind : uint8_t {
   kWholeCollectionRead,
   kKeysCommand,
   kFlushWithoutAsync,
+  kHashCandidate,
 };
 const char* KindName(Kind k);
 
@@ -108,6 +109,29 @@ class RmwTracker {
   };
   const Settings& settings_;
   absl::flat_hash_map<uint64_t, Entry> entries_;
+};
+
+// Per worker: plain string keys written under one parent (`user:1:name`, `user:1:age`, ...), to
+// spot one-attribute-per-key models that want a Hash. Bounded by Settings::tracked_keys parents.
+class AttributeTracker {
+ public:
+  static constexpr size_t kThreshold = 3;  // distinct attributes that make a hash candidate
+
+  explicit AttributeTracker(const Settings& s) : settings_(s) {}
+  // A plain string write of `key` at `now_ms` (-1: read the clock, only for keys that qualify).
+  // Returns true the first time the key's parent reaches kThreshold distinct attributes within
+  // the window; `parent` and `attributes` then name them.
+  bool OnWrite(std::string_view key, int64_t now_ms, std::string* parent, std::vector<std::string>* attributes);
+  size_t tracked() const { return parents_.size(); }
+
+ private:
+  struct Parent {
+    int64_t first_ms;
+    bool reported;
+    std::vector<std::string> attributes;  // at most kThreshold short names
+  };
+  const Settings& settings_;
+  absl::flat_hash_map<uint64_t, Parent> parents_;
 };
 
 }  // namespace keyguard::hygiene
