@@ -193,13 +193,12 @@ CommandId LookupCommand(std::string_view name) {
   const Table& t = GetTable();
   if (name.size() > t.max_len || name.empty()) return kUnknownCommand;
   char lower[128];
-  uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     lower[i] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
-    h = (h ^ static_cast<unsigned char>(lower[i])) * 1099511628211ull;
   }
   const std::string_view key(lower, name.size());
+  const uint64_t h = Table::Hash(key);
   for (size_t i = h & (t.slots.size() - 1);; i = (i + 1) & (t.slots.size() - 1)) {
     const Table::Slot& slot = t.slots[i];
     if (slot.id == kUnknownCommand) return kUnknownCommand;

@@ -9,8 +9,13 @@
 namespace keyguard::hygiene {
 namespace {
 
-std::string Json(std::string_view in) {
-  std::string out = "\"";
+std::string Json(std::string_view in) { return absl::StrCat("\"", JsonEscape(in), "\""); }
+
+}  // namespace
+
+std::string JsonEscape(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
   for (unsigned char c : in) {
     if (c == '"' || c == '\\') {
       out.push_back('\\');
@@ -21,11 +26,13 @@ std::string Json(std::string_view in) {
       out.push_back(static_cast<char>(c));
     }
   }
-  out.push_back('"');
   return out;
 }
 
-}  // namespace
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 const char* KindName(Kind k) {
   switch (k) {
@@ -55,7 +62,7 @@ std::string FindingJson(const Finding& f, int64_t unix_ms) {
 }
 
 void FindingLog::Add(const Finding& f) {
-  const int64_t now_ms = static_cast<int64_t>(std::time(nullptr)) * 1000;
+  const int64_t now_ms = UnixMs();
   std::string line = FindingJson(f, now_ms);
   std::lock_guard<std::mutex> lock(mu_);
   const std::string limit_key = absl::StrCat(KindName(f.kind), "|", f.key_pattern);
@@ -144,10 +151,7 @@ bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string
   if (colon == std::string_view::npos || colon == 0 || colon + 1 >= key.size() || key.size() - colon - 1 > 32) return false;
   const std::string_view attribute = key.substr(colon + 1);
   if (attribute.find_first_not_of("0123456789") == std::string_view::npos) return false;
-  if (now_ms < 0) {
-    now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                 std::chrono::system_clock::now().time_since_epoch()).count();
-  }
+  if (now_ms < 0) now_ms = UnixMs();
   const uint64_t h = Fingerprint(key.substr(0, colon));
   auto it = parents_.find(h);
   if (it == parents_.end()) {

@@ -55,22 +55,6 @@ void AppendBuffer(std::vector<asio::const_buffer>* gather, const char* data, siz
   gather->emplace_back(data, len);
 }
 
-std::string JsonEscape(std::string_view in) {
-  std::string out;
-  out.reserve(in.size());
-  for (unsigned char c : in) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x20 || c >= 0x7f) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  return out;
-}
-
 std::string CommandNameOf(commands::CommandId id) {
   const std::string_view n = commands::CommandName(id);
   return std::string(n.data(), n.size());
@@ -425,10 +409,10 @@ void Session::Warn(const policy::Violation& v, std::string_view key, commands::C
     worker_.warn_count = 0;
   }
   if (++worker_.warn_count > kWarnBurst) return;
-  std::string line = absl::StrCat("{\"level\":\"warn\",\"event\":\"key_violation\",\"rule\":\"", JsonEscape(v.rule->name),
-                                  "\",\"key\":\"", JsonEscape(key), "\",\"command\":\"", CommandNameOf(id), "\"");
-  if (!v.suggestion.empty()) absl::StrAppend(&line, ",\"suggestion\":\"", JsonEscape(v.suggestion), "\"");
-  absl::StrAppend(&line, ",\"client\":\"", JsonEscape(client_address_), "\",\"client_name\":\"", JsonEscape(client_name_),
+  std::string line = absl::StrCat("{\"level\":\"warn\",\"event\":\"key_violation\",\"rule\":\"", hygiene::JsonEscape(v.rule->name),
+                                  "\",\"key\":\"", hygiene::JsonEscape(key), "\",\"command\":\"", CommandNameOf(id), "\"");
+  if (!v.suggestion.empty()) absl::StrAppend(&line, ",\"suggestion\":\"", hygiene::JsonEscape(v.suggestion), "\"");
+  absl::StrAppend(&line, ",\"client\":\"", hygiene::JsonEscape(client_address_), "\",\"client_name\":\"", hygiene::JsonEscape(client_name_),
                   "\"}\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
@@ -445,6 +429,7 @@ struct HygieneInfo {
   uint8_t reply = kNoCheck;
   bool keys = false;
   bool flush = false;
+  bool field_value_pairs = false;  // a RESP2 reply alternates fields and values (HGETALL)
   const char* suggestion = "";
 };
 
@@ -462,6 +447,7 @@ const std::vector<HygieneInfo>& HygieneTable() {
       at(n).reply = kCollectionRead;
       at(n).suggestion = "read it in pages with HSCAN, or only the fields you need with HMGET";
     }
+    at("hgetall").field_value_pairs = true;
     for (const char* n : {"smembers", "sinter", "sunion", "sdiff"}) {
       at(n).reply = kCollectionRead;
       at(n).suggestion = "read it in pages with SSCAN";
@@ -484,9 +470,6 @@ const std::vector<HygieneInfo>& HygieneTable() {
   return table;
 }
 
-int64_t UnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -536,7 +519,7 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
     }
     if (worker_.rmw.idle()) return;
     std::vector<hygiene::RmwTracker::Result> results;
-    worker_.rmw.OnWrite(key, id_, value, watching_, UnixMs(), &results);
+    worker_.rmw.OnWrite(key, id_, value, watching_, hygiene::UnixMs(), &results);
     for (const auto& r : results) {
       hygiene::Finding f{r.kind};
       f.format = hygiene::FormatName(r.format);
@@ -586,11 +569,10 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
       Emit(std::move(f), key, p.command);
     }
     if (!worker_.rmw.idle() || hygiene::DetectFormat(bulk) != hygiene::Format::kNone) {
-      worker_.rmw.OnRead(key, id_, bulk, UnixMs());
+      worker_.rmw.OnRead(key, id_, bulk, hygiene::UnixMs());
     }
   } else if (p.reply_check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
-    // A RESP2 HGETALL replies field, value, field, value...
-    const bool pairs = type == '*' && p.command == commands::LookupCommand("hgetall");
+    const bool pairs = type == '*' && HygieneTable()[p.command].field_value_pairs;
     const int64_t members = pairs ? size / 2 : size;
     if (members >= settings.big_collection_elements) {
       hygiene::Finding f{hygiene::Kind::kWholeCollectionRead};

@@ -55,6 +55,12 @@ struct Finding {
   int64_t fields_total = -1;
 };
 
+// The body of a JSON string for `in` (quotes and backslashes escaped, other bytes outside
+// printable ASCII as \u00XX), for the JSON lines keyguard logs.
+std::string JsonEscape(std::string_view in);
+// Wall-clock milliseconds since the epoch.
+int64_t UnixMs();
+
 // One JSON object per finding (the log line and the /debug/findings entry).
 std::string FindingJson(const Finding& f, int64_t unix_ms);
 
