@@ -434,7 +434,7 @@ const KnownCommands& Known() {
       LookupCommand("unsubscribe"),  LookupCommand("punsubscribe"), LookupCommand("sunsubscribe"),
       LookupCommand("hello"),        LookupCommand("monitor"),      LookupCommand("reset"),
       LookupCommand("quit"),         LookupCommand("client"),       LookupCommand("watch"),
-      LookupCommand("unwatch")};
+      LookupCommand("unwatch"),      LookupCommand("auth")};
   return known;
 }
 

@@ -152,6 +152,30 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
   auto policy = policy::KeyPolicy::Compile(p.key_policy());
   if (!policy.ok()) return policy.status();
   c.key_policy = *std::move(policy);
+  std::vector<v1::TenantUser> file_users;
+  if (const std::string& path = p.tenancy().users_file(); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) return FieldError("tenancy.users_file", absl::StrCat(path, ": cannot open"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    YAML::Node root;
+    try {
+      root = YAML::Load(ss.str());
+    } catch (const YAML::Exception& e) {
+      return FieldError("tenancy.users_file", absl::StrCat(path, ": line ", e.mark.line + 1, ": ", e.msg));
+    }
+    v1::TenantUsers users;
+    if (auto s = YamlToProto(root, &users); !s.ok()) {
+      return FieldError("tenancy.users_file", absl::StrCat(path, ": ", s.message()));
+    }
+    file_users.assign(users.users().begin(), users.users().end());
+  }
+  auto tenancy = tenant::Tenancy::Compile(p.tenancy(), file_users);
+  if (!tenancy.ok()) return tenancy.status();
+  c.tenancy = *std::move(tenancy);
+  auto auth = tenant::CompileUpstreamAuth(p.upstream_auth());
+  if (!auth.ok()) return auth.status();
+  c.upstream_auth = *std::move(auth);
   if (auto s = Validate(c); !s.ok()) return s;
   return c;
 }

@@ -79,7 +79,7 @@ std::string Registry::Render() const {
   counter("keyguard_client_protocol_errors_total", "Client connections closed for malformed RESP.", &WorkerShard::client_protocol_errors);
   counter("keyguard_unexpected_replies_total", "Upstream replies that matched no pending command.", &WorkerShard::unexpected_replies);
 
-  Header(&out, "keyguard_upstream_errors_total", "counter", "Upstream failures by reason: connect, closed, reset, protocol.");
+  Header(&out, "keyguard_upstream_errors_total", "counter", "Upstream failures by reason: connect, closed, reset, protocol, auth.");
   for (size_t r = 0; r < static_cast<size_t>(UpstreamError::kCount); ++r) {
     absl::StrAppend(&out, "keyguard_upstream_errors_total{reason=\"", kUpstreamErrorNames[r], "\"} ",
                     Sum(shards_, [&](const WorkerShard& s) { return s.upstream_errors[r].Get(); }), "\n");
@@ -102,6 +102,14 @@ std::string Registry::Render() const {
   labeled("keyguard_findings_total", "Hygiene findings by kind and key pattern.", &WorkerShard::findings);
   labeled("keyguard_bigkey_access_total", "Accesses to big keys by kind, command and key pattern.",
           &WorkerShard::bigkey_access);
+  labeled("keyguard_tenant_commands_total", "Commands from each tenant's clients (refused ones included).",
+          &WorkerShard::tenant_commands);
+  labeled("keyguard_tenant_received_bytes_total", "Request bytes received from each tenant's clients.",
+          &WorkerShard::tenant_received_bytes);
+  labeled("keyguard_tenant_sent_bytes_total", "Reply bytes sent to each tenant's clients.",
+          &WorkerShard::tenant_sent_bytes);
+  labeled("keyguard_tenant_rejected_total", "Commands refused for each tenant, by reason.",
+          &WorkerShard::tenant_rejected);
 
   for (const auto& f : collectors_) f(&out);
 

@@ -129,8 +129,10 @@ awaitable<void> Session::Run() {
     upstream_.set_option(tcp::no_delay(true), ec);
     upstream_.set_option(asio::socket_base::keep_alive(true), ec);
     worker_.shard->upstream_connections.Add(1);
+    SendUpstreamAuth(/*send_now=*/true);
     asio::co_spawn(worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
   }
+  if (worker_.config.tenancy != nullptr) BindTenant(worker_.config.tenancy->static_tenant());
   co_await ClientPump();
 }
 
@@ -222,6 +224,22 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   bool silent = reply_off_ || skipped;
   skip_next_reply_ = false;
 
+  const tenant::Tenancy* tenancy = worker_.config.tenancy.get();
+  if (tenancy != nullptr) {
+    if (tenant_commands_ != nullptr) {
+      tenant_commands_->Add();
+      tenant_received_->Add(raw_len);
+    }
+    if (id == known.auth || id == known.hello) {
+      HandleAuth(id, args, skipped, silent, now);
+      return;
+    }
+    static const uint32_t kNoAuth = commands::CommandFlagMask("no_auth");
+    if (tenant_ == nullptr && (commands::Spec(id).flags & kNoAuth) == 0) {
+      Refuse(id, "noauth", "NOAUTH Authentication required.", skipped, silent);
+      return;
+    }
+  }
   if (!upstream_ready_) {
     worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
     Reply(std::string(kUpstreamUnavailable), id, /*close_after=*/true);
@@ -240,15 +258,45 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     return;
   }
   std::string_view bytes(raw, raw_len);
-  if (!worker_.live->key_policy->empty()) {
-    std::string refusal;
-    if (!ApplyKeyPolicy(args, id, &bytes, &refusal)) {
-      Refuse(id, "key_policy", std::move(refusal), skipped, silent);
-      return;
+  uint8_t rewrite = 0;
+  const bool check_policy = !worker_.live->key_policy->empty();
+  if (check_policy || tenant_ != nullptr) {
+    const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
+    key_refs_.clear();
+    const bool keys_ok = spec != nullptr && commands::FindKeys(*spec, args, &key_refs_);
+    std::span<const std::string_view> out = args;
+    bool modified = false;
+    if (check_policy && !key_refs_.empty()) {
+      std::string refusal;
+      if (!ApplyKeyPolicy(args, id, *spec, &modified, &refusal)) {
+        Refuse(id, "key_policy", std::move(refusal), skipped, silent);
+        return;
+      }
+      if (modified) out = cmd_args_;
     }
+    if (tenant_ != nullptr) {
+      const tenant::RequestResult r = worker_.rewriter->Rewrite(*tenant_, id, spec, out, key_refs_, keys_ok, &tenant_args_);
+      if (r.kind == tenant::RequestResult::Kind::kRefuse) {
+        Refuse(id, "tenant", r.message, skipped, silent);
+        return;
+      }
+      if (r.modified) {
+        out = tenant_args_;
+        modified = true;
+      }
+      rewrite = static_cast<uint8_t>(r.reply);
+    }
+    if (modified) {
+      // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
+      std::string& encoded = scratch_.emplace_back();
+      resp::AppendCommand(&encoded, out);
+      bytes = encoded;
+    }
+    policy_owned_.clear();
   }
 
   Pending p;
+  p.rewrite = rewrite;
   p.command = id;
   p.start_ns = now;
   if (worker_.config.hygiene.enabled) {
@@ -269,8 +317,13 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     silent = false;
     in_multi_ = multi_aborted_ = false;
     watching_ = false;
+    multi_rewrites_.clear();
+    // RESET logs the connection out: the client must authenticate again, and keyguard's own
+    // upstream credentials are sent again right after it.
+    if (tenancy != nullptr && tenancy->requires_auth()) BindTenant(nullptr);
   } else if (id == known.multi) {
     in_multi_ = true;
+    multi_rewrites_.clear();
   } else if (id == known.watch) {
     watching_ = true;
   } else if (id == known.unwatch) {
@@ -281,12 +334,24 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
       p.kind = Kind::kExecAbort;
       bytes = kDiscard;
     }
+    for (uint8_t r : multi_rewrites_) {
+      if (r != 0) {
+        p.rewrite = static_cast<uint8_t>(tenant::ReplyRewrite::kExec);
+        p.exec_rewrites = multi_rewrites_;
+        break;
+      }
+    }
+    multi_rewrites_.clear();
     in_multi_ = multi_aborted_ = false;
   } else if (id == known.discard) {
     in_multi_ = multi_aborted_ = false;
     watching_ = false;
+    multi_rewrites_.clear();
   } else if (in_multi_) {
-    // Queued inside MULTI: the reply is +QUEUED whatever the command; effects come with EXEC.
+    // Queued inside MULTI: the reply is +QUEUED whatever the command; effects come with EXEC,
+    // whose reply carries this command's reply at this index.
+    if (tenant_ != nullptr) multi_rewrites_.push_back(p.rewrite);
+    p.rewrite = 0;
   } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
              id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe) {
     const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
@@ -321,12 +386,134 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);
     return;
   }
+  const bool reset = p.kind == Kind::kReset;
+  queue_.push_back(std::move(p));
+  if (reset) SendUpstreamAuth(/*send_now=*/false);
+}
+
+void Session::BindTenant(const tenant::Tenant* t) {
+  tenant_ = t;
+  if (t == nullptr) {
+    tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
+    return;
+  }
+  metrics::WorkerShard& shard = *worker_.shard;
+  const std::string label = absl::StrCat("tenant=\"", t->name, "\"");
+  tenant_commands_ = &shard.tenant_commands.Get(label);
+  tenant_received_ = &shard.tenant_received_bytes.Get(label);
+  tenant_sent_ = &shard.tenant_sent_bytes.Get(label);
+}
+
+void Session::SendUpstreamAuth(bool send_now) {
+  if (worker_.upstream_auth.empty() || !upstream_ready_) return;
+  ForwardRaw(worker_.upstream_auth.data(), worker_.upstream_auth.size());
+  Pending p;
+  p.kind = Kind::kInternal;
+  p.command = commands::Known().auth;
+  queue_.push_back(std::move(p));
+  // At connect time nothing else is batched: send it now, ahead of every client command.
+  if (send_now) {
+    upstream_out_.Send(forward_);
+    forward_.clear();
+  }
+}
+
+void Session::HandleAuth(commands::CommandId id, std::span<const std::string_view> args, bool skipped, bool silent,
+                         int64_t now) {
+  const tenant::Tenancy& tenancy = *worker_.config.tenancy;
+  const bool hello = id == commands::Known().hello;
+  if (in_multi_) {
+    Refuse(id, "tenant", "ERR keyguard: AUTH and HELLO are not allowed inside MULTI", skipped, silent);
+    return;
+  }
+  std::string_view user, password;
+  bool has_auth = false;
+  std::vector<std::string_view> forward;  // HELLO as it goes upstream: without AUTH
+  if (!hello) {
+    if (args.size() == 2) {
+      user = "default";
+      password = args[1];
+    } else if (args.size() == 3) {
+      user = args[1];
+      password = args[2];
+    } else {
+      Refuse(id, "tenant", "ERR wrong number of arguments for 'auth' command", skipped, silent);
+      return;
+    }
+    has_auth = true;
+  } else {
+    forward.assign(args.begin(), args.begin() + std::min<size_t>(args.size(), 2));
+    for (size_t i = 2; i < args.size(); ++i) {
+      if (EqualsIgnoreCase(args[i], "auth") && i + 2 < args.size()) {
+        user = args[i + 1];
+        password = args[i + 2];
+        has_auth = true;
+        i += 2;
+      } else {
+        forward.push_back(args[i]);
+      }
+    }
+  }
+  if (has_auth) {
+    const tenant::User* u = nullptr;
+    if (!tenancy.requires_auth()) {
+      // Static tenancy: clients need no password, as with Redis's passwordless default user.
+      if (!hello && args.size() == 2) {
+        Refuse(id, "auth",
+               "ERR AUTH <password> called without any password configured for the default user. Are you sure "
+               "your configuration is correct?",
+               skipped, silent);
+        return;
+      }
+      if (user != "default") {
+        Refuse(id, "auth", "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
+        return;
+      }
+    } else {
+      u = tenancy.Authenticate(user, password);
+      if (u == nullptr) {
+        Refuse(id, "auth", "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
+        return;
+      }
+      BindTenant(u->tenant);
+    }
+  }
+  if (!hello) {
+    worker_.shard->CountCommand(id, metrics::Outcome::kOk);
+    if (skipped) ForwardRaw(kPing.data(), kPing.size());  // the upstream still owes the skip
+    if (!silent) Reply("+OK\r\n", id, false);
+    return;
+  }
+  if (tenant_ == nullptr) {
+    Refuse(id, "noauth",
+           "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH "
+           "<user> <pass> option can be used to authenticate the client and select the RESP protocol version at the "
+           "same time",
+           skipped, silent);
+    return;
+  }
+  std::string& encoded = scratch_.emplace_back();
+  resp::AppendCommand(&encoded, forward);
+  ForwardRaw(encoded.data(), encoded.size());
+  if (silent) {
+    worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);
+    return;
+  }
+  Pending p;
+  p.kind = Kind::kHello;
+  p.command = id;
+  p.start_ns = now;
+  int64_t v = 0;
+  if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) p.hello_version = static_cast<int8_t>(v);
   queue_.push_back(std::move(p));
 }
 
 void Session::Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent) {
   worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
   worker_.shard->commands_rejected.Get(absl::StrCat("reason=\"", reason, "\"")).Add();
+  if (tenant_ != nullptr) {
+    worker_.shard->tenant_rejected.Get(absl::StrCat("tenant=\"", tenant_->name, "\",reason=\"", reason, "\"")).Add();
+  }
   if (in_multi_) multi_aborted_ = true;  // Redis fails EXEC after a refused queued command
   // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would
   // swallow the reply of the next command we forward.
@@ -337,14 +524,9 @@ void Session::Refuse(commands::CommandId id, const char* reason, std::string mes
   Reply(std::move(text), id, false);
 }
 
-bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string_view* bytes,
-                             std::string* refusal) {
+bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id,
+                             const commands::CommandSpec& spec, bool* modified, std::string* refusal) {
   const policy::KeyPolicy& policy = *worker_.live->key_policy;
-  const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
-  if (spec == nullptr) return true;
-  key_refs_.clear();
-  commands::FindKeys(*spec, args, &key_refs_);
-  if (key_refs_.empty()) return true;
   metrics::WorkerShard& shard = *worker_.shard;
   const policy::Violation* reject = nullptr;
   std::string reject_key;
@@ -352,7 +534,7 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
   for (const commands::KeyRef& ref : key_refs_) {
     const std::string_view key = args[ref.pos];
     violations_.clear();
-    policy.Check(key, id, *spec, &violations_);
+    policy.Check(key, id, spec, &violations_);
     if (violations_.empty()) continue;
     const std::string& pattern = shard.PatternLabel(policy::KeyPattern(key), policy.max_key_patterns());
     bool rewritten = false;
@@ -390,12 +572,9 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
     return false;
   }
   if (!rewrites.empty()) {
-    // The command goes upstream re-encoded with the new keys; everything else is unchanged.
-    std::vector<std::string_view> out(args.begin(), args.end());
-    for (const auto& [pos, key] : rewrites) out[pos] = key;
-    std::string& encoded = scratch_.emplace_back();
-    resp::AppendCommand(&encoded, out);
-    *bytes = encoded;
+    cmd_args_.assign(args.begin(), args.end());
+    for (auto& [pos, key] : rewrites) cmd_args_[pos] = policy_owned_.emplace_back(std::move(key));
+    *modified = true;
   }
   return true;
 }
@@ -618,7 +797,7 @@ awaitable<void> Session::UpstreamPump() {
     upstream_buf_.Commit(n);
     worker_.shard->upstream_bytes_received.Add(n);
     if (!ProcessUpstreamBytes(&hint)) {
-      FailUpstream(metrics::UpstreamError::kProtocol);
+      FailUpstream(upstream_auth_failed_ ? metrics::UpstreamError::kAuth : metrics::UpstreamError::kProtocol);
       co_return;
     }
     if (worker_.draining && queue_.empty() && !closing_) {
@@ -629,6 +808,25 @@ awaitable<void> Session::UpstreamPump() {
 }
 
 void Session::AppendOut(std::string_view bytes) { AppendBuffer(&deliver_, bytes.data(), bytes.size()); }
+
+void Session::DeliverPush(std::string_view frame) {
+  if (tenant_ == nullptr) {
+    AppendOut(frame);
+    return;
+  }
+  std::string out;
+  switch (tenant::RewritePush(*worker_.config.tenancy, *tenant_, frame, &out)) {
+    case tenant::ReplyAction::kPass:
+      AppendOut(frame);
+      break;
+    case tenant::ReplyAction::kReplace:
+      held_.push_back(std::move(out));
+      AppendOut(held_.back());
+      break;
+    case tenant::ReplyAction::kDrop:
+      break;
+  }
+}
 
 bool Session::IsConfirmationFor(const Pending& p, std::string_view kind) const {
   return p.kind == Kind::kSubscribe && EqualsIgnoreCase(kind, kConfirmNames[p.confirm]);
@@ -675,7 +873,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     // Subscribe confirmations: pushes in RESP3, arrays in RESP2.
     if ((type == '>' || (type == '*' && protocol_ == 2)) && front != nullptr && head.size() >= 2 &&
         IsConfirmationFor(*front, kind)) {
-      AppendOut(frame);
+      DeliverPush(frame);
       TrackConfirmation(kind, head[1].text);
       if (front->expected < 0) {
         front->expected = std::max<int64_t>(1, static_cast<int64_t>(subscriptions_[front->confirm / 2].size()) + 1);
@@ -686,13 +884,13 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     // Out-of-band: RESP3 pushes, RESP2 pub/sub messages, MONITOR lines.
     if (type == '>') {
       if (head.size() >= 2 && ConfirmIndex(kind) >= 0) TrackConfirmation(kind, head[1].text);
-      AppendOut(frame);
+      DeliverPush(frame);
       continue;
     }
     if (type == '*' && protocol_ == 2 && head.size() >= 2 &&
         (!subscriptions_[0].empty() || !subscriptions_[1].empty() || !subscriptions_[2].empty()) &&
         (EqualsIgnoreCase(kind, "message") || EqualsIgnoreCase(kind, "pmessage") || EqualsIgnoreCase(kind, "smessage"))) {
-      AppendOut(frame);
+      DeliverPush(frame);
       continue;
     }
     if (monitor_ && type == '+' && IsMonitorLine(kind)) {
@@ -700,13 +898,40 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       continue;
     }
     if (front == nullptr) {
-      // A reply nobody waits for; pass it on rather than drop it, and count it.
+      // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
+      // could name anything), and count it.
       worker_.shard->unexpected_replies.Add();
-      AppendOut(frame);
+      if (tenant_ == nullptr) AppendOut(frame);
+      continue;
+    }
+    if (front->kind == Kind::kInternal) {
+      // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
+      if (type == '-' || type == '!') {
+        std::fprintf(stderr, "{\"level\":\"error\",\"event\":\"upstream_auth_failed\",\"error\":\"%s\"}\n",
+                     hygiene::JsonEscape(kind).c_str());
+        upstream_auth_failed_ = true;
+        ok = false;
+        break;
+      }
+      queue_.pop_front();
+      DeliverLocalsAtHead();
       continue;
     }
     if (front->kind == Kind::kExecAbort) {
       AppendOut(kExecAbort);
+    } else if (tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
+      std::string out;
+      switch (tenant::RewriteReply(*worker_.config.tenancy, *tenant_, static_cast<tenant::ReplyRewrite>(front->rewrite),
+                                   front->exec_rewrites, frame, &out)) {
+        case tenant::ReplyAction::kPass:
+          AppendOut(frame);
+          break;
+        case tenant::ReplyAction::kReplace:
+        case tenant::ReplyAction::kDrop:  // never for a command's reply
+          held_.push_back(std::move(out));
+          AppendOut(held_.back());
+          break;
+      }
     } else {
       AppendOut(frame);
     }
@@ -717,7 +942,14 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     CompleteHead(type, reply_framer_.size(), head.empty() ? std::string_view() : head[0].text, now);
   }
   DeliverLocalsAtHead();
-  if (!deliver_.empty()) client_out_.Send(deliver_);
+  if (!deliver_.empty()) {
+    if (tenant_sent_ != nullptr) {
+      size_t bytes = 0;
+      for (const auto& b : deliver_) bytes += b.size();
+      tenant_sent_->Add(bytes);
+    }
+    client_out_.Send(deliver_);
+  }
   deliver_.clear();
   upstream_buf_.Consume(pos);
   NotifyQueue();
@@ -799,7 +1031,7 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
   for (Pending& p : queue_) {
     if (p.kind == Kind::kLocal) {
       out += p.text;
-    } else {
+    } else if (p.kind != Kind::kInternal) {
       worker_.shard->CountCommand(p.command, metrics::Outcome::kFailed);
       out += kUpstreamUnavailable;
     }

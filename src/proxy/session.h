@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "keyguard/resp/framer.h"
+#include "keyguard/tenant/rewrite.h"
 #include "proxy/asio.h"
 #include "proxy/outbox.h"
 #include "proxy/read_buffer.h"
@@ -32,6 +33,7 @@ struct Pending {
     kMonitor,    // +OK starts the MONITOR stream
     kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
     kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
+    kInternal,   // keyguard's own command (upstream AUTH): the reply is not the client's
   };
   Kind kind = Kind::kForward;
   commands::CommandId command = commands::kUnknownCommand;
@@ -43,6 +45,8 @@ struct Pending {
   uint8_t reply_check = 0;    // hygiene: what to look at in the reply (see session.cc)
   uint32_t key_len = 0;       // with reply_check: the key, in the session's key arena
   uint64_t key_off = 0;
+  uint8_t rewrite = 0;        // tenancy: tenant::ReplyRewrite of the reply
+  std::vector<uint8_t> exec_rewrites;  // tenancy, EXEC: the rewrite of each queued command
   std::string text;           // kLocal: the reply
 };
 
@@ -68,10 +72,18 @@ class Session : public std::enable_shared_from_this<Session> {
   void ProcessClientBytes(size_t* hint);
   void HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now);
   void ForwardRaw(const char* data, size_t len);
-  // Applies the key policy. Returns false with the error text in `refusal` when the command is
-  // refused; may point `bytes` at a rewritten command owned by scratch_.
-  bool ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string_view* bytes,
-                      std::string* refusal);
+  // Applies the key policy to the keys in key_refs_. Returns false with the error text in
+  // `refusal` when the command is
+  // refused; with a rewrite, sets `*modified` and leaves the new arguments in cmd_args_.
+  bool ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, const commands::CommandSpec& spec,
+                      bool* modified, std::string* refusal);
+  // Tenancy: AUTH and HELLO are answered (and authenticated) by keyguard.
+  void HandleAuth(commands::CommandId id, std::span<const std::string_view> args, bool skipped, bool silent, int64_t now);
+  void BindTenant(const tenant::Tenant* t);
+  // Queues keyguard's upstream AUTH (when configured); `send_now` outside a client batch.
+  void SendUpstreamAuth(bool send_now);
+  // Delivers an out-of-band frame (pub/sub message, push), confined to the tenant.
+  void DeliverPush(std::string_view frame);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
   // SKIP semantics.
   void Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent);
@@ -112,6 +124,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<std::string> held_;             // local replies referenced by deliver_ until sent
   std::deque<std::string> scratch_;          // rewritten commands referenced by forward_ until sent
   std::vector<commands::KeyRef> key_refs_;
+  std::vector<std::string_view> cmd_args_;     // arguments after the key policy's rewrites
+  std::vector<std::string_view> tenant_args_;  // arguments after tenant prefixing
+  std::deque<std::string> policy_owned_;       // rewritten keys cmd_args_ points to
+  std::string rewritten_;                      // a reply rewritten for the tenant
   std::vector<policy::Violation> violations_;
   std::string client_address_;
   std::string client_name_;
@@ -121,6 +137,14 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string key_arena_;
   uint64_t key_arena_base_ = 0;
   bool watching_ = false;  // WATCH is active
+
+  // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
+  const tenant::Tenant* tenant_ = nullptr;
+  std::vector<uint8_t> multi_rewrites_;  // reply rewrites of the commands queued in MULTI
+  metrics::Counter* tenant_commands_ = nullptr;
+  metrics::Counter* tenant_received_ = nullptr;
+  metrics::Counter* tenant_sent_ = nullptr;
+  bool upstream_auth_failed_ = false;
 
   // Connection state as the client and the server see it.
   int protocol_ = 2;

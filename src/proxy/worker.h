@@ -10,6 +10,8 @@
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
 #include "keyguard/metrics/registry.h"
+#include "keyguard/resp/encoder.h"
+#include "keyguard/tenant/rewrite.h"
 #include "proxy/asio.h"
 
 namespace keyguard::proxy {
@@ -20,6 +22,13 @@ struct Worker {
   Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up)
       : io(1), config(c), store(st), shard(s), upstream(up) {
     Refresh();
+    if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy);
+    if (!config.upstream_auth.password.empty()) {
+      std::vector<std::string_view> auth = {"AUTH"};
+      if (!config.upstream_auth.user.empty()) auth.push_back(config.upstream_auth.user);
+      auth.push_back(config.upstream_auth.password);
+      resp::AppendCommand(&upstream_auth, auth);
+    }
   }
 
   // Takes the live snapshot when the store has a new version: one relaxed load per batch.
@@ -49,6 +58,8 @@ struct Worker {
   uint64_t next_session_id = 1;
   int64_t warn_second = 0;  // rate limit of key-policy warn lines
   int warn_count = 0;
+  std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
+  std::string upstream_auth;  // the encoded AUTH for each upstream connection, or empty
 };
 
 }  // namespace keyguard::proxy

@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/resp/value.h"
 
 namespace keyguard::resp {
 namespace {
@@ -43,6 +44,40 @@ void AppendArrayHeader(std::string* out, int64_t count) { AppendHeader(out, '*',
 void AppendCommand(std::string* out, std::span<const std::string_view> args) {
   AppendArrayHeader(out, static_cast<int64_t>(args.size()));
   for (std::string_view a : args) AppendBulk(out, a);
+}
+
+void AppendValue(std::string* out, const Value& v) {
+  if (!v.attributes.empty()) {
+    AppendHeader(out, '|', static_cast<int64_t>(v.attributes.size() / 2));
+    for (const Value& a : v.attributes) AppendValue(out, a);
+  }
+  switch (v.type) {
+    case '$': case '!': case '=':
+      if (v.null) {
+        out->append("$-1\r\n");
+        return;
+      }
+      AppendHeader(out, v.type, static_cast<int64_t>(v.text.size()));
+      out->append(v.text);
+      out->append("\r\n");
+      return;
+    case '*': case '~': case '%': case '>':
+      if (v.null) {
+        out->append("*-1\r\n");
+        return;
+      }
+      AppendHeader(out, v.type, static_cast<int64_t>(v.type == '%' ? v.elements.size() / 2 : v.elements.size()));
+      for (const Value& e : v.elements) AppendValue(out, e);
+      return;
+    case '_':
+      out->append("_\r\n");
+      return;
+    default:  // + - : , # ( : the line as it came
+      out->push_back(v.type);
+      out->append(v.text);
+      out->append("\r\n");
+      return;
+  }
 }
 
 }  // namespace keyguard::resp

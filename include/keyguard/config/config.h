@@ -11,6 +11,7 @@
 #include "keyguard/hygiene/detectors.h"
 #include "keyguard/policy/key_policy.h"
 #include "keyguard/resp/framer.h"
+#include "keyguard/tenant/tenancy.h"
 
 namespace keyguard::config {
 namespace v1 {
@@ -43,6 +44,10 @@ struct ProxyConfig {
   bool reject_unknown_commands = false;
   // Key-name rules; without a config every built-in rule observes.
   std::shared_ptr<const policy::KeyPolicy> key_policy = policy::KeyPolicy::Default();
+  // Tenant prefixes; nullptr when tenancy is off. Fixed at start-up.
+  std::shared_ptr<const tenant::Tenancy> tenancy;
+  // keyguard's own credentials for the upstream.
+  tenant::UpstreamAuth upstream_auth;
 };
 
 // Parses a YAML document against the schema in proto/keyguard/config/v1/config.proto; unknown

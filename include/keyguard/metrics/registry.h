@@ -61,8 +61,8 @@ struct CommandStats {
   Counter latency_sum_ns;
 };
 
-enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kCount };
-inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol"};
+enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kCount };
+inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol", "auth"};
 
 // Counters keyed by a rendered label set (`rule="lowercase",action="observe"`), created on first
 // use. Only the owning worker creates and increments; lookups need no lock because only that
@@ -113,6 +113,11 @@ class WorkerShard {
   LabeledCounters commands_rejected; // reason
   LabeledCounters findings;          // kind, key_pattern
   LabeledCounters bigkey_access;     // kind, command, key_pattern
+  // Per tenant (label values bounded by the configured tenants).
+  LabeledCounters tenant_commands;        // tenant
+  LabeledCounters tenant_received_bytes;  // tenant
+  LabeledCounters tenant_sent_bytes;      // tenant
+  LabeledCounters tenant_rejected;        // tenant, reason
 
   // The label value for a key pattern: itself while fewer than `cap` distinct patterns were seen
   // on this worker, then "{other}" for new ones.

@@ -8,6 +8,8 @@
 
 namespace keyguard::resp {
 
+struct Value;
+
 // "-<text>\r\n"; `text` must hold no CR or LF (they are replaced by spaces, as Redis does).
 void AppendError(std::string* out, std::string_view text);
 // "+<text>\r\n"; CR and LF are replaced by spaces.
@@ -18,5 +20,9 @@ void AppendNullBulk(std::string* out);
 void AppendArrayHeader(std::string* out, int64_t count);
 // A command as a multibulk request: "*<n>\r\n$<len>\r\n<arg>\r\n...".
 void AppendCommand(std::string* out, std::span<const std::string_view> args);
+
+// Re-encodes a parsed value (attributes included); aggregate lengths follow `elements`, so
+// elements removed from a parsed reply are gone from the encoding too.
+void AppendValue(std::string* out, const Value& v);
 
 }  // namespace keyguard::resp

@@ -1,0 +1,78 @@
+// Tenant prefixing, sans-io: requests in, replies out. The session calls these; tests drive them
+// with plain argument lists and reply frames.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keyguard/commands/command_table.h"
+#include "keyguard/tenant/tenancy.h"
+
+namespace keyguard::tenant {
+
+// How a reply must be rewritten for the tenant. Stored per pending command (uint8_t).
+enum class ReplyRewrite : uint8_t {
+  kNone,
+  kKeyArray,      // KEYS: every element a key
+  kScan,          // SCAN: [cursor, [keys]]
+  kFirstKey,      // BLPOP, BRPOP, BZPOPMIN/MAX, LMPOP, BLMPOP, ZMPOP, BZMPOP: [key, ...]
+  kBulkKey,       // RANDOMKEY: a key or nil
+  kStreams,       // XREAD, XREADGROUP: [[key, entries], ...] or, in RESP3, {key: entries}
+  kChannelArray,  // PUBSUB CHANNELS / SHARDCHANNELS: channel names
+  kChannelCounts, // PUBSUB NUMSUB / SHARDNUMSUB: [channel, count, ...]
+  kInfo,          // INFO: without the # Keyspace section (other tenants' key counts)
+  kExec,          // EXEC: element i rewritten as queued command i
+};
+
+struct RequestResult {
+  enum class Kind : uint8_t {
+    kForward,  // forward `out` (when `modified`) or the request as it came
+    kRefuse,   // answer `message` as an error; nothing is forwarded
+  };
+  Kind kind = Kind::kForward;
+  bool modified = false;
+  ReplyRewrite reply = ReplyRewrite::kNone;
+  std::string message;  // kRefuse: the error text, without '-'
+};
+
+// Rewrites requests for one tenant. One per worker; not thread-safe.
+class RequestRewriter {
+ public:
+  explicit RequestRewriter(const Tenancy& tenancy);
+
+  // `args` is the request as the policy stage left it (name first); `keys` are its keys as
+  // FindKeys found them (`keys_ok` false when the arguments did not fit the key specs). On
+  // kForward with `modified`, `out` holds the arguments to send; its views point into `args` or
+  // into storage owned here, valid until the next Rewrite().
+  RequestResult Rewrite(const Tenant& tenant, commands::CommandId id, const commands::CommandSpec* spec,
+                        std::span<const std::string_view> args, std::span<const commands::KeyRef> keys,
+                        bool keys_ok, std::vector<std::string_view>* out);
+
+ private:
+  std::string_view Own(std::string s);
+  std::string_view ChannelIn(const Tenant& t, std::string_view channel);
+  std::string_view PatternIn(const Tenant& t, std::string_view pattern);
+
+  const Tenancy& tenancy_;
+  std::deque<std::string> owned_;
+  std::vector<uint8_t> kind_;  // by CommandId: the special handling below
+};
+
+enum class ReplyAction : uint8_t { kPass, kReplace, kDrop };
+
+// Rewrites the reply `frame` (one complete RESP frame) of a command for `tenant`. kReplace puts
+// the new frame in `out`. `exec` holds the rewrite of each queued command for kExec. Error
+// replies lose every occurrence of the prefix (NOGROUP names the key).
+ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewrite kind,
+                         std::span<const uint8_t> exec, std::string_view frame, std::string* out);
+
+// Rewrites an out-of-band frame: pub/sub messages and subscribe confirmations (RESP2 arrays or
+// RESP3 pushes), keyspace/keyevent notifications, tracking invalidations. kDrop when the frame
+// concerns another tenant's keys or channels.
+ReplyAction RewritePush(const Tenancy& tenancy, const Tenant& tenant, std::string_view frame, std::string* out);
+
+}  // namespace keyguard::tenant

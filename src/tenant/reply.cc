@@ -1,0 +1,255 @@
+// Reply side of tenancy: the prefix comes off every key name a reply carries, and anything that
+// names another tenant's keys or channels is removed, never shown.
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "keyguard/resp/encoder.h"
+#include "keyguard/resp/value.h"
+#include "keyguard/tenant/rewrite.h"
+
+namespace keyguard::tenant {
+namespace {
+
+using resp::Value;
+
+constexpr std::string_view kUnconfinable = "-ERR keyguard: the reply could not be confined to the tenant\r\n";
+
+bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+bool IsString(const Value& v) { return !v.null && (v.type == '$' || v.type == '+' || v.type == '='); }
+
+// One rewrite: the tenant, and the strings made on the way (values point into them).
+class Editor {
+ public:
+  Editor(const Tenancy& tenancy, const Tenant& tenant) : tenancy_(tenancy), t_(tenant) {}
+
+  // A key name: strips the prefix; false when it lacks it (the caller removes it).
+  bool Key(Value& v) {
+    if (v.null) return true;
+    if (!IsString(v) || !StartsWith(v.text, t_.prefix)) return false;
+    v.text.remove_prefix(t_.prefix.size());
+    changed_ = true;
+    return true;
+  }
+  // Every element a key: those without the prefix go.
+  void Keys(Value& array) {
+    if (array.null) return;
+    auto& e = array.elements;
+    const size_t before = e.size();
+    std::erase_if(e, [&](Value& v) { return !Key(v); });
+    changed_ |= e.size() != before;
+  }
+
+  // A channel name as the server sent it; false when it is not the tenant's.
+  bool Channel(Value& v) {
+    if (!IsString(v)) return true;
+    const std::string_view ch = v.text;
+    switch (ClassifyChannel(ch)) {
+      case ChannelKind::kKeyspace: {
+        const size_t head = KeyspaceHeadLength(ch);
+        if (!StartsWith(ch.substr(head), t_.prefix)) return false;
+        v.text = Own(absl::StrCat(absl::string_view(ch.data(), head),
+                                  absl::string_view(ch.data() + head + t_.prefix.size(), ch.size() - head - t_.prefix.size())));
+        changed_ = true;
+        return true;
+      }
+      case ChannelKind::kKeyevent:
+      case ChannelKind::kInvalidate:
+        return true;
+      case ChannelKind::kOrdinary:
+        break;
+    }
+    if (tenancy_.channels == ChannelMode::kShared) return true;
+    if (!StartsWith(ch, t_.prefix)) return false;
+    v.text.remove_prefix(t_.prefix.size());
+    changed_ = true;
+    return true;
+  }
+  // A message's channel and payload; false when the tenant must not see the message.
+  bool Message(Value& channel, Value& payload) {
+    if (!IsString(channel)) return true;
+    switch (ClassifyChannel(channel.text)) {
+      case ChannelKind::kKeyevent:
+        return Key(payload);  // the payload is the key
+      case ChannelKind::kInvalidate:
+        if (payload.null) return true;  // FLUSHALL: everything is invalid
+        Keys(payload);
+        return !payload.elements.empty();
+      default:
+        return Channel(channel);
+    }
+  }
+  // A pattern as the server sent it back: without the escaped prefix keyguard put in.
+  void Pattern(Value& v) {
+    if (!IsString(v)) return;
+    const std::string_view p = v.text;
+    if (const size_t head = KeyspaceHeadLength(p); head != 0) {
+      if (StartsWith(p.substr(head), t_.glob_prefix)) {
+        v.text = Own(absl::StrCat(absl::string_view(p.data(), head),
+                                  absl::string_view(p.data() + head + t_.glob_prefix.size(),
+                                                    p.size() - head - t_.glob_prefix.size())));
+        changed_ = true;
+      }
+      return;
+    }
+    if (tenancy_.channels == ChannelMode::kPrefix && StartsWith(p, t_.glob_prefix)) {
+      v.text.remove_prefix(t_.glob_prefix.size());
+      changed_ = true;
+    }
+  }
+  // Error texts lose the prefix wherever it appears ("No such key 'tenant:a:s'").
+  void Error(Value& v) {
+    if (v.type != '-' && v.type != '!') return;
+    if (v.text.find(t_.prefix) == std::string_view::npos) return;
+    std::string s(v.text);
+    for (size_t at = s.find(t_.prefix); at != std::string::npos; at = s.find(t_.prefix, at)) s.erase(at, t_.prefix.size());
+    v.text = Own(std::move(s));
+    changed_ = true;
+  }
+  // INFO without the # Keyspace section, which counts every tenant's keys.
+  void Info(Value& v) {
+    if (!IsString(v)) return;
+    const std::string_view text = v.text;
+    size_t start = text.find("# Keyspace\r\n");
+    if (start == std::string_view::npos) return;
+    size_t end = text.find("\r\n# ", start + 1);
+    std::string s(text.substr(0, start));
+    if (end != std::string_view::npos) absl::StrAppend(&s, absl::string_view(text.data() + end + 2, text.size() - end - 2));
+    while (s.size() >= 4 && s.compare(s.size() - 4, 4, "\r\n\r\n") == 0) s.resize(s.size() - 2);
+    v.text = Own(std::move(s));
+    changed_ = true;
+  }
+
+  // Applies `kind` to a command's reply; false when the whole reply must be refused.
+  bool Apply(ReplyRewrite kind, Value& v, std::span<const uint8_t> exec) {
+    if (v.type == '-' || v.type == '!') {
+      Error(v);
+      return true;
+    }
+    switch (kind) {
+      case ReplyRewrite::kNone:
+        return true;
+      case ReplyRewrite::kKeyArray:
+        Keys(v);
+        return true;
+      case ReplyRewrite::kScan:
+        if (v.elements.size() == 2) Keys(v.elements[1]);
+        return true;
+      case ReplyRewrite::kFirstKey:
+        if (!v.null && !v.elements.empty() && !Key(v.elements[0])) return false;
+        return true;
+      case ReplyRewrite::kBulkKey:
+        return Key(v);
+      case ReplyRewrite::kStreams:
+        if (v.type == '%') {
+          for (size_t i = 0; i < v.elements.size(); i += 2) {
+            if (!Key(v.elements[i])) return false;
+          }
+        } else if (!v.null) {
+          for (Value& s : v.elements) {
+            if (!s.elements.empty() && !Key(s.elements[0])) return false;
+          }
+        }
+        return true;
+      case ReplyRewrite::kChannelArray: {
+        const size_t before = v.elements.size();
+        std::erase_if(v.elements, [&](Value& c) { return !Channel(c); });
+        changed_ |= v.elements.size() != before;
+        return true;
+      }
+      case ReplyRewrite::kChannelCounts: {
+        std::vector<Value> kept;
+        for (size_t i = 0; i + 1 < v.elements.size(); i += 2) {
+          if (!Channel(v.elements[i])) {
+            changed_ = true;
+            continue;
+          }
+          kept.push_back(std::move(v.elements[i]));
+          kept.push_back(std::move(v.elements[i + 1]));
+        }
+        if (v.type == '%' || kept.size() != v.elements.size()) v.elements = std::move(kept);
+        return true;
+      }
+      case ReplyRewrite::kInfo:
+        Info(v);
+        return true;
+      case ReplyRewrite::kExec:
+        if (v.null) return true;
+        for (size_t i = 0; i < v.elements.size(); ++i) {
+          const ReplyRewrite k = i < exec.size() ? static_cast<ReplyRewrite>(exec[i]) : ReplyRewrite::kNone;
+          if (k == ReplyRewrite::kExec) return false;
+          if (!Apply(k, v.elements[i], {})) return false;
+        }
+        return true;
+    }
+    return true;
+  }
+
+  bool changed() const { return changed_; }
+
+ private:
+  std::string_view Own(std::string s) { return owned_.emplace_back(std::move(s)); }
+
+  const Tenancy& tenancy_;
+  const Tenant& t_;
+  std::deque<std::string> owned_;
+  bool changed_ = false;
+};
+
+bool EqualsAny(std::string_view kind, std::initializer_list<std::string_view> names) {
+  for (std::string_view n : names) {
+    if (commands::EqualsIgnoreCase(kind, n)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewrite kind, std::span<const uint8_t> exec,
+                         std::string_view frame, std::string* out) {
+  const bool error = !frame.empty() && (frame[0] == '-' || frame[0] == '!');
+  if (kind == ReplyRewrite::kNone && !error) return ReplyAction::kPass;
+  if (error && frame.find(tenant.prefix) == std::string_view::npos) return ReplyAction::kPass;
+  std::optional<Value> v = resp::ParseValue(frame);
+  Editor editor(tenancy, tenant);
+  if (!v || !editor.Apply(kind, *v, exec)) {
+    out->assign(kUnconfinable);
+    return ReplyAction::kReplace;
+  }
+  if (!editor.changed()) return ReplyAction::kPass;
+  out->clear();
+  resp::AppendValue(out, *v);
+  return ReplyAction::kReplace;
+}
+
+ReplyAction RewritePush(const Tenancy& tenancy, const Tenant& tenant, std::string_view frame, std::string* out) {
+  std::optional<Value> v = resp::ParseValue(frame);
+  if (!v) return ReplyAction::kDrop;  // the framer accepted it, so this cannot happen; never leak
+  auto& e = v->elements;
+  if (e.empty() || !IsString(e[0])) return ReplyAction::kPass;
+  const std::string_view kind = e[0].text;
+  Editor editor(tenancy, tenant);
+  bool keep = true;
+  if (EqualsAny(kind, {"message", "smessage"}) && e.size() == 3) {
+    keep = editor.Message(e[1], e[2]);
+  } else if (EqualsAny(kind, {"pmessage"}) && e.size() == 4) {
+    editor.Pattern(e[1]);
+    keep = editor.Message(e[2], e[3]);
+  } else if (EqualsAny(kind, {"subscribe", "unsubscribe", "ssubscribe", "sunsubscribe"}) && e.size() == 3) {
+    editor.Channel(e[1]);  // a confirmation is never dropped: clients count them
+  } else if (EqualsAny(kind, {"psubscribe", "punsubscribe"}) && e.size() == 3) {
+    editor.Pattern(e[1]);
+  } else if (EqualsAny(kind, {"invalidate"}) && e.size() == 2) {
+    if (!e[1].null) {
+      editor.Keys(e[1]);
+      keep = !e[1].elements.empty();
+    }
+  }
+  if (!keep) return ReplyAction::kDrop;
+  if (!editor.changed()) return ReplyAction::kPass;
+  out->clear();
+  resp::AppendValue(out, *v);
+  return ReplyAction::kReplace;
+}
+
+}  // namespace keyguard::tenant

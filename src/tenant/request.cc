@@ -1,0 +1,351 @@
+// Request side of tenancy: keys get the prefix, patterns get the escaped prefix, channels are
+// mapped, and commands that reach beyond the tenant's keys are emulated within the prefix or
+// refused.
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "keyguard/resp/framer.h"
+#include "keyguard/tenant/rewrite.h"
+
+namespace keyguard::tenant {
+namespace {
+
+using commands::EqualsIgnoreCase;
+
+// Special handling by command id.
+enum Special : uint8_t {
+  kPlain,
+  kFlush,
+  kDbsize,
+  kRandomkey,
+  kKeys,
+  kScan,
+  kSort,
+  kSelect,
+  kCopy,
+  kMigrate,
+  kNever,      // MOVE, SWAPDB (another database), CLUSTER (GETKEYSINSLOT lists any key): refused
+  kInfo,
+  kDebug,
+  kEval,
+  kEvalSha,
+  kFcall,
+  kScript,
+  kFunction,
+  kClient,
+  kPubsub,
+  kSubscribe,  // (s)subscribe, (s)unsubscribe: channels
+  kPsubscribe, // psubscribe, punsubscribe: patterns
+  kPublish,    // publish, spublish
+  kFirstKey,
+  kStreams,
+  kKeyed,      // admin or dangerous by category, but confined by prefixing its keys (RESTORE)
+};
+
+// Server-side emulations, run as one EVAL so they take one reply in the pipeline like the command
+// they stand for. ARGV[1] is the tenant's escaped prefix followed by '*', ARGV[2] the raw prefix.
+constexpr std::string_view kFlushScript =
+    "local c='0' repeat local r=redis.call('SCAN',c,'MATCH',ARGV[1],'COUNT',1000) c=r[1] "
+    "for _,k in ipairs(r[2]) do redis.call('UNLINK',k) end until c=='0' return redis.status_reply('OK')";
+constexpr std::string_view kDbsizeScript =
+    "local c='0' local n=0 repeat local r=redis.call('SCAN',c,'MATCH',ARGV[1],'COUNT',1000) c=r[1] n=n+#r[2] "
+    "until c=='0' return n";
+// RANDOMKEY first (cheap when the tenant holds a fair share of the keys), then a SCAN for a
+// tenant with few keys among many.
+constexpr std::string_view kRandomkeyScript =
+    "for i=1,32 do local k=redis.call('RANDOMKEY') if not k then return false end "
+    "if string.sub(k,1,#ARGV[2])==ARGV[2] then return k end end "
+    "local c='0' repeat local r=redis.call('SCAN',c,'MATCH',ARGV[1],'COUNT',100) c=r[1] "
+    "if #r[2]>0 then return r[2][math.random(#r[2])] end until c=='0' return false";
+
+std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(std::string(s)); }
+
+std::string NotAllowed(std::string_view what) {
+  return absl::StrCat("ERR keyguard: command '", std::string(what), "' is not allowed for tenants");
+}
+
+}  // namespace
+
+RequestRewriter::RequestRewriter(const Tenancy& tenancy) : tenancy_(tenancy), kind_(commands::CommandCount(), kPlain) {
+  auto set = [&](std::initializer_list<const char*> names, Special s) {
+    for (const char* n : names) {
+      const commands::CommandId id = commands::LookupCommand(n);
+      if (id != commands::kUnknownCommand) kind_[id] = s;
+    }
+  };
+  set({"flushall", "flushdb"}, kFlush);
+  set({"dbsize"}, kDbsize);
+  set({"randomkey"}, kRandomkey);
+  set({"keys"}, kKeys);
+  set({"scan"}, kScan);
+  set({"sort", "sort_ro"}, kSort);
+  set({"select"}, kSelect);
+  set({"copy"}, kCopy);
+  set({"migrate"}, kMigrate);
+  set({"move", "swapdb", "cluster"}, kNever);
+  set({"info"}, kInfo);
+  set({"debug"}, kDebug);
+  set({"eval", "eval_ro"}, kEval);
+  set({"evalsha", "evalsha_ro"}, kEvalSha);
+  set({"fcall", "fcall_ro"}, kFcall);
+  set({"script"}, kScript);
+  set({"function"}, kFunction);
+  set({"client"}, kClient);
+  set({"pubsub"}, kPubsub);
+  set({"subscribe", "unsubscribe", "ssubscribe", "sunsubscribe"}, kSubscribe);
+  set({"psubscribe", "punsubscribe"}, kPsubscribe);
+  set({"publish", "spublish"}, kPublish);
+  set({"blpop", "brpop", "bzpopmin", "bzpopmax", "lmpop", "blmpop", "zmpop", "bzmpop"}, kFirstKey);
+  set({"xread", "xreadgroup"}, kStreams);
+  set({"restore", "restore-asking"}, kKeyed);
+}
+
+std::string_view RequestRewriter::Own(std::string s) { return owned_.emplace_back(std::move(s)); }
+
+std::string_view RequestRewriter::ChannelIn(const Tenant& t, std::string_view channel) {
+  switch (ClassifyChannel(channel)) {
+    case ChannelKind::kKeyspace: {
+      const size_t head = KeyspaceHeadLength(channel);
+      return Own(absl::StrCat(absl::string_view(channel.data(), head), t.prefix,
+                              absl::string_view(channel.data() + head, channel.size() - head)));
+    }
+    case ChannelKind::kKeyevent:
+    case ChannelKind::kInvalidate:
+      return channel;  // shared; their payloads are confined on the way back
+    case ChannelKind::kOrdinary:
+      break;
+  }
+  if (tenancy_.channels == ChannelMode::kShared) return channel;
+  return Own(absl::StrCat(t.prefix, absl::string_view(channel.data(), channel.size())));
+}
+
+std::string_view RequestRewriter::PatternIn(const Tenant& t, std::string_view pattern) {
+  if (const size_t head = KeyspaceHeadLength(pattern); head != 0) {
+    return Own(absl::StrCat(absl::string_view(pattern.data(), head), t.glob_prefix,
+                            absl::string_view(pattern.data() + head, pattern.size() - head)));
+  }
+  if (pattern.substr(0, 11) == "__keyevent@") return pattern;
+  if (tenancy_.channels == ChannelMode::kShared) return pattern;
+  return Own(absl::StrCat(t.glob_prefix, absl::string_view(pattern.data(), pattern.size())));
+}
+
+RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId id, const commands::CommandSpec* spec,
+                                       std::span<const std::string_view> args, std::span<const commands::KeyRef> keys,
+                                       bool keys_ok, std::vector<std::string_view>* out) {
+  owned_.clear();
+  RequestResult r;
+  auto refuse = [&](std::string message) {
+    r.kind = RequestResult::Kind::kRefuse;
+    r.message = std::move(message);
+    return r;
+  };
+  if (id == commands::kUnknownCommand) {
+    // A command keyguard cannot see the keys of (a module the upstream did not describe).
+    return refuse(absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "' is not allowed for tenants"));
+  }
+  if (spec == nullptr) {
+    return refuse(absl::StrCat("ERR unknown subcommand '", std::string(args.size() > 1 ? args[1] : ""),
+                               "'. Try ", Upper(args[0]), " HELP."));
+  }
+  out->assign(args.begin(), args.end());
+  auto set = [&](size_t pos, std::string_view v) {
+    (*out)[pos] = v;
+    r.modified = true;
+  };
+  auto append = [&](std::string_view v) {
+    out->push_back(v);
+    r.modified = true;
+  };
+  auto emulate = [&](std::string_view script) {
+    out->assign({std::string_view("EVAL"), script, std::string_view("0"), Own(absl::StrCat(tenant.glob_prefix, "*")),
+                 std::string_view(tenant.prefix)});
+    r.modified = true;
+  };
+  const std::string_view sub = args.size() > 1 ? args[1] : std::string_view();
+  const std::string display = std::string(spec->name).find('|') != std::string::npos
+                                  ? absl::StrCat(Upper(args[0]), " ", Upper(sub))
+                                  : Upper(args[0]);
+  bool handled = true;
+  switch (kind_[id]) {
+    case kFlush:
+      if (tenancy_.flush == Emulation::kRefuse) return refuse(NotAllowed(display));
+      emulate(kFlushScript);
+      return r;
+    case kDbsize:
+      if (tenancy_.dbsize == Emulation::kRefuse) return refuse(NotAllowed(display));
+      emulate(kDbsizeScript);
+      return r;
+    case kRandomkey:
+      if (tenancy_.randomkey == Emulation::kRefuse) return refuse(NotAllowed(display));
+      emulate(kRandomkeyScript);
+      r.reply = ReplyRewrite::kBulkKey;
+      return r;
+    case kKeys:
+      if (args.size() == 2) set(1, Own(absl::StrCat(tenant.glob_prefix, absl::string_view(args[1].data(), args[1].size()))));
+      r.reply = ReplyRewrite::kKeyArray;
+      break;
+    case kScan: {
+      // SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: every MATCH is confined; without one the
+      // tenant's own prefix is the pattern.
+      bool matched = false;
+      for (size_t i = 2; i + 1 < args.size(); i += 2) {
+        if (EqualsIgnoreCase(args[i], "match")) {
+          set(i + 1, Own(absl::StrCat(tenant.glob_prefix, absl::string_view(args[i + 1].data(), args[i + 1].size()))));
+          matched = true;
+        }
+      }
+      if (!matched) {
+        append("MATCH");
+        append(Own(absl::StrCat(tenant.glob_prefix, "*")));
+      }
+      r.reply = ReplyRewrite::kScan;
+      break;
+    }
+    case kSort:
+      // BY and GET patterns name keys (the '*' takes each element); they are not globs.
+      for (size_t i = 2; i < args.size(); ++i) {
+        if (EqualsIgnoreCase(args[i], "limit")) {
+          i += 2;
+        } else if (EqualsIgnoreCase(args[i], "store")) {
+          ++i;
+        } else if ((EqualsIgnoreCase(args[i], "by") || EqualsIgnoreCase(args[i], "get")) && i + 1 < args.size()) {
+          ++i;
+          if (args[i] != "#") set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
+        }
+      }
+      break;
+    case kSelect:
+      if (args.size() == 2 && args[1] == "0") break;
+      return refuse("ERR keyguard: a tenant has one database: only SELECT 0 is allowed");
+    case kCopy:
+      for (size_t i = 3; i < args.size(); ++i) {
+        if (EqualsIgnoreCase(args[i], "db")) return refuse("ERR keyguard: COPY ... DB is not allowed for tenants");
+      }
+      break;
+    case kMigrate: {
+      if (args.size() < 3) break;
+      const std::string target = absl::StrCat(std::string(args[1]), ":", std::string(args[2]));
+      if (std::find(tenancy_.migrate_targets.begin(), tenancy_.migrate_targets.end(), target) ==
+          tenancy_.migrate_targets.end()) {
+        return refuse(absl::StrCat("ERR keyguard: MIGRATE to ", target, " is not allowed for tenants"));
+      }
+      break;
+    }
+    case kNever:
+      return refuse(NotAllowed(display));
+    case kInfo:
+      r.reply = ReplyRewrite::kInfo;
+      break;
+    case kDebug:
+      if (args.size() == 3 && EqualsIgnoreCase(args[1], "object")) {
+        set(2, Own(absl::StrCat(tenant.prefix, absl::string_view(args[2].data(), args[2].size()))));
+        return r;
+      }
+      return refuse(NotAllowed(display));
+    case kEval:
+    case kEvalSha: {
+      if (args.size() < 2) break;
+      const std::string sha =
+          kind_[id] == kEval ? Sha1Hex(args[1]) : absl::AsciiStrToLower(std::string(args[1]));
+      if (!tenancy_.allowed_scripts.contains(sha)) {
+        return refuse(absl::StrCat("ERR keyguard: script ", sha,
+                                   " is not in tenancy.allowed_scripts (a script may touch keys it was not given)"));
+      }
+      break;
+    }
+    case kFcall:
+      if (args.size() >= 2 && !tenancy_.allowed_functions.contains(std::string(args[1]))) {
+        return refuse(absl::StrCat("ERR keyguard: function '", std::string(args[1]), "' is not in tenancy.allowed_functions"));
+      }
+      break;
+    case kScript:
+      if (EqualsIgnoreCase(sub, "load") && args.size() == 3) {
+        const std::string sha = Sha1Hex(args[2]);
+        if (!tenancy_.allowed_scripts.contains(sha)) {
+          return refuse(absl::StrCat("ERR keyguard: script ", sha, " is not in tenancy.allowed_scripts"));
+        }
+      } else if (!EqualsIgnoreCase(sub, "exists") && !EqualsIgnoreCase(sub, "help")) {
+        return refuse(NotAllowed(display));  // FLUSH, KILL, DEBUG act on every tenant's scripts
+      }
+      break;
+    case kFunction:
+      if (!EqualsIgnoreCase(sub, "help")) return refuse(NotAllowed(display));
+      break;
+    case kClient:
+      if (EqualsIgnoreCase(sub, "tracking")) {
+        bool on = args.size() > 2 && EqualsIgnoreCase(args[2], "on");
+        bool bcast = false, prefixed = false;
+        for (size_t i = 3; i < args.size(); ++i) {
+          if (EqualsIgnoreCase(args[i], "redirect")) {
+            ++i;
+          } else if (EqualsIgnoreCase(args[i], "prefix") && i + 1 < args.size()) {
+            ++i;
+            set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
+            prefixed = true;
+          } else if (EqualsIgnoreCase(args[i], "bcast")) {
+            bcast = true;
+          }
+        }
+        // Broadcast tracking without a prefix would announce every tenant's writes.
+        if (on && bcast && !prefixed) {
+          append("PREFIX");
+          append(tenant.prefix);
+        }
+      } else {
+        handled = false;  // the category check below refuses KILL, LIST, PAUSE, UNBLOCK, ...
+      }
+      break;
+    case kPubsub:
+      if (EqualsIgnoreCase(sub, "channels") || EqualsIgnoreCase(sub, "shardchannels")) {
+        if (args.size() == 3) {
+          set(2, PatternIn(tenant, args[2]));
+        } else if (args.size() == 2 && tenancy_.channels == ChannelMode::kPrefix) {
+          append(Own(absl::StrCat(tenant.glob_prefix, "*")));
+        }
+        r.reply = ReplyRewrite::kChannelArray;
+      } else if (EqualsIgnoreCase(sub, "numsub") || EqualsIgnoreCase(sub, "shardnumsub")) {
+        for (size_t i = 2; i < args.size(); ++i) set(i, ChannelIn(tenant, args[i]));
+        r.reply = ReplyRewrite::kChannelCounts;
+      } else if (EqualsIgnoreCase(sub, "numpat")) {
+        return refuse(NotAllowed(display));  // counts every tenant's patterns
+      }
+      break;
+    case kSubscribe:
+      for (size_t i = 1; i < args.size(); ++i) set(i, ChannelIn(tenant, args[i]));
+      return r;
+    case kPsubscribe:
+      for (size_t i = 1; i < args.size(); ++i) set(i, PatternIn(tenant, args[i]));
+      return r;
+    case kPublish:
+      if (args.size() < 2) break;
+      if (tenancy_.channels == ChannelMode::kPrefix) {
+        set(1, Own(absl::StrCat(tenant.prefix, absl::string_view(args[1].data(), args[1].size()))));
+      } else if (ClassifyChannel(args[1]) != ChannelKind::kOrdinary) {
+        return refuse("ERR keyguard: tenants may not publish to Redis's own channels");
+      }
+      return r;
+    case kFirstKey:
+      r.reply = ReplyRewrite::kFirstKey;
+      break;
+    case kStreams:
+      r.reply = ReplyRewrite::kStreams;
+      break;
+    case kKeyed:
+      break;
+    case kPlain:
+    default:
+      handled = false;
+      break;
+  }
+  static const uint32_t kReach = commands::AclCategoryMask("admin") | commands::AclCategoryMask("dangerous");
+  if (!handled && (spec->acl & kReach) != 0) return refuse(NotAllowed(display));
+  if (!keys_ok) return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
+  for (const commands::KeyRef& k : keys) {
+    const std::string_view key = (*out)[k.pos];
+    set(k.pos, Own(absl::StrCat(tenant.prefix, absl::string_view(key.data(), key.size()))));
+  }
+  return r;
+}
+
+}  // namespace keyguard::tenant

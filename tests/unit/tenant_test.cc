@@ -1,0 +1,212 @@
+// Tenant prefixing without sockets: requests in, replies out.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "keyguard/commands/command_table.h"
+#include "keyguard/config/v1/config.pb.h"
+#include "keyguard/tenant/rewrite.h"
+#include "keyguard/tenant/tenancy.h"
+
+namespace keyguard::tenant {
+namespace {
+
+namespace v1 = keyguard::config::v1;
+
+std::shared_ptr<const Tenancy> Make(v1::Tenancy p) {
+  auto t = Tenancy::Compile(p, {});
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *t : nullptr;
+}
+
+class TenantTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    v1::Tenancy p;
+    p.set_prefix("tenant:a:");
+    p.add_allowed_scripts(Sha1Hex("return 1"));
+    p.add_migrate_targets("10.0.0.9:6379");
+    tenancy_ = Make(p);
+    rewriter_ = std::make_unique<RequestRewriter>(*tenancy_);
+  }
+  // The rewritten request joined with spaces, or "REFUSE: <message>".
+  std::string Req(std::vector<std::string> words, ReplyRewrite* reply = nullptr) {
+    std::vector<std::string_view> args(words.begin(), words.end());
+    const commands::CommandId id = commands::LookupCommand(args[0]);
+    const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
+    std::vector<commands::KeyRef> keys;
+    const bool ok = spec != nullptr && commands::FindKeys(*spec, args, &keys);
+    std::vector<std::string_view> out;
+    RequestResult r = rewriter_->Rewrite(*tenancy_->static_tenant(), id, spec, args, keys, ok, &out);
+    if (reply != nullptr) *reply = r.reply;
+    if (r.kind == RequestResult::Kind::kRefuse) return "REFUSE: " + r.message;
+    const auto& used = r.modified ? out : args;
+    std::string s;
+    for (std::string_view a : used) s += (s.empty() ? "" : " ") + std::string(a);
+    return s;
+  }
+  std::string Rep(ReplyRewrite kind, std::string frame, std::vector<uint8_t> exec = {}) {
+    std::string out;
+    return Shown(RewriteReply(*tenancy_, *tenancy_->static_tenant(), kind, exec, frame, &out), frame, out);
+  }
+  std::string Push(std::string frame) {
+    std::string out;
+    return Shown(RewritePush(*tenancy_, *tenancy_->static_tenant(), frame, &out), frame, out);
+  }
+  // What the client gets: the frame, its replacement, or "DROP".
+  static std::string Shown(ReplyAction a, const std::string& frame, const std::string& out) {
+    return a == ReplyAction::kPass ? frame : a == ReplyAction::kReplace ? out : "DROP";
+  }
+  std::shared_ptr<const Tenancy> tenancy_;
+  std::unique_ptr<RequestRewriter> rewriter_;
+};
+
+TEST_F(TenantTest, KeysGetThePrefix) {
+  EXPECT_EQ(Req({"SET", "k", "v"}), "SET tenant:a:k v");
+  EXPECT_EQ(Req({"MSET", "a", "1", "b", "2"}), "MSET tenant:a:a 1 tenant:a:b 2");
+  EXPECT_EQ(Req({"EVAL", "return 1", "2", "x", "y", "argv"}), "EVAL return 1 2 tenant:a:x tenant:a:y argv");
+  EXPECT_EQ(Req({"XREAD", "COUNT", "1", "STREAMS", "s1", "s2", "0", "0"}),
+            "XREAD COUNT 1 STREAMS tenant:a:s1 tenant:a:s2 0 0");
+  EXPECT_EQ(Req({"GEORADIUS", "g", "0", "0", "1", "km", "STORE", "dst"}),
+            "GEORADIUS tenant:a:g 0 0 1 km STORE tenant:a:dst");
+  EXPECT_EQ(Req({"OBJECT", "ENCODING", "k"}), "OBJECT ENCODING tenant:a:k");
+  EXPECT_EQ(Req({"DEBUG", "OBJECT", "k"}), "DEBUG OBJECT tenant:a:k");
+  EXPECT_EQ(Req({"WATCH", "a", "b"}), "WATCH tenant:a:a tenant:a:b");
+  EXPECT_EQ(Req({"COPY", "a", "b", "REPLACE"}), "COPY tenant:a:a tenant:a:b REPLACE");
+  EXPECT_EQ(Req({"MIGRATE", "10.0.0.9", "6379", "", "0", "100", "KEYS", "a", "b"}),
+            "MIGRATE 10.0.0.9 6379  0 100 KEYS tenant:a:a tenant:a:b");
+  EXPECT_EQ(Req({"GET", "{user1}:x"}), "GET tenant:a:{user1}:x");  // the hash tag stays the first one
+}
+
+TEST_F(TenantTest, SortPatternsAndStore) {
+  EXPECT_EQ(Req({"SORT", "l", "BY", "w_*", "GET", "#", "GET", "o_*->f", "LIMIT", "0", "5", "STORE", "d"}),
+            "SORT tenant:a:l BY tenant:a:w_* GET # GET tenant:a:o_*->f LIMIT 0 5 STORE tenant:a:d");
+}
+
+TEST_F(TenantTest, PatternsAreConfined) {
+  ReplyRewrite r;
+  EXPECT_EQ(Req({"KEYS", "user:*"}, &r), "KEYS tenant:a:user:*");
+  EXPECT_EQ(r, ReplyRewrite::kKeyArray);
+  EXPECT_EQ(Req({"SCAN", "0"}, &r), "SCAN 0 MATCH tenant:a:*");
+  EXPECT_EQ(r, ReplyRewrite::kScan);
+  EXPECT_EQ(Req({"SCAN", "0", "MATCH", "u*", "COUNT", "10"}), "SCAN 0 MATCH tenant:a:u* COUNT 10");
+  EXPECT_EQ(Req({"HSCAN", "h", "0", "MATCH", "f*"}), "HSCAN tenant:a:h 0 MATCH f*");
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "BCAST"}), "CLIENT TRACKING on BCAST PREFIX tenant:a:");
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "BCAST", "PREFIX", "u:"}), "CLIENT TRACKING on BCAST PREFIX tenant:a:u:");
+}
+
+TEST_F(TenantTest, GlobCharactersInThePrefixAreEscaped) {
+  v1::Tenancy p;
+  p.set_prefix("t*[1]:");
+  auto t = Make(p);
+  RequestRewriter rw(*t);
+  std::vector<std::string_view> args = {"KEYS", "*"}, out;
+  rw.Rewrite(*t->static_tenant(), commands::LookupCommand("keys"), &commands::Spec(commands::LookupCommand("keys")), args,
+             {}, true, &out);
+  EXPECT_EQ(out[1], "t\\*\\[1\\]:*");
+}
+
+TEST_F(TenantTest, ChannelsAndNotifications) {
+  EXPECT_EQ(Req({"SUBSCRIBE", "news", "__keyspace@0__:k", "__keyevent@0__:set"}),
+            "SUBSCRIBE tenant:a:news __keyspace@0__:tenant:a:k __keyevent@0__:set");
+  EXPECT_EQ(Req({"PSUBSCRIBE", "n*", "__keyspace@*__:*"}), "PSUBSCRIBE tenant:a:n* __keyspace@*__:tenant:a:*");
+  EXPECT_EQ(Req({"PUBLISH", "__keyevent@0__:set", "tenant:b:x"}), "PUBLISH tenant:a:__keyevent@0__:set tenant:b:x");
+  EXPECT_EQ(Req({"PUBSUB", "CHANNELS"}), "PUBSUB CHANNELS tenant:a:*");
+  EXPECT_EQ(Req({"PUBSUB", "NUMSUB", "c"}), "PUBSUB NUMSUB tenant:a:c");
+}
+
+TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
+  for (auto words : std::vector<std::vector<std::string>>{
+           {"SWAPDB", "0", "1"}, {"MOVE", "k", "1"}, {"SELECT", "1"}, {"COPY", "a", "b", "DB", "1"},
+           {"MIGRATE", "evil", "6379", "k", "0", "100"}, {"MONITOR"}, {"CLIENT", "LIST"},
+           {"CLIENT", "KILL", "ID", "1"}, {"CONFIG", "GET", "*"}, {"DEBUG", "SLEEP", "0"}, {"SLOWLOG", "GET"},
+           {"ACL", "LIST"}, {"MODULE", "LIST"}, {"SCRIPT", "FLUSH"}, {"FUNCTION", "LIST"}, {"CLUSTER", "INFO"},
+           {"SHUTDOWN"}, {"REPLICAOF", "no", "one"}, {"EVAL", "return redis.call('keys','*')", "0"},
+           {"EVALSHA", "0000000000000000000000000000000000000000", "0"}, {"FCALL", "f", "0"}, {"PUBSUB", "NUMPAT"},
+           {"NOSUCHCOMMAND", "x"}, {"GET"}}) {
+    EXPECT_EQ(Req(words).substr(0, 8), "REFUSE: ") << words[0];
+  }
+  EXPECT_EQ(Req({"SELECT", "0"}), "SELECT 0");
+  EXPECT_EQ(Req({"EVAL", "return 1", "0"}), "EVAL return 1 0");  // on the allow-list
+  EXPECT_EQ(Req({"CLIENT", "SETNAME", "x"}), "CLIENT SETNAME x");
+  EXPECT_EQ(Req({"FLUSHDB"}).substr(0, 5), "EVAL ");
+  EXPECT_EQ(Req({"FLUSHALL", "ASYNC"}).find("0 tenant:a:* tenant:a:"), Req({"FLUSHDB"}).find("0 tenant:a:* tenant:a:"));
+  ReplyRewrite r;
+  EXPECT_NE(Req({"RANDOMKEY"}, &r).find("RANDOMKEY"), std::string::npos);
+  EXPECT_EQ(r, ReplyRewrite::kBulkKey);
+  EXPECT_EQ(Req({"GET"}), "REFUSE: ERR wrong number of arguments for 'get' command");
+}
+
+TEST_F(TenantTest, RepliesLoseThePrefix) {
+  EXPECT_EQ(Rep(ReplyRewrite::kKeyArray, "*3\r\n$10\r\ntenant:a:x\r\n$10\r\ntenant:b:y\r\n$11\r\ntenant:a:yy\r\n"),
+            "*2\r\n$1\r\nx\r\n$2\r\nyy\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kScan, "*2\r\n$1\r\n0\r\n*1\r\n$10\r\ntenant:a:x\r\n"), "*2\r\n$1\r\n0\r\n*1\r\n$1\r\nx\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kFirstKey, "*2\r\n$10\r\ntenant:a:l\r\n$1\r\nv\r\n"), "*2\r\n$1\r\nl\r\n$1\r\nv\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kFirstKey, "*-1\r\n"), "*-1\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$10\r\ntenant:a:k\r\n"), "$1\r\nk\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$-1\r\n"), "$-1\r\n");
+  // XREAD: RESP2 array of [key, entries], RESP3 map.
+  EXPECT_EQ(Rep(ReplyRewrite::kStreams, "*1\r\n*2\r\n$10\r\ntenant:a:s\r\n*0\r\n"), "*1\r\n*2\r\n$1\r\ns\r\n*0\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kStreams, "%1\r\n$10\r\ntenant:a:s\r\n*0\r\n"), "%1\r\n$1\r\ns\r\n*0\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kNone, "-NOGROUP No such key 'tenant:a:s' or consumer group 'g'\r\n"),
+            "-NOGROUP No such key 's' or consumer group 'g'\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kExec, "*3\r\n+OK\r\n*1\r\n$10\r\ntenant:a:k\r\n-ERR tenant:a:z\r\n", {0, 1, 0}),
+            "*3\r\n+OK\r\n*1\r\n$1\r\nk\r\n-ERR z\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$41\r\n# Server\r\nv:1\r\n\r\n# Keyspace\r\ndb0:keys=3\r\n\r\n"),
+            "$15\r\n# Server\r\nv:1\r\n\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kChannelCounts, "*4\r\n$10\r\ntenant:a:c\r\n:1\r\n$10\r\ntenant:b:c\r\n:1\r\n"),
+            "*2\r\n$1\r\nc\r\n:1\r\n");
+}
+
+TEST_F(TenantTest, PushesAreConfined) {
+  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$13\r\ntenant:a:news\r\n$2\r\nhi\r\n"), "*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n");
+  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$13\r\ntenant:b:news\r\n$2\r\nhi\r\n"), "DROP");
+  EXPECT_EQ(Push(">4\r\n$8\r\npmessage\r\n$25\r\n__keyspace@0__:tenant:a:*\r\n$25\r\n__keyspace@0__:tenant:a:k\r\n$3\r\nset\r\n"),
+            ">4\r\n$8\r\npmessage\r\n$16\r\n__keyspace@0__:*\r\n$16\r\n__keyspace@0__:k\r\n$3\r\nset\r\n");
+  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$25\r\n__keyspace@0__:tenant:b:k\r\n$3\r\nset\r\n"), "DROP");
+  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$18\r\n__keyevent@0__:set\r\n$10\r\ntenant:a:k\r\n"),
+            "*3\r\n$7\r\nmessage\r\n$18\r\n__keyevent@0__:set\r\n$1\r\nk\r\n");
+  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$18\r\n__keyevent@0__:set\r\n$10\r\ntenant:b:k\r\n"), "DROP");
+  EXPECT_EQ(Push(">2\r\n$10\r\ninvalidate\r\n*2\r\n$10\r\ntenant:a:k\r\n$10\r\ntenant:b:k\r\n"),
+            ">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n");
+  EXPECT_EQ(Push(">2\r\n$10\r\ninvalidate\r\n*1\r\n$10\r\ntenant:b:k\r\n"), "DROP");
+  EXPECT_EQ(Push(">2\r\n$10\r\ninvalidate\r\n_\r\n"), ">2\r\n$10\r\ninvalidate\r\n_\r\n");
+  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$10\r\ntenant:b:k\r\n"), "DROP");
+  EXPECT_EQ(Push("*3\r\n$9\r\nsubscribe\r\n$13\r\ntenant:a:news\r\n:1\r\n"), "*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n");
+}
+
+TEST(TenancyConfigTest, Validation) {
+  v1::Tenancy p;
+  auto* a = p.add_users();
+  a->set_name("alice");
+  a->set_password("alice-secret");
+  a->set_prefix("tenant:a:");
+  auto* b = p.add_users();
+  b->set_name("bob");
+  b->set_password_sha256(Hex(Sha256("bob-secret").data(), 32));
+  b->set_prefix("tenant:b:");
+  auto t = Tenancy::Compile(p, {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_NE((*t)->Authenticate("alice", "alice-secret"), nullptr);
+  EXPECT_EQ((*t)->Authenticate("alice", "alice-secret")->tenant->name, "tenant:a");
+  EXPECT_EQ((*t)->Authenticate("alice", "bob-secret"), nullptr);
+  EXPECT_EQ((*t)->Authenticate("bob", "bob-secret")->tenant->prefix, "tenant:b:");
+  EXPECT_EQ((*t)->Authenticate("carol", "x"), nullptr);
+
+  b->set_prefix("tenant:a:b:");
+  EXPECT_EQ(Tenancy::Compile(p, {}).status().message(),
+            "tenancy: prefix 'tenant:a:' begins prefix 'tenant:a:b:': tenant 'tenant:a' would see tenant "
+            "'tenant:a:b''s keys");
+  b->set_prefix("{t}:");
+  EXPECT_EQ(Tenancy::Compile(p, {}).status().message().substr(0, 37), "tenancy.users[1].prefix: must not con");
+  b->set_prefix("tenant:b:");
+  b->set_password_sha256("abc");
+  EXPECT_EQ(Tenancy::Compile(p, {}).status().message(),
+            "tenancy.users[1].password_sha256: must be 64 hex digits (sha256sum of the password)");
+  p.set_prefix("x:");
+  EXPECT_FALSE(Tenancy::Compile(p, {}).ok());
+}
+
+}  // namespace
+}  // namespace keyguard::tenant
