@@ -209,11 +209,27 @@ void Session::ProcessClientBytes(size_t* hint) {
   }
   if (!forward_.empty()) upstream_out_.Send(forward_);
   forward_.clear();
-  scratch_.clear();
+  // Keep the first chunk's memory for the next batch.
+  if (scratch_.size() > 1) scratch_.resize(1);
+  if (!scratch_.empty()) scratch_.front().clear();
   client_buf_.Consume(pos);
 }
 
 void Session::ForwardRaw(const char* data, size_t len) { AppendBuffer(&forward_, data, len); }
+
+std::string_view Session::Encode(std::span<const std::string_view> args) {
+  // Encoded commands of a batch share chunks that never reallocate while forward_ points into
+  // them: a chunk is only appended to within its reserved capacity.
+  size_t bound = 24;
+  for (std::string_view a : args) bound += a.size() + 24;
+  if (scratch_.empty() || scratch_.back().capacity() - scratch_.back().size() < bound) {
+    scratch_.emplace_back().reserve(std::max<size_t>(bound, 64 * 1024));
+  }
+  std::string& chunk = scratch_.back();
+  const size_t start = chunk.size();
+  resp::AppendCommand(&chunk, args);
+  return std::string_view(chunk.data() + start, chunk.size() - start);
+}
 
 void Session::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {
   const commands::KnownCommands& known = commands::Known();
@@ -288,9 +304,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     }
     if (modified) {
       // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
-      std::string& encoded = scratch_.emplace_back();
-      resp::AppendCommand(&encoded, out);
-      bytes = encoded;
+      bytes = Encode(out);
     }
     policy_owned_.clear();
   }
@@ -492,8 +506,7 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
            skipped, silent);
     return;
   }
-  std::string& encoded = scratch_.emplace_back();
-  resp::AppendCommand(&encoded, forward);
+  const std::string_view encoded = Encode(forward);
   ForwardRaw(encoded.data(), encoded.size());
   if (silent) {
     worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);

@@ -72,6 +72,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void ProcessClientBytes(size_t* hint);
   void HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now);
   void ForwardRaw(const char* data, size_t len);
+  // Encodes a rewritten command into the batch's scratch chunks; the view lives until the batch
+  // has been handed to the upstream outbox.
+  std::string_view Encode(std::span<const std::string_view> args);
   // Applies the key policy to the keys in key_refs_. Returns false with the error text in
   // `refusal` when the command is
   // refused; with a rewrite, sets `*modified` and leaves the new arguments in cmd_args_.
@@ -122,7 +125,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<asio::const_buffer> forward_;  // client bytes going upstream
   std::vector<asio::const_buffer> deliver_;  // reply bytes going to the client
   std::deque<std::string> held_;             // local replies referenced by deliver_ until sent
-  std::deque<std::string> scratch_;          // rewritten commands referenced by forward_ until sent
+  std::deque<std::string> scratch_;          // chunks of rewritten commands forward_ points into until sent
   std::vector<commands::KeyRef> key_refs_;
   std::vector<std::string_view> cmd_args_;     // arguments after the key policy's rewrites
   std::vector<std::string_view> tenant_args_;  // arguments after tenant prefixing

@@ -59,6 +59,7 @@ class RequestRewriter {
 
   const Tenancy& tenancy_;
   std::deque<std::string> owned_;
+  std::string key_space_;      // the prefixed keys of the last request
   std::vector<uint8_t> kind_;  // by CommandId: the special handling below
 };
 
