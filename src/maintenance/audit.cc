@@ -152,6 +152,9 @@ int RunAudit(const std::vector<std::string>& argv) {
     info.lfu = true;
   }
   if (auto size = link.Call({"DBSIZE"}); size.ok()) info.dbsize = IntOr(*size, -1);
+  // Redis 7.2+: the audit's reads leave access times (and so LRU/LFU eviction) alone. Older
+  // servers answer with an error, ignored; there OBJECT IDLETIME is read before any value.
+  (void)link.Call({"CLIENT", "NO-TOUCH", "ON"});
 
   std::signal(SIGINT, RequestStop);
   std::signal(SIGTERM, RequestStop);
