@@ -3,7 +3,7 @@
 # The single list of packages: CI, the README and docker/Dockerfile all use this script.
 set -euo pipefail
 BUILD_PKGS=(build-essential cmake ninja-build pkg-config libboost-dev libabsl-dev libre2-dev
-            libprotobuf-dev protobuf-compiler libyaml-cpp-dev libhiredis-dev libssl-dev)
+            libprotobuf-dev protobuf-compiler libyaml-cpp-dev libhiredis-dev libssl-dev nlohmann-json3-dev)
 RUN_PKGS=(redis-server redis-tools)
 TEST_PKGS=(libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 python3-redis
            python3-pytest prometheus haproxy nutcracker yamllint curl procps)

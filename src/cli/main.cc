@@ -1,6 +1,7 @@
 // keyguard: a RESP proxy that keeps Redis key names in order.
 //   keyguard [--config FILE] [--listen HOST:PORT] [--upstream HOST:PORT] [--admin HOST:PORT] [--threads N]
 //   keyguard check-config FILE
+//   keyguard audit ... | keyguard migrate ...   (src/maintenance)
 // Flags override the same settings from the config file.
 #include <csignal>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
+#include "keyguard/maintenance/maintenance.h"
 #include "keyguard/proxy/server.h"
 
 namespace {
@@ -21,6 +23,9 @@ namespace {
 constexpr char kUsage[] =
     "usage: keyguard [options]            run the proxy\n"
     "       keyguard check-config FILE    validate a config file and print the effective settings\n"
+    "       keyguard audit [options]      report what the keys already in Redis break (audit --help)\n"
+    "       keyguard migrate --migration NAME copy|verify|cleanup [options]\n"
+    "                                     rename or re-shape existing keys (migrate --help)\n"
     "\n"
     "options (each overrides the same setting in --config):\n"
     "  --config FILE         YAML config file\n"
@@ -49,6 +54,8 @@ int main(int argc, char** argv) {
     std::fputs(keyguard::config::DescribeConfig(*c).c_str(), stdout);
     return 0;
   }
+  if (!args.empty() && args[0] == "audit") return keyguard::maintenance::RunAudit({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "migrate") return keyguard::maintenance::RunMigrate({args.begin() + 1, args.end()});
   if (!args.empty() && args[0].rfind("--", 0) != 0) return Fail(absl::StrCat("unknown subcommand '", args[0], "'\n", kUsage));
 
   std::map<std::string, std::string> flags;

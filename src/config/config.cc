@@ -56,14 +56,8 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text_in, std::string_vie
 }
 
 absl::StatusOr<ProxyConfig> ParseConfig(std::string_view yaml) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(yaml));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
-  }
   v1::Config proto;
-  if (auto s = YamlToProto(root, &proto); !s.ok()) return s;
+  if (auto s = YamlTextToProto(yaml, &proto); !s.ok()) return s;
   return Compile(proto);
 }
 
@@ -181,11 +175,9 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
 }
 
 absl::StatusOr<ProxyConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto c = ParseConfig(ss.str());
+  auto text = ReadConfigText(path);
+  if (!text.ok()) return text.status();
+  auto c = ParseConfig(*text);
   if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;
 }

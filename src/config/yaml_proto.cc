@@ -1,6 +1,8 @@
 #include "config/yaml_proto.h"
 
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <set>
 #include <vector>
 
@@ -152,6 +154,24 @@ absl::Status YamlToProto(const YAML::Node& node, Message* message, const std::st
     if (auto s = SetScalar(value, message, f, field_path); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status YamlTextToProto(std::string_view yaml, Message* message) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
+  }
+  return YamlToProto(root, message);
+}
+
+absl::StatusOr<std::string> ReadConfigText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace keyguard::config

@@ -1,0 +1,107 @@
+#include "maintenance/redis_link.h"
+
+#include <hiredis/hiredis.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace keyguard::maintenance {
+namespace {
+
+Reply Convert(const redisReply* r) {
+  Reply out;
+  switch (r->type) {
+    case REDIS_REPLY_INTEGER:
+      out.kind = Reply::Kind::kInteger;
+      out.integer = r->integer;
+      break;
+    case REDIS_REPLY_STRING:
+    case REDIS_REPLY_STATUS:
+    case REDIS_REPLY_ERROR:
+      out.kind = r->type == REDIS_REPLY_STRING ? Reply::Kind::kString
+                 : r->type == REDIS_REPLY_STATUS ? Reply::Kind::kStatus
+                                                 : Reply::Kind::kError;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_ARRAY:
+      out.kind = Reply::Kind::kArray;
+      out.elements.reserve(r->elements);
+      for (size_t i = 0; i < r->elements; ++i) out.elements.push_back(Convert(r->element[i]));
+      break;
+    default:
+      break;  // nil
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RedisLink>> RedisLink::Connect(const config::HostPort& where, int db) {
+  const timeval connect_timeout{5, 0};
+  redisContext* c = redisConnectWithTimeout(where.host.c_str(), where.port, connect_timeout);
+  if (c == nullptr) return absl::UnavailableError(absl::StrCat(where.ToString(), ": cannot allocate a connection"));
+  std::unique_ptr<RedisLink> link(new RedisLink(c));
+  if (c->err) return absl::UnavailableError(absl::StrCat(where.ToString(), ": ", c->errstr));
+  // A reply that takes longer than this means a stuck server, not a slow batch.
+  const timeval io_timeout{60, 0};
+  redisSetTimeout(c, io_timeout);
+  if (const char* password = std::getenv("REDISCLI_AUTH"); password != nullptr && *password != '\0') {
+    auto r = link->Call({"AUTH", password});
+    if (!r.ok()) return r.status();
+    if (r->is_error()) return absl::PermissionDeniedError(absl::StrCat(where.ToString(), ": AUTH: ", r->str));
+  }
+  if (db != 0) {
+    auto r = link->Call({"SELECT", absl::StrCat(db)});
+    if (!r.ok()) return r.status();
+    if (r->is_error()) return absl::InvalidArgumentError(absl::StrCat(where.ToString(), ": SELECT ", db, ": ", r->str));
+  }
+  return link;
+}
+
+RedisLink::~RedisLink() { redisFree(c_); }
+
+absl::StatusOr<std::vector<Reply>> RedisLink::Pipeline(const std::vector<Command>& commands) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lengths;
+  for (const Command& cmd : commands) {
+    argv.clear();
+    lengths.clear();
+    for (const std::string& a : cmd) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lengths.data()) != REDIS_OK) {
+      return absl::InternalError(absl::StrCat("redis: ", c_->errstr));
+    }
+  }
+  std::vector<Reply> replies;
+  replies.reserve(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(c_, &raw) != REDIS_OK || raw == nullptr) {
+      return absl::UnavailableError(absl::StrCat("redis: ", c_->err ? c_->errstr : "connection lost"));
+    }
+    replies.push_back(Convert(static_cast<redisReply*>(raw)));
+    freeReplyObject(raw);
+  }
+  return replies;
+}
+
+absl::StatusOr<Reply> RedisLink::Call(const Command& command) {
+  auto r = Pipeline({command});
+  if (!r.ok()) return r.status();
+  return std::move((*r)[0]);
+}
+
+void Pacer::Before(size_t n) {
+  if (per_second_ != 0) {
+    // The batch may start when the commands already sent fit the cap: sent / rate seconds in.
+    const auto due = start_ + std::chrono::microseconds(sent_ * 1000000 / per_second_);
+    std::this_thread::sleep_until(due);
+  }
+  sent_ += n;
+}
+
+}  // namespace keyguard::maintenance

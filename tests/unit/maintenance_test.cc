@@ -1,0 +1,228 @@
+// Unit tests of the maintenance commands' sans-io parts: config sections, JSON splitting, and the
+// audit report fed with key records directly.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "maintenance/args.h"
+#include "maintenance/audit_report.h"
+#include "maintenance/json_fields.h"
+#include "maintenance/settings.h"
+
+namespace keyguard::maintenance {
+namespace {
+
+using Json = nlohmann::json;
+
+MaintenanceConfig Parse(const std::string& yaml) {
+  auto c = ParseMaintenanceConfig(yaml);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *std::move(c) : MaintenanceConfig();
+}
+
+std::string ParseError(const std::string& yaml) {
+  auto c = ParseMaintenanceConfig(yaml);
+  return c.ok() ? "ok" : std::string(c.status().message());
+}
+
+TEST(MaintenanceSettingsTest, DefaultsWithoutSections) {
+  MaintenanceConfig c = Parse("listen: 127.0.0.1:7000\n");
+  EXPECT_EQ(c.audit.scan_count, 500u);
+  EXPECT_EQ(c.audit.max_ops_per_second, 10000u);
+  EXPECT_EQ(c.audit.cold_after_seconds, 2592000u);
+  EXPECT_EQ(c.audit.fail_on, Severity::kNever);
+  EXPECT_TRUE(c.migrations.empty());
+}
+
+TEST(MaintenanceSettingsTest, AuditSection) {
+  MaintenanceConfig c = Parse("audit: {scan_count: 100, max_ops_per_second: 0, cold_after_seconds: 5, fail_on: warning, "
+                              "json_depth: 3, top_keys: 4}\n");
+  EXPECT_EQ(c.audit.scan_count, 100u);
+  EXPECT_EQ(c.audit.max_ops_per_second, 0u);
+  EXPECT_EQ(c.audit.cold_after_seconds, 5u);
+  EXPECT_EQ(c.audit.fail_on, Severity::kWarning);
+  EXPECT_EQ(c.audit.json_depth, 3u);
+  EXPECT_EQ(c.audit.top_keys, 4u);
+  EXPECT_EQ(ParseError("audit: {scan_count: 0}\n"), "audit.scan_count: must be between 1 and 100000");
+  EXPECT_EQ(ParseError("audit: {fail_on: loud}\n"), "audit.fail_on: 'loud' is not one of info, warning, critical, never");
+}
+
+TEST(MaintenanceSettingsTest, MigrationFromItsOwnPatternOrAPolicyRule) {
+  MaintenanceConfig c = Parse(R"(
+key_policy:
+  rules:
+    - {name: legacy-profile, pattern: '^User_(\d+)_Profile$', rewrite: 'user:$1:profile', action: rewrite}
+migrations:
+  - {name: profiles, match: 'User_*_Profile', rule: legacy-profile, reshape: json_to_hash, nested: separate_key}
+  - {name: carts, match: 'Cart-*', pattern: '^Cart-(\w+)$', rewrite: 'cart:$1', batch: 50}
+)");
+  ASSERT_EQ(c.migrations.size(), 2u);
+  const Migration* p = c.FindMigration("profiles");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->json_to_hash);
+  EXPECT_TRUE(p->separate_nested);
+  EXPECT_EQ(p->match, "User_*_Profile");
+  EXPECT_EQ(p->NewName("User_1001_Profile"), "user:1001:profile");
+  EXPECT_EQ(p->NewName("User_x_Profile"), std::nullopt);
+  const Migration* k = c.FindMigration("carts");
+  ASSERT_NE(k, nullptr);
+  EXPECT_FALSE(k->json_to_hash);
+  EXPECT_EQ(k->batch, 50u);
+  EXPECT_EQ(k->NewName("Cart-ab12"), "cart:ab12");
+  EXPECT_EQ(c.FindMigration("nope"), nullptr);
+}
+
+TEST(MaintenanceSettingsTest, MigrationErrorsNameTheField) {
+  EXPECT_EQ(ParseError("migrations: [{name: a, rule: nope}]\n"), "migrations[0].rule: no key_policy.rules entry is named 'nope'");
+  EXPECT_EQ(ParseError("migrations: [{name: a, rewrite: 'x:$1'}]\n"), "migrations[0].pattern: required (or name a key_policy rule in rule)");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '(x'}]\n"), "migrations[0].rewrite: required (or name a key_policy rule in rule)");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x$', rewrite: 'y'}]\n"), "migrations[0].pattern: missing ): ^(x$");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^x$', rewrite: 'y:$2'}]\n"),
+            "migrations[0].rewrite: Rewrite schema requests 2 matches, but the regexp only has 0 parenthesized subexpressions.");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', nested: separate_key}]\n"),
+            "migrations[0].nested: applies to reshape: json_to_hash only");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: y}, {name: a, pattern: '^(x)$', rewrite: y}]\n"),
+            "migrations[1].name: 'a' is used twice");
+  EXPECT_EQ(ParseError("key_policy: {rules: [{name: r, pattern: x}]}\nmigrations: [{name: a, rule: r}]\n"),
+            "migrations[0].rule: rule 'r' has no rewrite");
+}
+
+TEST(MaintenanceArgsTest, ValuedSwitchesAndPositional) {
+  auto a = ParseArgs({"copy", "--migration", "profiles", "--dry-run", "--max-keys=10"}, {"--migration", "--max-keys"}, {"--dry-run"});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->positional, std::vector<std::string>{"copy"});
+  EXPECT_EQ(a->Str("--migration"), "profiles");
+  EXPECT_TRUE(a->Has("--dry-run"));
+  EXPECT_EQ(*a->Int("--max-keys", 0, 0, 100), 10);
+  EXPECT_EQ(a->Int("--max-keys", 0, 0, 5).status().message(), "--max-keys: expected an integer in 0..5");
+  EXPECT_EQ(ParseArgs({"--bogus"}, {}, {}).status().message(), "unknown flag '--bogus'");
+  EXPECT_EQ(ParseArgs({"--migration"}, {"--migration"}, {}).status().message(), "--migration needs a value");
+}
+
+TEST(JsonFieldsTest, DepthCountsBracketsOutsideStringsEvenOnAPrefix) {
+  EXPECT_EQ(JsonDepth("{}"), 1);
+  EXPECT_EQ(JsonDepth(R"({"a":1,"b":"x"})"), 1);
+  EXPECT_EQ(JsonDepth(R"({"a":{"b":[1,2]}})"), 3);
+  EXPECT_EQ(JsonDepth(R"({"a":"{[{[","b":"\"{"})"), 1);
+  EXPECT_EQ(JsonDepth(R"({"a":{"b":{"c)"), 3);  // cut mid-string
+  EXPECT_EQ(JsonDepth("plain text"), 0);
+}
+
+TEST(JsonFieldsTest, TopLevelFieldsBecomeHashFields) {
+  std::string error;
+  auto s = JsonToHash(R"({"name":"ada","age":36,"vip":true,"x":null,"pi":1.5,"tags":["a","b"],"addr":{"city":"Paris"}})",
+                      false, &error);
+  ASSERT_TRUE(s) << error;
+  EXPECT_EQ(s->fields, (Fields{{"name", "ada"}, {"age", "36"}, {"vip", "true"}, {"x", "null"}, {"pi", "1.5"},
+                               {"tags", R"(["a","b"])"}, {"addr", R"({"city":"Paris"})"}}));
+  EXPECT_TRUE(s->subkeys.empty());
+}
+
+TEST(JsonFieldsTest, NestedValuesAsSeparateKeys) {
+  std::string error;
+  auto s = JsonToHash(R"({"name":"ada","tags":["a"],"addr":{"city":"Paris","geo":{"lat":1}},"empty":{}})", true, &error);
+  ASSERT_TRUE(s) << error;
+  EXPECT_EQ(s->fields, (Fields{{"name", "ada"}, {"empty", "{}"}}));
+  ASSERT_EQ(s->subkeys.size(), 2u);
+  EXPECT_EQ(s->subkeys[0].suffix, "tags");
+  EXPECT_FALSE(s->subkeys[0].hash);
+  EXPECT_EQ(s->subkeys[0].text, R"(["a"])");
+  EXPECT_EQ(s->subkeys[1].suffix, "addr");
+  EXPECT_TRUE(s->subkeys[1].hash);
+  EXPECT_EQ(s->subkeys[1].fields, (Fields{{"city", "Paris"}, {"geo", R"({"lat":1})"}}));
+}
+
+TEST(JsonFieldsTest, WhatCannotBecomeAHash) {
+  std::string error;
+  EXPECT_FALSE(JsonToHash("[1,2]", false, &error));
+  EXPECT_EQ(error, "not a JSON object");
+  EXPECT_FALSE(JsonToHash("{\"a\":", false, &error));
+  EXPECT_EQ(error, "not valid JSON");
+  EXPECT_FALSE(JsonToHash("{}", false, &error));
+  EXPECT_EQ(error, "an empty object");
+  EXPECT_FALSE(JsonToHash(R"({"a":{"b":1}})", true, &error));
+  EXPECT_EQ(error, "no top-level field left for the main Hash");
+}
+
+class AuditReportTest : public ::testing::Test {
+ protected:
+  AuditReportTest() : cfg_(Parse("hygiene: {big_string_bytes: 100, huge_string_bytes: 1000, big_collection_elements: 10}\n"
+                                 "audit: {cold_after_seconds: 60, top_keys: 3}\n")),
+                      report_(cfg_.proxy, cfg_.audit) {}
+  void Add(std::string key, std::string type, int64_t pttl, int64_t memory, int64_t idle, int64_t size,
+           std::string head = "") {
+    KeyRecord r;
+    r.key = std::move(key);
+    r.type = std::move(type);
+    r.pttl_ms = pttl;
+    r.memory = memory;
+    r.idle_seconds = idle;
+    r.size = size;
+    r.head = std::move(head);
+    report_.Add(r);
+  }
+  MaintenanceConfig cfg_;
+  AuditReport report_;
+};
+
+TEST_F(AuditReportTest, EveryKindOfFindingWithExactCounts) {
+  Add("user:1:profile", "hash", -1, 100, 5, 3);
+  Add("user:2:profile", "hash", 5000, 300, 120, 20);                       // big collection, cold
+  Add("User_3_Profile", "string", -1, 80, 1, 30, R"({"name":"x","age":3})");  // naming, serialized -> hash
+  Add("doc:1", "string", 1000, 2000, 1, 1500, R"({"a":{"b":1}})");         // huge, nested JSON -> json type
+  Add("blob:1", "string", 1000, 200, 1, 150, "\x80\x04\x95");               // big, pickle
+  Json j = Json::parse(report_.Json());
+  EXPECT_EQ(j["memory"], 2680);
+  ASSERT_EQ(j["patterns"].size(), 4u);
+  // Patterns sort by name: User_{id}_Profile, blob:{id}, doc:{id}, user:{id}:profile.
+  const Json& users = j["patterns"][3];
+  EXPECT_EQ(users["pattern"], "user:{id}:profile");
+  EXPECT_EQ(users["keys"], 2);
+  EXPECT_EQ(users["memory"], 400);
+  EXPECT_EQ(users["no_ttl_keys"], 1);
+  EXPECT_EQ(users["no_ttl_memory"], 100);
+  EXPECT_DOUBLE_EQ(users["no_ttl_memory_share"].get<double>(), 0.25);
+  EXPECT_EQ(users["cold_keys"], 1);
+  ASSERT_EQ(j["naming"].size(), 1u);  // `_` is allowed punctuation: only lowercase is broken
+  EXPECT_EQ(j["naming"][0]["rule"], "lowercase");
+  EXPECT_EQ(j["naming"][0]["examples"][0]["key"], "User_3_Profile");
+  EXPECT_EQ(j["naming"][0]["examples"][0]["suggestion"], "user:3:profile");
+  ASSERT_EQ(j["big_keys"].size(), 2u);
+  EXPECT_EQ(j["big_keys"][0]["type"], "hash");
+  EXPECT_EQ(j["big_keys"][0]["keys"], 1);
+  EXPECT_EQ(j["big_keys"][1]["type"], "string");
+  EXPECT_EQ(j["big_keys"][1]["keys"], 2);
+  EXPECT_EQ(j["big_keys"][1]["examples"][0]["key"], "doc:1");  // by size, largest first
+  EXPECT_EQ(j["huge_strings"]["keys"], 1);
+  EXPECT_EQ(j["cold_keys"]["keys"], 1);
+  EXPECT_EQ(j["cold_keys"]["examples"][0]["key"], "user:2:profile");
+  EXPECT_EQ(j["serialized"]["hash_candidates"], Json({{"json_object", 1}, {"python_pickle", 1}}));
+  EXPECT_EQ(j["serialized"]["json_documents"], 1);
+  ASSERT_EQ(j["top_keys"].size(), 3u);
+  EXPECT_EQ(j["top_keys"][0]["key"], "doc:1");
+  EXPECT_EQ(j["top_keys"][1]["key"], "user:2:profile");
+  EXPECT_EQ(j["top_keys"][2]["key"], "blob:1");
+  // critical: the huge string (not also a big-string warning); warning: lowercase, the big hash,
+  // the big string, two serialized; info: two keys without TTL, one cold key, one JSON document.
+  EXPECT_EQ(j["findings"], Json({{"critical", 1}, {"warning", 5}, {"info", 4}}));
+  EXPECT_TRUE(report_.Fails(Severity::kCritical));
+  EXPECT_FALSE(report_.Fails(Severity::kNever));
+}
+
+TEST_F(AuditReportTest, PrometheusSeries) {
+  Add("user:1:profile", "hash", -1, 100, 5, 3);
+  Add("User_3_Profile", "string", -1, 80, 1, 30);
+  const std::string prom = report_.Prometheus();
+  for (const char* line : {"keyguard_audit_keys{key_pattern=\"user:{id}:profile\",type=\"hash\"} 1\n",
+                           "keyguard_audit_memory_bytes{key_pattern=\"User_{id}_Profile\",type=\"string\"} 80\n",
+                           "keyguard_audit_keys_without_ttl{key_pattern=\"user:{id}:profile\"} 1\n",
+                           "keyguard_audit_naming_violations{rule=\"lowercase\",key_pattern=\"User_{id}_Profile\"} 1\n",
+                           "keyguard_audit_findings{severity=\"info\"} 2\n", "# TYPE keyguard_audit_keys gauge\n"}) {
+    EXPECT_NE(prom.find(line), std::string::npos) << line << prom;
+  }
+  EXPECT_FALSE(report_.Fails(Severity::kCritical));
+  EXPECT_TRUE(report_.Fails(Severity::kWarning));
+}
+
+}  // namespace
+}  // namespace keyguard::maintenance
