@@ -15,7 +15,7 @@ dashboards and alerts are checked against the same traffic people see in the dem
   dangerous   KEYS user:* (keys_command), FLUSHDB without ASYNC on scratch db 1
               (flush_without_async), FLUSHALL (denied by the demo config)
   errors      INCR on a JSON string (an error reply), malformed RESP on a raw socket (protocol
-              error), CLIENT KILL of another connection's upstream (upstream error)
+              error), CLIENT KILL of two other connections' upstreams (upstream errors)
 
 usage: workload.py [--host H] [--port P] [--rounds N] [--pause S] [--rmw N]
   --rounds 0 runs until killed.
@@ -93,14 +93,15 @@ def round_(args, r, n):
     with socket.create_connection((args.host, args.port), timeout=5) as s:
         s.sendall(b"*abc\r\n")
         s.recv(1024)
-    victim = connect(args)
-    victim_id = victim.client_id()  # the id of keyguard's upstream connection for this client
-    r.client_kill_filter(_id=victim_id)
-    try:
-        victim.ping()
-    except redis.ConnectionError:
-        pass
-    victim.close()
+    for _ in range(2):
+        victim = connect(args)
+        victim_id = victim.client_id()  # Redis's id of keyguard's upstream connection for this client
+        r.client_kill_filter(_id=victim_id)
+        try:
+            victim.ping()
+        except redis.ConnectionError:
+            pass
+        victim.close()
 
 
 def main():
