@@ -2,11 +2,14 @@
 # Builds keyguard. usage: scripts/build.sh [release|asan|fuzz]   (default release, into build/)
 # asan is GCC with ASan+UBSan (clang 14 + Boost 1.74 Asio lack C++20 coroutine support together);
 # fuzz is clang with libFuzzer, for the protocol layer only (no Asio there).
+# KEYGUARD_TESTS=OFF builds only the binary (build/keyguard), with just `install-deps.sh build`
+# installed: the container image does that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-release}
 case "$kind" in
-  release) cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && ninja -C build ;;
+  release) cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEYGUARD_TESTS="${KEYGUARD_TESTS:-ON}" \
+            >/dev/null && ninja -C build ;;
   asan) cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DKEYGUARD_SANITIZE=ON >/dev/null && ninja -C build-asan ;;
   fuzz) CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

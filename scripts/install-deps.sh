@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # Installs what keyguard needs to build, run and test on Debian 12, skipping what is present.
 # The single list of packages: CI, the README and docker/Dockerfile all use this script.
+#   build: compile keyguard   run: build + a local redis-server (scripts/run.sh)
+#   runtime: only the shared libraries the binary needs (the container image)
+#   all: everything CI needs (tests, Prometheus, yamllint, Go + sprig for the chart render check)
 set -euo pipefail
 BUILD_PKGS=(build-essential cmake ninja-build pkg-config libboost-dev libabsl-dev libre2-dev
             libprotobuf-dev protobuf-compiler libyaml-cpp-dev libhiredis-dev libssl-dev nlohmann-json3-dev)
 RUN_PKGS=(redis-server redis-tools)
+# What the keyguard binary links at run time, and nothing else: the container image's runtime
+# stage (docker/Dockerfile) installs exactly this set. libc6, libgcc-s1, zlib1g and libstdc++6
+# are in debian:12-slim already; tests/e2e/test_packaging.py checks the set against ldd.
+RUNTIME_PKGS=(libabsl20220623 libprotobuf32 libre2-9 libyaml-cpp0.7 libstdc++6 libssl3 libhiredis0.14)
 TEST_PKGS=(libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 python3-redis
-           python3-pytest prometheus haproxy nutcracker yamllint curl procps)
+           python3-pytest prometheus haproxy nutcracker yamllint curl procps
+           golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev)
 case "${1:-all}" in
   build) want=("${BUILD_PKGS[@]}") ;;
   run) want=("${BUILD_PKGS[@]}" "${RUN_PKGS[@]}") ;;
+  runtime) want=("${RUNTIME_PKGS[@]}") ;;
   all) want=("${BUILD_PKGS[@]}" "${RUN_PKGS[@]}" "${TEST_PKGS[@]}") ;;
-  *) echo "usage: $0 [build|run|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|run|runtime|all]" >&2; exit 2 ;;
 esac
 missing=()
 for p in "${want[@]}"; do

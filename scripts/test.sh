@@ -2,8 +2,10 @@
 # Installs what is missing, builds, and runs the whole test suite:
 #   unit tests (framer fragment replay, hiredis differential, config, metrics),
 #   integration tests through keyguard against real redis-server (hiredis, redis-py, redis-cli,
-#   raw RESP), promtool on real /metrics, the same suites against an ASan+UBSan build,
-#   and a short libFuzzer run of the framers.
+#   raw RESP), promtool on real /metrics, the packaging e2e tests (a real Prometheus scraping
+#   keyguard under the demo workload answers every dashboard query and alert expression; promtool
+#   rule tests; the Helm chart rendered and checked; Dockerfile and compose checked statically;
+#   yamllint), the same suites against an ASan+UBSan build, and a short libFuzzer run of the framers.
 # Env: FUZZ_SECONDS (default 30), SKIP_ASAN=1 to skip the sanitizer pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,9 @@ step "unit + hiredis client tests"
 
 step "integration tests (release)"
 KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration
+
+step "packaging e2e: Prometheus + dashboards + alerts, Helm render, image and compose (release)"
+KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/e2e
 
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
   step "build (ASan+UBSan)"

@@ -1,0 +1,247 @@
+"""Renders helm/keyguard (and the example app chart that runs it as a sidecar) without a helm
+binary: tests/e2e/helmrender is a small Go program with Helm's template engine (text/template +
+sprig + include/tpl/required/toYaml/fromYaml/.Files), built from Debian's Go packages. Every
+rendering must parse as YAML, pass yamllint, and hold what the values promise: modes, probes,
+security context, the ConfigMap keyguard reloads (its keyguard.yaml passes `keyguard
+check-config`), the Secret, monitors, the PrometheusRule (equal to the rule file) and the
+dashboard ConfigMaps (equal to the JSON files)."""
+import base64
+import json
+import os
+import subprocess
+import tempfile
+
+import pytest
+import yaml
+
+from stack import ALERTS, CHART, DASHBOARDS, KEYGUARD, ROOT
+
+EXAMPLE = os.path.join(ROOT, "helm", "examples", "app-with-keyguard")
+# Rendered output: toYaml writes block sequences unindented, the templates indent theirs, as Helm.
+RENDERED_LINT = ("{extends: default, rules: {line-length: disable, document-start: disable, "
+                 "indentation: {indent-sequences: whatever}, truthy: {check-keys: false}}}")
+
+
+@pytest.fixture(scope="module")
+def helmrender():
+    out = tempfile.mkdtemp(prefix="kg-helmrender-")
+    env = dict(os.environ, GO111MODULE="off", GOPATH="/usr/share/gocode", GOFLAGS="",
+               GOCACHE=os.path.join(ROOT, "build", "go-cache"))
+    binary = os.path.join(out, "helmrender")
+    subprocess.run(["go", "build", "-o", binary, "."], cwd=os.path.join(ROOT, "tests", "e2e", "helmrender"),
+                   env=env, check=True)
+    return binary
+
+
+def render(helmrender, values=None, chart=CHART, subchart=False, expect_error=None):
+    args = [helmrender, "-chart", chart, "-release", "shop", "-namespace", "prod"]
+    if subchart:
+        args += ["-subchart", "keyguard=" + CHART]
+    if values is not None:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            json.dump(values, f)
+        args += ["-f", f.name]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if expect_error:
+        assert r.returncode != 0 and expect_error in r.stderr, (r.returncode, r.stderr)
+        return None
+    assert r.returncode == 0, r.stderr
+    lint = subprocess.run(["yamllint", "-d", RENDERED_LINT, "-"], input=r.stdout, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + r.stdout
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    by_kind = {}
+    for d in docs:
+        assert {"apiVersion", "kind", "metadata"} <= set(d), d
+        by_kind.setdefault(d["kind"], []).append(d)
+    return by_kind
+
+
+def one(by_kind, kind):
+    assert len(by_kind.get(kind, [])) == 1, (kind, sorted(by_kind))
+    return by_kind[kind][0]
+
+
+def arg(container, flag):
+    a = container["args"]
+    return a[a.index(flag) + 1]
+
+
+def check_container(c, listen):
+    assert arg(c, "--config") == "/etc/keyguard/keyguard.yaml"
+    assert arg(c, "--listen") == listen
+    assert arg(c, "--admin") == "0.0.0.0:9121"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"keyguard-redis": 6380, "keyguard-admin": 9121}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "keyguard-admin"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "keyguard-admin"}
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001 and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+    # A directory mount: a subPath mount would never see ConfigMap updates, and keyguard reloads them.
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "keyguard-config")
+    assert mount["mountPath"] == "/etc/keyguard" and "subPath" not in mount
+
+
+def check_config_map(cm):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(cm["data"]["keyguard.yaml"])
+        f.flush()
+        r = subprocess.run([KEYGUARD, "check-config", f.name], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_image_tag_is_the_app_version():
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        chart = yaml.safe_load(f)
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        values = yaml.safe_load(f)
+    assert values["image"]["tag"] == chart["appVersion"]
+
+
+def test_lint_hand_written_yaml():
+    # Paths relative to the root: .yamllint's per-rule ignore patterns are anchored there.
+    files = ["helm/keyguard/values.yaml", "helm/keyguard/Chart.yaml", "helm/keyguard/files/prometheus",
+             "helm/examples/app-with-keyguard/values.yaml", "helm/examples/app-with-keyguard/Chart.yaml", "docker",
+             ".yamllint"]
+    r = subprocess.run(["yamllint", "-s", *files], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_standalone_defaults(helmrender):
+    k = render(helmrender)
+    assert sorted(k) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+    dep, svc, pdb, cm = (one(k, x) for x in ("Deployment", "Service", "PodDisruptionBudget", "ConfigMap"))
+    assert dep["metadata"]["name"] == "shop-keyguard" and dep["metadata"]["namespace"] == "prod"
+    pod = dep["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    check_container(c, "0.0.0.0:6380")
+    assert arg(c, "--upstream") == "redis:6379" and c["image"] == "keyguard:0.1.0"
+    assert "lifecycle" not in c and "restartPolicy" not in c
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["terminationGracePeriodSeconds"] > 10  # drain_timeout_ms defaults to 10 s
+    selector = dep["spec"]["selector"]["matchLabels"]
+    labels = pod["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+    assert svc["spec"]["selector"] == selector and pdb["spec"]["selector"]["matchLabels"] == selector
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
+        "redis": (6380, "keyguard-redis"), "admin": (9121, "keyguard-admin")}
+    (vol,) = pod["spec"]["volumes"]
+    assert vol == {"name": "keyguard-config", "configMap": {"name": cm["metadata"]["name"]}}
+    assert yaml.safe_load(cm["data"]["keyguard.yaml"]) == {"key_policy": {"default_action": "observe"}}
+    check_config_map(cm)
+
+
+def test_standalone_with_everything_on(helmrender):
+    values = {
+        "upstream": "redis-master.data.svc:6379", "threads": 2, "extraArgs": ["--version"],
+        "config": {"deny_commands": ["FLUSHALL"], "key_policy": {"default_action": "warn"}},
+        "upstreamAuth": {"username": "kg", "password": "s3cret"},
+        "standalone": {"podDisruptionBudget": {"maxUnavailable": 1}},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                    "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "kps"}}},
+        "dashboards": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "keyguard"}},
+    }
+    k = render(helmrender, values)
+    assert sorted(k) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "PodMonitor", "PrometheusRule", "Secret",
+                         "Service", "ServiceMonitor"]
+    dep, svc = one(k, "Deployment"), one(k, "Service")
+    pod = dep["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    check_container(c, "0.0.0.0:6380")
+    assert arg(c, "--upstream") == "redis-master.data.svc:6379" and arg(c, "--threads") == "2"
+    assert c["args"][-1] == "--version"
+    assert one(k, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+    secret = one(k, "Secret")
+    assert {x: base64.b64decode(v).decode() for x, v in secret["data"].items()} == {"username": "kg",
+                                                                                   "password": "s3cret"}
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "keyguard-upstream")
+    assert vol["secret"]["secretName"] == secret["metadata"]["name"]
+    assert {"name": "keyguard-upstream", "mountPath": "/var/run/secrets/keyguard/upstream",
+            "readOnly": True} in c["volumeMounts"]
+
+    sm = one(k, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    assert sm["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in svc["spec"]["ports"]]
+    pm = one(k, "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] in [p["name"] for p in c["ports"]]
+
+    rule = one(k, "PrometheusRule")
+    with open(ALERTS) as f:
+        assert rule["spec"]["groups"] == yaml.safe_load(f)["groups"]
+    assert rule["metadata"]["labels"]["release"] == "kps"
+
+    cms = {cm["metadata"]["name"]: cm for cm in k["ConfigMap"]}
+    check_config_map(cms["shop-keyguard-config"])
+    boards = {n: cm for n, cm in cms.items() if "dashboard" in n}
+    assert sorted(boards) == ["shop-keyguard-dashboard-keyguard-hygiene", "shop-keyguard-dashboard-keyguard-proxy"]
+    for cm in boards.values():
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "keyguard"}
+        ((name, text),) = cm["data"].items()
+        with open(os.path.join(DASHBOARDS, name)) as f:
+            assert json.loads(text) == json.load(f)
+
+
+def test_sidecar_mode_renders_config_and_monitoring_but_no_workload(helmrender):
+    k = render(helmrender, {"mode": "sidecar", "metrics": {"podMonitor": {
+        "enabled": True, "selector": {"matchLabels": {"app": "shop-api"}}}}})
+    assert sorted(k) == ["ConfigMap", "PodMonitor"]
+    assert one(k, "PodMonitor")["spec"]["selector"] == {"matchLabels": {"app": "shop-api"}}
+    render(helmrender, {"mode": "sidecar", "metrics": {"podMonitor": {"enabled": True}}},
+           expect_error="metrics.podMonitor.selector")
+
+
+def test_bad_values_fail_with_the_field(helmrender):
+    render(helmrender, {"mode": "daemonset"}, expect_error='mode: must be standalone or sidecar, not "daemonset"')
+    render(helmrender, {"upstream": ""}, expect_error="upstream: the Redis address")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_app_chart_with_keyguard_sidecar(helmrender, native):
+    k = render(helmrender, {"keyguard": {"sidecar": {"nativeSidecar": native}}}, chart=EXAMPLE, subchart=True)
+    assert sorted(k) == ["ConfigMap", "Deployment", "PodMonitor"]
+    spec = one(k, "Deployment")["spec"]["template"]["spec"]
+    if native:
+        # A native sidecar: an init container that keeps running, started and probed before the app.
+        (kg,) = spec["initContainers"]
+        assert kg["restartPolicy"] == "Always" and kg["startupProbe"]["httpGet"]["path"] == "/healthz"
+        assert "lifecycle" not in kg
+        assert [c["name"] for c in spec["containers"]] == ["app"]
+    else:
+        assert "initContainers" not in spec
+        app, kg = spec["containers"]
+        assert "restartPolicy" not in kg and "startupProbe" not in kg
+        assert kg["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    assert kg["name"] == "keyguard"
+    check_container(kg, "127.0.0.1:6380")
+    assert arg(kg, "--upstream") == "redis-master.data.svc:6379"
+    app = next(c for c in spec["containers"] if c["name"] == "app")
+    assert {"name": "REDIS_ADDR", "value": "127.0.0.1:6380"} in app["env"]
+    # The pod mounts the ConfigMap the keyguard subchart renders.
+    cm = one(k, "ConfigMap")
+    (vol,) = spec["volumes"]
+    assert vol["configMap"]["name"] == cm["metadata"]["name"] == "shop-keyguard-config"
+    assert yaml.safe_load(cm["data"]["keyguard.yaml"]) == {"key_policy": {"default_action": "warn"}}
+    check_config_map(cm)
+    pm = one(k, "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == one(k, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] in [p["name"] for p in kg["ports"]]
+
+
+@pytest.mark.parametrize("mode,expect", [("standalone", "shop-keyguard.prod.svc:6380"),
+                                         ("sidecar", "point the app at 127.0.0.1:6380")])
+def test_notes(helmrender, mode, expect):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        json.dump({"mode": mode}, f)
+        f.flush()
+        r = subprocess.run([helmrender, "-chart", CHART, "-release", "shop", "-namespace", "prod", "-f", f.name],
+                           env=dict(os.environ, HELMRENDER_NOTES="1"), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    notes = r.stdout.split("# Source: keyguard/templates/NOTES.txt\n", 1)[1].split("\n---\n")[0]
+    assert expect in notes, notes

@@ -1,0 +1,200 @@
+"""End to end: redis-server, keyguard (with the compose demo's policy) and a real Prometheus that
+scrapes keyguard every second and evaluates the chart's alert rules. The compose demo's workload
+(docker/demo/workload.py, redis-py) runs through keyguard, a bad config is loaded and fixed, and
+then every PromQL expression of both Grafana dashboards (variables substituted as Grafana would)
+and every alert rule is asked of Prometheus: each must parse, and each must return what this
+workload makes. The exceptions are listed below with the reason."""
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import redis
+import yaml
+
+from stack import ALERTS, DASHBOARDS, ROOT, SYSTEM_PYTHON, Keyguard, Prometheus, Redis
+
+DEMO_CONFIG = os.path.join(ROOT, "docker", "demo", "keyguard.yaml")
+WORKLOAD = os.path.join(ROOT, "docker", "demo", "workload.py")
+LABELS = {"namespace": "e2e", "pod": "keyguard-0"}
+
+# Dashboard targets that return series whose value is 0 after this workload, and why. Every other
+# target must return at least one series with a value above 0; no target may return nothing.
+ZERO_TARGETS = {
+    ("keyguard-proxy", "Errors", "D"):
+        "unexpected replies count replies that match no command: a keyguard bug, never in a healthy run",
+    ("keyguard-proxy", "Draining", "A"): "nothing drains while the test queries; the gauge is present at 0",
+}
+# Alerts whose expression returns nothing after this workload, and why. Every other alert's
+# expression must return series, and Prometheus must hold the alert as pending or firing.
+QUIET_ALERTS = {
+    "KeyguardLatencyOverBudget": "redis-server on loopback answers in microseconds, far under the 10 ms budget",
+    "KeyguardUnexpectedReplies": "a healthy keyguard never sees a reply that matches no command",
+}
+# Grafana's built-in interval variables, as they would be for the last few minutes.
+INTERVALS = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "15s"}
+# The variable selections tried: All (Grafana's allValue ".*"), and one namespace and pod.
+SELECTIONS = [
+    {"namespace": ".*", "pod": ".*", "tenant": ".*"},
+    {"namespace": "e2e", "pod": "keyguard-0", "tenant": ".*"},
+]
+
+
+def dashboards():
+    out = {}
+    for name in sorted(os.listdir(DASHBOARDS)):
+        with open(os.path.join(DASHBOARDS, name)) as f:
+            d = json.load(f)
+        out[d["uid"]] = d
+    return out
+
+
+def targets(dashboard):
+    for p in dashboard["panels"]:
+        for t in p.get("targets", []):
+            yield p["title"], t["refId"], t["expr"]
+
+
+def substitute(expr, selection):
+    for k, v in INTERVALS.items():
+        expr = expr.replace(k, v)
+    for k, v in selection.items():
+        expr = expr.replace("${%s}" % k, v).replace("$" + k, v)
+    assert "$" not in expr, "unsubstituted variable in " + expr
+    return expr
+
+
+def alert_rules():
+    with open(ALERTS) as f:
+        groups = yaml.safe_load(f)["groups"]
+    return [r for g in groups for r in g["rules"] if "alert" in r]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    started = time.time()
+    server = Redis()
+    with open(DEMO_CONFIG) as f:
+        good_config = f.read()
+    kg = Keyguard(server.port, config=good_config, threads=1)  # detector state is per worker thread
+    prom = Prometheus("127.0.0.1:%d" % kg.admin_port, LABELS, rule_files=[ALERTS])
+    held = None
+    try:
+        prom.wait_for('up{job="keyguard"}', lambda v: v == 1)
+        run = subprocess.run([SYSTEM_PYTHON, WORKLOAD, "--port", str(kg.port), "--rounds", "5", "--pause", "1.2",
+                              "--rmw", "150"], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        # A bad config is refused (the old one stays live), then the fixed one is loaded.
+        with open(kg.config_path, "w") as f:
+            f.write("key_policy:\n  default_action: sideways\n")
+        prom.wait_for("keyguard_config_reload_failures_total", lambda v: v == 1)
+        with open(kg.config_path, "w") as f:
+            f.write(good_config)
+        prom.wait_for("keyguard_config_reloads_total", lambda v: v == 1)
+        # An idle client stays connected while the dashboards are read.
+        held = redis.Redis(port=kg.port)
+        held.ping()
+        prom.wait_for("keyguard_upstream_connections", lambda v: v == 1)
+        # Rules are evaluated every second; wait until every alert that should has become active.
+        expected = {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS)
+        deadline = time.time() + 20
+        while active_alerts(prom) != expected and time.time() < deadline:
+            time.sleep(0.2)
+        print("e2e stack ready in %.1fs" % (time.time() - started))
+        yield kg, prom
+    finally:
+        if held is not None:
+            held.close()
+        prom.stop()
+        assert kg.stop() == 0, kg.output()
+        server.stop()
+
+
+def active_alerts(prom):
+    r = prom.get("/api/v1/alerts")
+    return {a["labels"]["alertname"] for a in r["data"]["alerts"] if a["state"] in ("pending", "firing")}
+
+
+@pytest.mark.parametrize("uid", ["keyguard-hygiene", "keyguard-proxy"])
+def test_every_dashboard_query_parses_and_shows_the_workload(stack, uid):
+    _, prom = stack
+    failures, checked = [], 0
+    for selection in SELECTIONS:
+        for title, ref, expr in targets(dashboards()[uid]):
+            q = substitute(expr, selection)
+            r = prom.query(q)
+            checked += 1
+            if r["status"] != "success":
+                failures.append("%s/%s: %s: %s" % (title, ref, q, r.get("error")))
+                continue
+            values = [float(s["value"][1]) for s in r["data"]["result"]]
+            if not values:
+                failures.append("%s/%s returned nothing: %s" % (title, ref, q))
+            elif (uid, title, ref) not in ZERO_TARGETS and not any(v > 0 for v in values):
+                failures.append("%s/%s is %s, expected > 0: %s" % (title, ref, values, q))
+    assert not failures, "\n".join(failures)
+    assert checked >= 20
+
+
+def test_zero_targets_exist():
+    listed = {(uid, title, ref) for uid, d in dashboards().items() for title, ref, _ in targets(d)}
+    assert set(ZERO_TARGETS) <= listed
+
+
+def test_dashboard_variables_offer_the_scraped_labels(stack):
+    _, prom = stack
+    for d in dashboards().values():
+        for v in d["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            m = re.fullmatch(r"label_values\((.*), (\w+)\)", v["query"]["query"])
+            assert m, v["query"]
+            match = substitute(m.group(1), {"namespace": ".*"})
+            r = prom.get("/api/v1/label/%s/values" % m.group(2), **{"match[]": match})
+            assert r["status"] == "success", r
+            # tenant: no keyguard series carries it yet; "All" (.*) matches the series without it.
+            assert r["data"] == ([LABELS[v["name"]]] if v["name"] in LABELS else []), (v["name"], r)
+
+
+def test_every_alert_expression_parses_and_the_workload_fires_the_expected_ones(stack):
+    _, prom = stack
+    fired, failures = set(), []
+    for rule in alert_rules():
+        r = prom.query(rule["expr"])
+        if r["status"] != "success":
+            failures.append("%s: %s" % (rule["alert"], r.get("error")))
+        elif r["data"]["result"]:
+            fired.add(rule["alert"])
+    assert not failures, failures
+    assert fired == {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS)
+
+
+def test_prometheus_evaluates_every_rule_and_holds_the_expected_alerts(stack):
+    _, prom = stack
+    rules = [r for g in prom.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
+    assert sorted(r["name"] for r in rules) == sorted(r["alert"] for r in alert_rules())
+    assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+    assert active_alerts(prom) == {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS)
+    # The labels the alerts carry come from the scrape (namespace, pod) and the series.
+    alerts = prom.get("/api/v1/alerts")["data"]["alerts"]
+    rmw = [a for a in alerts if a["labels"]["alertname"] == "KeyguardSerializedRMWHotPattern"]
+    assert [a["labels"]["key_pattern"] for a in rmw] == ["user:{id}:profile"]
+    assert all(a["labels"]["namespace"] == "e2e" for a in alerts)
+
+
+def test_every_metric_the_dashboards_and_alerts_use_is_exposed(stack):
+    kg, _ = stack
+    exposed = set(re.findall(r"^# TYPE (\w+) (\w+)", kg.metrics(), re.M))
+    names = set()
+    for name, kind in exposed:
+        names.add(name)
+        if kind == "histogram":
+            names |= {name + "_bucket", name + "_sum", name + "_count"}
+    used = set()
+    for d in dashboards().values():
+        used |= {m for _, _, e in targets(d) for m in re.findall(r"keyguard_\w+", e)}
+    with open(ALERTS) as f:
+        used |= set(re.findall(r"keyguard_\w+", "\n".join(r["expr"] for r in alert_rules())))
+    assert used and used <= names, sorted(used - names)
