@@ -22,6 +22,78 @@ absl::Status FieldError(absl::string_view path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
+absl::Status CompileHygiene(const v1::Hygiene& h, hygiene::Settings* out) {
+  // Rules: the fields of HygieneRules are named after the finding kinds.
+  const auto* desc = h.rules().GetDescriptor();
+  const auto* refl = h.rules().GetReflection();
+  for (size_t k = 0; k < hygiene::kKindCount; ++k) {
+    const auto kind = static_cast<hygiene::Kind>(k);
+    const auto* field = desc->FindFieldByName(hygiene::KindName(kind));
+    if (field == nullptr || !refl->HasField(h.rules(), field)) continue;
+    const auto& rule = static_cast<const v1::HygieneRule&>(refl->GetMessage(h.rules(), field));
+    const std::string path = absl::StrCat("hygiene.rules.", hygiene::KindName(kind), ".action");
+    hygiene::Action a = hygiene::Action::kWarn;
+    switch (rule.action()) {
+      case v1::OBSERVE: a = hygiene::Action::kObserve; break;
+      case v1::REWRITE: a = hygiene::Action::kRewrite; break;
+      case v1::REJECT: a = hygiene::Action::kReject; break;
+      default: break;
+    }
+    if (a == hygiene::Action::kRewrite && !hygiene::CanRewrite(kind)) {
+      return FieldError(path, "this rule has no rewrite (only del_big_key, flush_without_async, missing_ttl and "
+                              "expiry_clustering do)");
+    }
+    if (a == hygiene::Action::kReject && !hygiene::CanReject(kind)) {
+      return FieldError(path, "this finding is only known from the reply, after the command ran: it cannot be rejected");
+    }
+    out->actions[k] = a;
+  }
+  switch (h.finding_keys()) {
+    case v1::HASHED: out->finding_keys = hygiene::KeyMode::kHashed; break;
+    case v1::REDACTED: out->finding_keys = hygiene::KeyMode::kRedacted; break;
+    default: break;
+  }
+  out->findings_file = h.findings_file();
+  for (int i = 0; i < h.ttl_patterns_size(); ++i) {
+    const v1::TtlPattern& t = h.ttl_patterns(i);
+    const std::string path = absl::StrCat("hygiene.ttl_patterns[", i, "]");
+    if (t.pattern().empty()) return FieldError(path + ".pattern", "must not be empty");
+    out->ttl_patterns.push_back({t.pattern(), t.kind() == v1::SESSION, static_cast<int64_t>(t.default_ttl_s())});
+  }
+  if (out->action(hygiene::Kind::kMissingTtl) == hygiene::Action::kRewrite) {
+    for (size_t i = 0; i < out->ttl_patterns.size(); ++i) {
+      if (out->ttl_patterns[i].default_ttl_s <= 0) {
+        return FieldError(absl::StrCat("hygiene.ttl_patterns[", i, "].default_ttl_s"),
+                          "must be set (> 0) when hygiene.rules.missing_ttl.action is rewrite");
+      }
+    }
+  }
+  if (h.has_missing_ttl_window_ms()) out->missing_ttl_window_ms = static_cast<int64_t>(h.missing_ttl_window_ms());
+  if (h.has_expiry_cluster_keys()) {
+    if (h.expiry_cluster_keys() < 2) return FieldError("hygiene.expiry_cluster_keys", "must be at least 2");
+    out->expiry_cluster_keys = static_cast<int64_t>(h.expiry_cluster_keys());
+  }
+  if (h.has_jitter_percent()) {
+    if (h.jitter_percent() < 1 || h.jitter_percent() > 100) return FieldError("hygiene.jitter_percent", "must be between 1 and 100");
+    out->jitter_percent = static_cast<int>(h.jitter_percent());
+  }
+  if (h.has_probe()) out->probe = h.probe();
+  if (h.has_probe_keys_per_second()) {
+    if (h.probe_keys_per_second() < 1 || h.probe_keys_per_second() > 10000) {
+      return FieldError("hygiene.probe_keys_per_second", "must be between 1 and 10000");
+    }
+    out->probe_keys_per_second = static_cast<int>(h.probe_keys_per_second());
+  }
+  if (h.has_size_cache_keys()) {
+    if (h.size_cache_keys() < 1 || h.size_cache_keys() > 10000000) {
+      return FieldError("hygiene.size_cache_keys", "must be between 1 and 10000000");
+    }
+    out->size_cache_keys = h.size_cache_keys();
+  }
+  if (h.has_size_cache_ttl_ms()) out->size_cache_ttl_ms = static_cast<int64_t>(h.size_cache_ttl_ms());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string HostPort::ToString() const {
@@ -143,6 +215,7 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("hygiene.findings_kept", static_cast<int64_t>(h.findings_kept()), 1, 1000000); !s.ok()) return s;
     c.hygiene.findings_kept = h.findings_kept();
   }
+  if (auto s = CompileHygiene(h, &c.hygiene); !s.ok()) return s;
   auto policy = policy::KeyPolicy::Compile(p.key_policy());
   if (!policy.ok()) return policy.status();
   c.key_policy = *std::move(policy);

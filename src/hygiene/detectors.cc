@@ -44,21 +44,71 @@ const char* KindName(Kind k) {
     case Kind::kKeysCommand: return "keys_command";
     case Kind::kFlushWithoutAsync: return "flush_without_async";
     case Kind::kHashCandidate: return "hash_candidate";
+    case Kind::kBigKeyAccess: return "big_key_access";
+    case Kind::kDelBigKey: return "del_big_key";
+    case Kind::kExpireBigKey: return "expire_big_key";
+    case Kind::kMissingTtl: return "missing_ttl";
+    case Kind::kExpiryClustering: return "expiry_clustering";
+    case Kind::kCount: break;
   }
   return "unknown";
 }
 
+
+bool CanRewrite(Kind k) {
+  return k == Kind::kDelBigKey || k == Kind::kFlushWithoutAsync || k == Kind::kMissingTtl ||
+         k == Kind::kExpiryClustering;
+}
+
+bool CanReject(Kind k) {
+  // Known before the command is forwarded: from its arguments, or a size the cache already holds.
+  return k != Kind::kBigStringRead && k != Kind::kBigKeyAccess;
+}
+
+std::string ShownKey(std::string_view key, KeyMode mode) {
+  switch (mode) {
+    case KeyMode::kRaw:
+      return std::string(key);
+    case KeyMode::kHashed: {
+      // FNV-1a 64: stable across restarts and processes, so one key's findings still group.
+      uint64_t h = 0xcbf29ce484222325ull;
+      for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
+      return absl::StrCat("hash:", absl::Hex(h, absl::kZeroPad16));
+    }
+    case KeyMode::kRedacted:
+      return "";
+  }
+  return "";
+}
+
 std::string FindingJson(const Finding& f, int64_t unix_ms) {
-  std::string out = absl::StrCat("{\"time_ms\":", unix_ms, ",\"kind\":", Json(KindName(f.kind)), ",\"key\":", Json(f.key),
+  std::string out = absl::StrCat("{\"time_ms\":", unix_ms, ",\"kind\":", Json(KindName(f.kind)), ",\"rule\":",
+                                 Json(KindName(f.kind)), ",\"action\":", Json(ActionName(f.action)), ",\"key\":", Json(f.key),
                                  ",\"key_pattern\":", Json(f.key_pattern), ",\"command\":", Json(f.command),
                                  ",\"client\":", Json(f.client), ",\"client_name\":", Json(f.client_name));
+  if (!f.tenant.empty()) absl::StrAppend(&out, ",\"tenant\":", Json(f.tenant));
   if (!f.format.empty()) absl::StrAppend(&out, ",\"format\":", Json(f.format));
   if (f.bytes >= 0) absl::StrAppend(&out, ",\"bytes\":", f.bytes);
   if (f.elements >= 0) absl::StrAppend(&out, ",\"elements\":", f.elements);
   if (f.fields_changed >= 0) absl::StrAppend(&out, ",\"fields_changed\":", f.fields_changed);
   if (f.fields_total >= 0) absl::StrAppend(&out, ",\"fields_total\":", f.fields_total);
+  if (f.keys >= 0) absl::StrAppend(&out, ",\"keys\":", f.keys);
+  if (f.ttl_s >= 0) absl::StrAppend(&out, ",\"ttl_s\":", f.ttl_s);
   absl::StrAppend(&out, ",\"suggestion\":", Json(f.suggestion), "}");
   return out;
+}
+
+FindingLog::FindingLog(size_t capacity, std::string file) : capacity_(capacity) {
+  if (file.empty()) return;
+  out_ = std::fopen(file.c_str(), "a");
+  if (out_ == nullptr) {
+    out_ = stderr;
+    file_ok_ = false;
+  }
+}
+
+FindingLog::~FindingLog() {
+  if (out_ != stderr) std::fclose(out_);
 }
 
 void FindingLog::Add(const Finding& f) {
@@ -66,11 +116,14 @@ void FindingLog::Add(const Finding& f) {
   std::string line = FindingJson(f, now_ms);
   std::lock_guard<std::mutex> lock(mu_);
   const std::string limit_key = absl::StrCat(KindName(f.kind), "|", f.key_pattern);
-  auto [it, fresh] = last_logged_.try_emplace(limit_key, 0);
-  if (fresh || now_ms / 1000 - it->second >= 10) {
+  auto [it, fresh] = f.action == Action::kObserve ? std::make_pair(last_logged_.end(), false)
+                                                  : last_logged_.try_emplace(limit_key, 0);
+  if (it != last_logged_.end() && (fresh || now_ms / 1000 - it->second >= 10)) {
     it->second = now_ms / 1000;
-    const std::string log = absl::StrCat("{\"level\":\"info\",\"event\":\"finding\",", line.substr(1), "\n");
-    std::fwrite(log.data(), 1, log.size(), stderr);
+    const std::string log = absl::StrCat("{\"level\":\"", f.action == Action::kWarn ? "warn" : "info",
+                                         "\",\"event\":\"finding\",", line.substr(1), "\n");
+    std::fwrite(log.data(), 1, log.size(), out_);
+    if (out_ != stderr) std::fflush(out_);
   }
   if (last_logged_.size() > 10000) last_logged_.clear();  // bounded; at worst a line repeats early
   recent_.push_back(std::move(line));

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "keyguard/hygiene/serialized.h"
+#include "keyguard/hygiene/sizes.h"
 #include "keyguard/maintenance/maintenance.h"
 #include "maintenance/args.h"
 #include "maintenance/audit_report.h"
@@ -35,17 +36,6 @@ int64_t IntOr(const Reply& r, int64_t fallback) { return r.kind == Reply::Kind::
 bool Sampled(const std::string& key, double fraction) {
   if (fraction >= 1.0) return true;
   return static_cast<double>(hygiene::Fingerprint(key) % 1000000) < fraction * 1000000;
-}
-
-// The size command per type; nullptr for module types (no generic size).
-const char* SizeCommand(const std::string& type) {
-  if (type == "string") return "STRLEN";
-  if (type == "hash") return "HLEN";
-  if (type == "list") return "LLEN";
-  if (type == "set") return "SCARD";
-  if (type == "zset") return "ZCARD";
-  if (type == "stream") return "XLEN";
-  return nullptr;
 }
 
 constexpr int kTailBytes = 16;
@@ -209,7 +199,7 @@ int RunAudit(const std::vector<std::string>& argv) {
       std::vector<std::pair<size_t, int>> slots;  // record index, replies it has
       for (size_t i = 0; i < records.size(); ++i) {
         const KeyRecord& r = records[i];
-        const char* size = SizeCommand(r.type);
+        const char* size = hygiene::SizeCommand(r.type);
         if (size == nullptr) continue;
         round.push_back({size, r.key});
         if (r.type == "string") {

@@ -78,6 +78,8 @@ std::string Registry::Render() const {
   counter("keyguard_upstream_sent_bytes_total", "Bytes written to the upstream Redis.", &WorkerShard::upstream_bytes_sent);
   counter("keyguard_client_protocol_errors_total", "Client connections closed for malformed RESP.", &WorkerShard::client_protocol_errors);
   counter("keyguard_unexpected_replies_total", "Upstream replies that matched no pending command.", &WorkerShard::unexpected_replies);
+  counter("keyguard_probed_keys_total", "Keys the sizing probe asked the upstream about (TYPE, size, MEMORY USAGE).",
+          &WorkerShard::probed_keys);
 
   Header(&out, "keyguard_upstream_errors_total", "counter", "Upstream failures by reason: connect, closed, reset, protocol, auth.");
   for (size_t r = 0; r < static_cast<size_t>(UpstreamError::kCount); ++r) {

@@ -73,15 +73,6 @@ bool WellFormedHashTag(std::string_view key) {
 
 }  // namespace
 
-const char* ActionName(Action a) {
-  switch (a) {
-    case Action::kObserve: return "observe";
-    case Action::kWarn: return "warn";
-    case Action::kRewrite: return "rewrite";
-    case Action::kReject: return "reject";
-  }
-  return "observe";
-}
 
 bool Scope::Matches(commands::CommandId id, const commands::CommandSpec& spec) const {
   if (!commands.empty() && std::find(commands.begin(), commands.end(), id) == commands.end()) return false;

@@ -17,6 +17,7 @@
 #include "keyguard/commands/command_table.h"
 #include "keyguard/resp/framer.h"
 #include "proxy/session.h"
+#include "proxy/size_probe.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
@@ -122,13 +123,20 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   int nthreads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
   if (nthreads <= 0) nthreads = 1;
 
-  hygiene::FindingLog findings(config.hygiene.findings_kept);
+  hygiene::FindingLog findings(config.hygiene.findings_kept, config.hygiene.findings_file);
+  if (!findings.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hygiene.findings_file: cannot open ", config.hygiene.findings_file, " for appending"));
+  }
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   tcp::endpoint bound = *listen;
   for (int i = 0; i < nthreads; ++i) {
     workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream));
     workers.back()->findings = &findings;
+    if (config.hygiene.enabled && config.hygiene.probe) {
+      workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());
+    }
     auto acceptor = std::make_unique<tcp::acceptor>(workers.back()->io);
     error_code ec;
     acceptor->open(bound.protocol(), ec);
@@ -158,6 +166,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
 
   for (int i = 0; i < nthreads; ++i) {
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
+    if (workers[i]->probe != nullptr) workers[i]->probe->Start();
   }
   std::vector<std::thread> threads;
   for (auto& w : workers) {
@@ -233,6 +242,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     std::vector<std::shared_ptr<Session>> sessions(w->sessions.begin(), w->sessions.end());
     for (auto& s : sessions) s->Close();
     sessions.clear();
+    if (w->probe != nullptr) w->probe->Stop();
     w->io.restart();
     w->io.poll();
   }

@@ -92,9 +92,20 @@ class Session : public std::enable_shared_from_this<Session> {
   void Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent);
   void Warn(const policy::Violation& v, std::string_view key, commands::CommandId id);
   // Hygiene: request-side checks; returns what the reply should be checked for.
+  // Findings with action reject leave the refusal in verdict_; rewrites go to HygieneArgs().
   uint8_t DetectRequest(commands::CommandId id, std::span<const std::string_view> args);
+  void DetectTtl(commands::CommandId id, std::span<const std::string_view> args);
   void DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk);
+  // A finding about `key` (the client's name) from this client, with its rule's action.
+  hygiene::Finding NewFinding(hygiene::Kind kind, std::string_view key, commands::CommandId id);
   void Emit(hygiene::Finding f, std::string_view key, commands::CommandId id);
+  // The arguments going upstream, as a vector the detectors may rewrite (copied once).
+  std::vector<std::string_view>& HygieneArgs();
+  // The size cache's key for a client key name (the tenant's prefix included).
+  uint64_t SizeKey(std::string_view key) const;
+  // missing_ttl findings whose window passed (all of them when the connection ends).
+  void FlushPendingTtl(bool all);
+  void FlushPendingTtlFront();
   void TrimKeyArena();
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
@@ -131,6 +142,22 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::string_view> tenant_args_;  // arguments after tenant prefixing
   std::deque<std::string> policy_owned_;       // rewritten keys cmd_args_ points to
   std::string rewritten_;                      // a reply rewritten for the tenant
+  std::vector<std::string_view> hygiene_args_; // arguments after the detectors' rewrites
+  struct Verdict {
+    std::string refusal;  // a finding whose rule rejects: the error text
+    bool modified = false;
+  };
+  Verdict verdict_;
+  std::span<const std::string_view> verdict_out_;  // the arguments before the detectors
+  // Writes without a TTL to cache/session patterns, waiting for an EXPIRE on this connection.
+  struct PendingTtl {
+    std::string key;
+    int64_t deadline_ms;
+    uint32_t pattern;
+    commands::CommandId command;
+  };
+  static constexpr size_t kMaxPendingTtl = 64;
+  std::deque<PendingTtl> pending_ttl_;
   std::vector<policy::Violation> violations_;
   std::string client_address_;
   std::string client_name_;

@@ -4,11 +4,13 @@
 
 #include <atomic>
 #include <memory>
+#include <random>
 #include <unordered_set>
 #include <vector>
 
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
+#include "keyguard/hygiene/sizes.h"
 #include "keyguard/metrics/registry.h"
 #include "keyguard/resp/encoder.h"
 #include "keyguard/tenant/rewrite.h"
@@ -17,6 +19,7 @@
 namespace keyguard::proxy {
 
 class Session;
+class SizeProbe;
 
 struct Worker {
   Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up)
@@ -58,8 +61,17 @@ struct Worker {
   uint64_t next_session_id = 1;
   int64_t warn_second = 0;  // rate limit of key-policy warn lines
   int warn_count = 0;
+  hygiene::SizeCache sizes{config.hygiene};            // key sizes seen lately
+  hygiene::ProbeQueue probe_queue{config.hygiene};     // keys waiting for the sizing probe
+  hygiene::ExpiryClusters expiries{config.hygiene};    // keys per expiry second
+  std::shared_ptr<SizeProbe> probe;                    // with hygiene.probe
+  std::minstd_rand random{std::random_device{}()};     // TTL jitter
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
   std::string upstream_auth;  // the encoded AUTH for each upstream connection, or empty
 };
+
+// Counts a finding (keyguard_findings_total, keyguard_bigkey_access_total) and hands it to the
+// finding log. `f` is complete: key, pattern, command, client and action filled.
+void ReportFinding(Worker& worker, hygiene::Finding f);
 
 }  // namespace keyguard::proxy

@@ -1,12 +1,17 @@
 // Hygiene detectors: data-model mistakes keyguard can see in traffic, reported as findings with
-// the key pattern and the fix. Findings only observe: nothing is changed or refused.
+// the key pattern and the fix. Each kind is also a rule with an action: observe (count), warn
+// (count and log, the default), rewrite (where a rewrite exists) or reject.
 //
-// Built so far: serialized read-modify-write (with "changed N of M fields" for JSON), lost-update
-// risk between connections, big string writes and reads, whole-collection reads of big
-// collections, KEYS, FLUSHALL/FLUSHDB without ASYNC.
+// Kinds: serialized read-modify-write (with "changed N of M fields" for JSON), lost-update risk
+// between connections, one attribute per key (hash candidates), big string writes and reads,
+// whole-collection reads of big collections, big keys touched (sizes from the sizing probe), DEL
+// and EXPIRE of big keys, KEYS, FLUSHALL/FLUSHDB without ASYNC, writes without a TTL to cache or
+// session patterns, many keys expiring in the same second.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -15,18 +20,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "keyguard/hygiene/serialized.h"
+#include "keyguard/policy/action.h"
 
 namespace keyguard::hygiene {
-
-struct Settings {
-  bool enabled = true;
-  size_t big_string_bytes = 10 * 1024;         // a string value this large is a big key
-  size_t huge_string_bytes = 10 * 1024 * 1024; // and this large a huge one
-  int64_t big_collection_elements = 5000;      // members in one reply that make a whole-collection read
-  int64_t rmw_window_ms = 10000;               // a write this soon after a read is read-modify-write
-  size_t tracked_keys = 10000;                 // serialized keys remembered per worker
-  size_t findings_kept = 1000;                 // recent findings at /debug/findings
-};
 
 enum class Kind : uint8_t {
   kSerializedRmw,
@@ -37,22 +33,78 @@ enum class Kind : uint8_t {
   kKeysCommand,
   kFlushWithoutAsync,
   kHashCandidate,
+  kBigKeyAccess,
+  kDelBigKey,
+  kExpireBigKey,
+  kMissingTtl,
+  kExpiryClustering,
+  kCount,
 };
+inline constexpr size_t kKindCount = static_cast<size_t>(Kind::kCount);
 const char* KindName(Kind k);
 
+using Action = policy::Action;
+using policy::ActionName;
+// Whether a kind has a rewrite (DEL -> UNLINK, FLUSH... ASYNC, the default TTL, TTL jitter) and
+// whether keyguard can refuse the command that shows it (it must be known before forwarding).
+bool CanRewrite(Kind k);
+bool CanReject(Kind k);
+
+// A key pattern that must carry a TTL (`hygiene.ttl_patterns`).
+struct TtlPattern {
+  std::string glob;         // Redis glob on the client's key name, e.g. "cache:*"
+  bool session = false;     // session data rather than a cache (only the log wording differs)
+  int64_t default_ttl_s = 0;  // the TTL the rewrite adds; 0: missing_ttl cannot rewrite
+};
+
+enum class KeyMode : uint8_t { kRaw, kHashed, kRedacted };
+
+struct Settings {
+  bool enabled = true;
+  size_t big_string_bytes = 10 * 1024;         // a string value this large is a big key
+  size_t huge_string_bytes = 10 * 1024 * 1024; // and this large a huge one
+  int64_t big_collection_elements = 5000;      // members in one reply that make a whole-collection read
+  int64_t rmw_window_ms = 10000;               // a write this soon after a read is read-modify-write
+  size_t tracked_keys = 10000;                 // serialized keys remembered per worker
+  size_t findings_kept = 1000;                 // recent findings at /debug/findings
+  std::array<Action, kKindCount> actions = DefaultActions();
+  KeyMode finding_keys = KeyMode::kRaw;        // how findings show keys
+  std::string findings_file;                   // JSON lines go here (appended) instead of stderr
+  std::vector<TtlPattern> ttl_patterns;        // cache/session patterns that must carry a TTL
+  int64_t missing_ttl_window_ms = 1000;        // a later EXPIRE on the connection within this is fine
+  int64_t expiry_cluster_keys = 1000;          // keys given one expiry second (per worker) that cluster
+  int jitter_percent = 10;                     // the expiry_clustering rewrite adds up to this much TTL
+  // Sizing probe: its own upstream connection asks the size of keys touched by commands whose
+  // replies do not show it (HGET, DEL, EXPIRE, ...), at most this many keys a second per worker.
+  bool probe = true;
+  int probe_keys_per_second = 50;
+  size_t size_cache_keys = 10000;              // sizes remembered per worker
+  int64_t size_cache_ttl_ms = 60000;           // ... for this long
+
+  static std::array<Action, kKindCount> DefaultActions() {
+    std::array<Action, kKindCount> a;
+    a.fill(Action::kWarn);
+    return a;
+  }
+  Action action(Kind k) const { return actions[static_cast<size_t>(k)]; }
+};
 struct Finding {
   Kind kind;
+  Action action = Action::kWarn;
   std::string key;
   std::string key_pattern;
   std::string command;
   std::string client;
   std::string client_name;
+  std::string tenant;
   std::string format;      // of a serialized value
   std::string suggestion;  // what to do instead
   int64_t bytes = -1;
   int64_t elements = -1;
   int64_t fields_changed = -1;
   int64_t fields_total = -1;
+  int64_t keys = -1;       // expiry_clustering: keys expiring in the same second
+  int64_t ttl_s = -1;      // the TTL the command gave (or the rewrite added)
 };
 
 // The body of a JSON string for `in` (quotes and backslashes escaped, other bytes outside
@@ -61,14 +113,21 @@ std::string JsonEscape(std::string_view in);
 // Wall-clock milliseconds since the epoch.
 int64_t UnixMs();
 
-// One JSON object per finding (the log line and the /debug/findings entry).
+// One JSON object per finding (the log line and the /debug/findings entry), in the shape of
+// keyguard.events.v1.Finding (proto/keyguard/events/v1/finding.proto).
 std::string FindingJson(const Finding& f, int64_t unix_ms);
+// The key as findings show it under `mode`: itself, "sha256:" and 16 hex digits, or empty.
+std::string ShownKey(std::string_view key, KeyMode mode);
 
-// Process-wide: the recent findings (a bounded ring) and their JSON lines on stderr, at most one
-// line per kind and key pattern every 10 seconds. Thread-safe; findings are rare events.
+// Process-wide: the recent findings (a bounded ring) and their JSON lines (stderr or a file), at
+// most one line per kind and key pattern every 10 seconds, and none for observe-only rules.
+// Thread-safe; findings are rare events.
 class FindingLog {
  public:
-  explicit FindingLog(size_t capacity) : capacity_(capacity) {}
+  explicit FindingLog(size_t capacity, std::string file = "");
+  ~FindingLog();
+  // False when the findings file cannot be opened (the log then goes to stderr).
+  bool ok() const { return file_ok_; }
   void Add(const Finding& f);
   // {"findings":[...]} newest last.
   std::string RecentJson() const;
@@ -76,6 +135,8 @@ class FindingLog {
  private:
   mutable std::mutex mu_;
   size_t capacity_;
+  std::FILE* out_ = stderr;
+  bool file_ok_ = true;
   std::deque<std::string> recent_;
   absl::flat_hash_map<std::string, int64_t> last_logged_;  // kind + pattern -> second
 };

@@ -107,6 +107,7 @@ class WorkerShard {
   Counter upstream_bytes_sent;
   Counter client_protocol_errors;
   Counter unexpected_replies;
+  Counter probed_keys;  // keys the sizing probe asked about
   std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
   LabeledCounters key_violations;    // rule, action, key_pattern
   LabeledCounters keys_rewritten;    // rule

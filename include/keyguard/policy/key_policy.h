@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "keyguard/policy/action.h"
 #include "keyguard/commands/command_table.h"
 
 namespace re2 {
@@ -22,8 +23,6 @@ class KeyPolicy;
 
 namespace keyguard::policy {
 
-enum class Action : uint8_t { kObserve, kWarn, kRewrite, kReject };
-const char* ActionName(Action a);
 
 // The commands a rule applies to.
 struct Scope {

@@ -1,0 +1,128 @@
+#include "keyguard/hygiene/sizes.h"
+
+#include <algorithm>
+
+namespace keyguard::hygiene {
+
+bool GlobMatch(std::string_view p, std::string_view s) {
+  size_t pi = 0, si = 0;
+  size_t star_p = std::string_view::npos, star_s = 0;
+  while (si < s.size()) {
+    if (pi < p.size()) {
+      const char c = p[pi];
+      if (c == '*') {
+        star_p = pi++;
+        star_s = si;
+        continue;
+      }
+      if (c == '?') {
+        ++pi;
+        ++si;
+        continue;
+      }
+      if (c == '[') {
+        size_t j = pi + 1;
+        const bool negate = j < p.size() && p[j] == '^';
+        if (negate) ++j;
+        bool match = false;
+        while (j < p.size() && p[j] != ']') {
+          if (p[j] == '\\' && j + 1 < p.size()) {
+            match |= p[j + 1] == s[si];
+            j += 2;
+          } else if (j + 2 < p.size() && p[j + 1] == '-' && p[j + 2] != ']') {
+            char lo = p[j], hi = p[j + 2];
+            if (lo > hi) std::swap(lo, hi);
+            match |= s[si] >= lo && s[si] <= hi;
+            j += 3;
+          } else {
+            match |= p[j] == s[si];
+            ++j;
+          }
+        }
+        if (match != negate && j < p.size()) {
+          pi = j + 1;
+          ++si;
+          continue;
+        }
+      } else {
+        const char lit = (c == '\\' && pi + 1 < p.size()) ? p[pi + 1] : c;
+        if (lit == s[si]) {
+          pi += (c == '\\' && pi + 1 < p.size()) ? 2 : 1;
+          ++si;
+          continue;
+        }
+      }
+    }
+    if (star_p == std::string_view::npos) return false;
+    pi = star_p + 1;
+    si = ++star_s;
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+const char* SizeCommand(std::string_view type) {
+  if (type == "string") return "STRLEN";
+  if (type == "hash") return "HLEN";
+  if (type == "list") return "LLEN";
+  if (type == "set") return "SCARD";
+  if (type == "zset") return "ZCARD";
+  if (type == "stream") return "XLEN";
+  return nullptr;
+}
+
+uint64_t KeyHash(std::string_view prefix, std::string_view key) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : prefix) h = (h ^ c) * 0x100000001b3ull;
+  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+void SizeCache::Put(uint64_t key, KeySize size) {
+  if (entries_.size() >= settings_.size_cache_keys && !entries_.contains(key)) entries_.erase(entries_.begin());
+  entries_[key] = std::move(size);
+}
+
+const KeySize* SizeCache::Get(uint64_t key, int64_t now_ms) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || now_ms - it->second.at_ms > settings_.size_cache_ttl_ms) return nullptr;
+  return &it->second;
+}
+
+bool SizeCache::IsBig(const KeySize& s) const {
+  return (s.bytes >= 0 && static_cast<size_t>(s.bytes) >= settings_.big_string_bytes) ||
+         (s.elements >= 0 && s.elements >= settings_.big_collection_elements);
+}
+
+bool ProbeQueue::Push(ProbeRequest r) {
+  if (queue_.size() >= kCapacity || !waiting_.insert(r.hash).second) {
+    ++dropped_;
+    return false;
+  }
+  queue_.push_back(std::move(r));
+  return true;
+}
+
+size_t ProbeQueue::Take(int64_t now_ms, size_t max, std::deque<ProbeRequest>* out) {
+  const double rate = settings_.probe_keys_per_second;
+  if (last_ms_ == 0) last_ms_ = now_ms - 1000;  // a full bucket to start with
+  tokens_ = std::min(rate, tokens_ + rate * static_cast<double>(now_ms - last_ms_) / 1000.0);
+  last_ms_ = now_ms;
+  size_t n = 0;
+  while (n < max && !queue_.empty() && tokens_ >= 1.0) {
+    waiting_.erase(queue_.front().hash);
+    out->push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    tokens_ -= 1.0;
+    ++n;
+  }
+  return n;
+}
+
+int64_t ExpiryClusters::Add(int64_t second) {
+  Slot& s = slots_[static_cast<uint64_t>(second) % kSlots];
+  if (s.second != second) s = Slot{second, 0};
+  return ++s.count == settings_.expiry_cluster_keys ? s.count : 0;
+}
+
+}  // namespace keyguard::hygiene

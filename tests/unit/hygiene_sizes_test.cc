@@ -1,0 +1,111 @@
+// TTL, size and probe bookkeeping of the detectors, and the finding's wire shape.
+#include <gtest/gtest.h>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "keyguard/events/v1/finding.pb.h"
+#include "keyguard/hygiene/detectors.h"
+#include "keyguard/hygiene/sizes.h"
+
+namespace keyguard::hygiene {
+namespace {
+
+TEST(GlobMatch, RedisGlobs) {
+  struct Case {
+    const char* pattern;
+    const char* text;
+    bool match;
+  } cases[] = {
+      {"cache:*", "cache:1", true},       {"cache:*", "cache:", true},        {"cache:*", "session:1", false},
+      {"*:profile", "user:1:profile", true}, {"user:?", "user:1", true},     {"user:?", "user:12", false},
+      {"h[ae]llo", "hello", true},        {"h[^e]llo", "hello", false},       {"h[a-c]llo", "hbllo", true},
+      {"a\\*b", "a*b", true},             {"a\\*b", "axb", false},            {"*", "", true},
+      {"a*b*c", "axxbyyc", true},         {"a*b*c", "axxbyy", false},         {"", "", true},
+  };
+  for (const Case& c : cases) EXPECT_EQ(GlobMatch(c.pattern, c.text), c.match) << c.pattern << " " << c.text;
+}
+
+TEST(SizeCache, BoundedAndExpiring) {
+  Settings s;
+  s.size_cache_keys = 3;
+  s.size_cache_ttl_ms = 1000;
+  SizeCache cache(s);
+  for (uint64_t k = 0; k < 10; ++k) cache.Put(k, KeySize{"string", 100, -1, -1, 0});
+  EXPECT_EQ(cache.size(), 3u);
+  cache.Put(42, KeySize{"hash", -1, 6000, -1, 5000});
+  ASSERT_NE(cache.Get(42, 5500), nullptr);
+  EXPECT_TRUE(cache.IsBig(*cache.Get(42, 5500)));
+  EXPECT_EQ(cache.Get(42, 6001), nullptr);  // older than the TTL
+  EXPECT_FALSE(cache.IsBig(KeySize{"string", 10, -1, -1, 0}));
+  EXPECT_TRUE(cache.IsBig(KeySize{"string", 10240, -1, -1, 0}));
+}
+
+TEST(ProbeQueue, DedupesBoundsAndRateLimits) {
+  Settings s;
+  s.probe_keys_per_second = 10;
+  ProbeQueue q(s);
+  for (uint64_t k = 0; k < 30; ++k) EXPECT_TRUE(q.Push(ProbeRequest{k, "k", Finding{Kind::kBigKeyAccess}}));
+  EXPECT_FALSE(q.Push(ProbeRequest{3, "k", Finding{Kind::kBigKeyAccess}}));  // already waiting
+  std::deque<ProbeRequest> out;
+  EXPECT_EQ(q.Take(100000, 100, &out), 10u);  // a full second's worth of tokens
+  EXPECT_EQ(q.Take(100000, 100, &out), 0u);
+  EXPECT_EQ(q.Take(100500, 100, &out), 5u);   // half a second later
+  EXPECT_TRUE(q.Push(ProbeRequest{3, "k", Finding{Kind::kBigKeyAccess}}));  // taken, so it may come again
+  for (uint64_t k = 100; k < 100 + ProbeQueue::kCapacity; ++k) q.Push(ProbeRequest{k, "k", Finding{Kind::kBigKeyAccess}});
+  EXPECT_EQ(q.size(), ProbeQueue::kCapacity);
+  EXPECT_GT(q.dropped(), 0u);
+}
+
+TEST(ExpiryClusters, ReportsOncePerSecondAtTheThreshold) {
+  Settings s;
+  s.expiry_cluster_keys = 5;
+  ExpiryClusters c(s);
+  std::vector<int64_t> hits;
+  for (int i = 0; i < 12; ++i) {
+    if (int64_t n = c.Add(1700000000)) hits.push_back(n);
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.Add(1700000001), 0);
+  EXPECT_EQ(hits, std::vector<int64_t>{5});
+  // A second that reuses the slot starts from zero.
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.Add(1700000000 + ExpiryClusters::kSlots), 0);
+}
+
+TEST(Finding, JsonIsTheEventsProto) {
+  Finding f{Kind::kDelBigKey};
+  f.action = Action::kRewrite;
+  f.key = "user:1:\"feed\"";
+  f.key_pattern = "user:{id}:feed";
+  f.command = "del";
+  f.tenant = "a";
+  f.client = "127.0.0.1:5000";
+  f.bytes = 20480;
+  f.elements = 6000;
+  f.ttl_s = 60;
+  f.suggestion = "use UNLINK";
+  keyguard::events::v1::Finding parsed;
+  const std::string json = FindingJson(f, 1700000000123);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json;
+  EXPECT_EQ(parsed.time_ms(), 1700000000123);
+  EXPECT_EQ(parsed.kind(), "del_big_key");
+  EXPECT_EQ(parsed.rule(), "del_big_key");
+  EXPECT_EQ(parsed.action(), "rewrite");
+  EXPECT_EQ(parsed.key(), "user:1:\"feed\"");
+  EXPECT_EQ(parsed.tenant(), "a");
+  EXPECT_EQ(parsed.bytes(), 20480);
+  EXPECT_EQ(parsed.elements(), 6000);
+  EXPECT_EQ(parsed.ttl_s(), 60);
+  EXPECT_EQ(parsed.suggestion(), "use UNLINK");
+}
+
+TEST(Finding, KeyModes) {
+  EXPECT_EQ(ShownKey("user:1", KeyMode::kRaw), "user:1");
+  EXPECT_EQ(ShownKey("user:1", KeyMode::kRedacted), "");
+  const std::string h = ShownKey("user:1", KeyMode::kHashed);
+  EXPECT_EQ(h.size(), 5u + 16u);
+  EXPECT_EQ(h.substr(0, 5), "hash:");
+  EXPECT_EQ(h, ShownKey("user:1", KeyMode::kHashed));
+  EXPECT_NE(h, ShownKey("user:2", KeyMode::kHashed));
+}
+
+}  // namespace
+}  // namespace keyguard::hygiene
