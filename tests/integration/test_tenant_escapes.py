@@ -1,0 +1,32 @@
+"""Escapes found in review of tenancy (issue #4): each test is a way tenant alice (tenant:a:) reached
+or observed bob's (tenant:b:) keys before the fix. Same fixtures as test_tenants.py: one
+redis-server with keyspace notifications, keyguard with examples/tenants.yaml."""
+import time
+
+import pytest
+
+from conftest import Keyguard
+from resp import RespConn, encode
+from test_tenants import CONFIG, as_user, direct, kg, raw, server  # noqa: F401 (fixtures)
+
+
+def quiet_bytes(c, data=b"", wait=0.5):
+    """Sends raw bytes and returns everything that arrives until the connection stays quiet."""
+    return c.exchange(data, timeout=wait)
+
+
+def pipeline(*commands):
+    return b"".join(encode(*a) for a in commands)
+
+
+def test_georadius_every_store_destination_gets_the_prefix(kg, direct):
+    # GEORADIUS writes to the last STORE/STOREDIST; the key specs name only the first of each.
+    direct.set("tenant:b:x", "bob")
+    alice = as_user(kg, "alice")
+    alice.geoadd("src", (13.36, 38.11, "p"))
+    c = raw(kg, "alice")
+    c.call("GEORADIUS", "src", "13.36", "38.11", "100", "km", "STORE", "mine", "STORE", "tenant:b:x")
+    c.call("GEORADIUSBYMEMBER", "src", "p", "100", "km", "STOREDIST", "mine", "STOREDIST", "tenant:b:x")
+    c.call("GEORADIUS", "src", "13.36", "38.11", "100", "km", "STORE", "mine", "STOREDIST", "tenant:b:y")
+    assert direct.type("tenant:b:x") == "string" and direct.get("tenant:b:x") == "bob"
+    assert sorted(direct.keys("*")) == ["tenant:a:src", "tenant:a:tenant:b:x", "tenant:a:tenant:b:y", "tenant:b:x"]
