@@ -203,7 +203,9 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       break;
     }
     case kSort:
-      // BY and GET patterns name keys (the '*' takes each element); they are not globs.
+      // BY and GET patterns name keys (the '*' takes each element); they are not globs. Redis
+      // puts the element at the pattern's first '*': one in the prefix would let the element
+      // choose the key, so such a tenant's patterns are refused.
       for (size_t i = 2; i < args.size(); ++i) {
         if (EqualsIgnoreCase(args[i], "limit")) {
           i += 2;
@@ -211,7 +213,12 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
           ++i;
         } else if ((EqualsIgnoreCase(args[i], "by") || EqualsIgnoreCase(args[i], "get")) && i + 1 < args.size()) {
           ++i;
-          if (args[i] != "#") set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
+          if (args[i] == "#") continue;
+          if (tenant.prefix.find('*') != std::string::npos) {
+            return refuse(absl::StrCat("ERR keyguard: ", display, " BY/GET patterns are not allowed for a tenant whose "
+                                       "prefix holds '*'"));
+          }
+          set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
         }
       }
       break;

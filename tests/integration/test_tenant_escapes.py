@@ -30,3 +30,20 @@ def test_georadius_every_store_destination_gets_the_prefix(kg, direct):
     c.call("GEORADIUS", "src", "13.36", "38.11", "100", "km", "STORE", "mine", "STOREDIST", "tenant:b:y")
     assert direct.type("tenant:b:x") == "string" and direct.get("tenant:b:x") == "bob"
     assert sorted(direct.keys("*")) == ["tenant:a:src", "tenant:a:tenant:b:x", "tenant:a:tenant:b:y", "tenant:b:x"]
+
+
+def test_sort_patterns_with_a_glob_prefix_stay_inside(server, direct):
+    # SORT substitutes the element at the pattern's first '*': with a '*' in the prefix, the
+    # element chose the key ("t" + "enant:b" + ":x").
+    k = Keyguard(server.port, config='tenancy: {prefix: "t*:"}\n')
+    try:
+        direct.set("tenant:b:x", "BOBSECRET")
+        c = RespConn(k.port)
+        assert c.call("RPUSH", "ids", "enant:b") == 1
+        got = c.call("SORT", "ids", "BY", "nosort", "GET", "x")
+        assert "BOBSECRET" not in str(got)
+        assert "not allowed" in str(c.call("SORT", "ids", "BY", "w"))
+        assert "not allowed" in str(c.call("SORT_RO", "ids", "GET", "x"))
+        assert c.call("SORT", "ids", "ALPHA", "GET", "#") == [b"enant:b"]
+    finally:
+        assert k.stop() == 0, k.output()

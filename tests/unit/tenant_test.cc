@@ -105,6 +105,16 @@ TEST_F(TenantTest, GlobCharactersInThePrefixAreEscaped) {
   rw.Rewrite(*t->static_tenant(), commands::LookupCommand("keys"), &commands::Spec(commands::LookupCommand("keys")), args,
              {}, true, &out);
   EXPECT_EQ(out[1], "t\\*\\[1\\]:*");
+  // SORT puts the element at the pattern's first '*', which would be the prefix's.
+  auto sort = [&](std::vector<std::string_view> a) {
+    const commands::CommandId id = commands::LookupCommand(a[0]);
+    std::vector<commands::KeyRef> keys;
+    const bool ok = commands::FindKeys(*commands::ResolveSpec(id, a), a, &keys);
+    return rw.Rewrite(*t->static_tenant(), id, commands::ResolveSpec(id, a), a, keys, ok, &out).kind;
+  };
+  EXPECT_EQ(sort({"SORT", "l", "GET", "x"}), RequestResult::Kind::kRefuse);
+  EXPECT_EQ(sort({"SORT_RO", "l", "BY", "nosort"}), RequestResult::Kind::kRefuse);
+  EXPECT_EQ(sort({"SORT", "l", "ALPHA", "GET", "#", "STORE", "d"}), RequestResult::Kind::kForward);
 }
 
 TEST_F(TenantTest, ChannelsAndNotifications) {
