@@ -336,8 +336,9 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // upstream credentials are sent again right after it.
     if (tenancy != nullptr && tenancy->requires_auth()) BindTenant(nullptr);
   } else if (id == known.multi) {
+    // A nested MULTI is an error that keeps the transaction: what was queued stays queued.
+    if (!in_multi_) multi_rewrites_.clear();
     in_multi_ = true;
-    multi_rewrites_.clear();
   } else if (id == known.watch) {
     watching_ = true;
   } else if (id == known.unwatch) {

@@ -32,6 +32,20 @@ def test_georadius_every_store_destination_gets_the_prefix(kg, direct):
     assert sorted(direct.keys("*")) == ["tenant:a:src", "tenant:a:tenant:b:x", "tenant:a:tenant:b:y", "tenant:b:x"]
 
 
+def test_nested_multi_keeps_the_rewrite_of_each_queued_command(kg, direct):
+    # Redis answers a nested MULTI with an error and keeps the transaction; keyguard forgot the
+    # rewrites queued before it, so INFO inside EXEC kept its # Keyspace section.
+    direct.set("tenant:b:k", 1)
+    c = raw(kg, "alice")
+    assert c.call("MULTI") == "OK"
+    assert c.call("INFO") == "QUEUED"
+    assert "nested" in str(c.call("MULTI"))
+    assert c.call("PING") == "QUEUED"
+    info, pong = c.call("EXEC")
+    assert b"# Server" in info and b"db0:" not in info and b"# Keyspace" not in info
+    assert pong == "PONG"
+
+
 def test_sort_patterns_with_a_glob_prefix_stay_inside(server, direct):
     # SORT substitutes the element at the pattern's first '*': with a '*' in the prefix, the
     # element chose the key ("t" + "enant:b" + ":x").
