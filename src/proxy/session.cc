@@ -408,6 +408,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
 void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
+  if (t != nullptr) reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
   if (t == nullptr) {
     tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
     return;
@@ -824,12 +825,13 @@ awaitable<void> Session::UpstreamPump() {
 void Session::AppendOut(std::string_view bytes) { AppendBuffer(&deliver_, bytes.data(), bytes.size()); }
 
 void Session::DeliverPush(std::string_view frame) {
-  if (tenant_ == nullptr) {
+  if (worker_.config.tenancy == nullptr) {
     AppendOut(frame);
     return;
   }
+  if (reply_tenant_ == nullptr) return;  // logged out: nobody it may be shown to
   std::string out;
-  switch (tenant::RewritePush(*worker_.config.tenancy, *tenant_, frame, &out)) {
+  switch (tenant::RewritePush(*worker_.config.tenancy, *reply_tenant_, frame, &out)) {
     case tenant::ReplyAction::kPass:
       AppendOut(frame);
       break;
@@ -915,7 +917,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
       // could name anything), and count it.
       worker_.shard->unexpected_replies.Add();
-      if (tenant_ == nullptr) AppendOut(frame);
+      if (worker_.config.tenancy == nullptr) AppendOut(frame);
       continue;
     }
     if (front->kind == Kind::kInternal) {
@@ -933,9 +935,9 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     }
     if (front->kind == Kind::kExecAbort) {
       AppendOut(kExecAbort);
-    } else if (tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
+    } else if (reply_tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
       std::string out;
-      switch (tenant::RewriteReply(*worker_.config.tenancy, *tenant_, static_cast<tenant::ReplyRewrite>(front->rewrite),
+      switch (tenant::RewriteReply(*worker_.config.tenancy, *reply_tenant_, static_cast<tenant::ReplyRewrite>(front->rewrite),
                                    front->exec_rewrites, frame, &out)) {
         case tenant::ReplyAction::kPass:
           AppendOut(frame);
@@ -986,6 +988,7 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
         protocol_ = 2;
         monitor_ = false;
         for (auto& s : subscriptions_) s.clear();
+        reply_tenant_ = tenant_;  // nullptr, unless the client authenticated again after RESET
       }
       break;
     default:

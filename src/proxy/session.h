@@ -143,6 +143,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
   const tenant::Tenant* tenant_ = nullptr;
+  // The tenant replies and pushes are confined to. RESET logs the client out at once, but what
+  // the server sends until its +RESET is still the old tenant's; nullptr drops every push.
+  const tenant::Tenant* reply_tenant_ = nullptr;
   std::vector<uint8_t> multi_rewrites_;  // reply rewrites of the commands queued in MULTI
   metrics::Counter* tenant_commands_ = nullptr;
   metrics::Counter* tenant_received_ = nullptr;

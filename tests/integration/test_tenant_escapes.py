@@ -32,6 +32,20 @@ def test_georadius_every_store_destination_gets_the_prefix(kg, direct):
     assert sorted(direct.keys("*")) == ["tenant:a:src", "tenant:a:tenant:b:x", "tenant:a:tenant:b:y", "tenant:b:x"]
 
 
+def test_reset_keeps_filtering_until_the_server_has_reset(kg, direct):
+    # RESET logged the client out at once, and what the server still sent before its +RESET
+    # (here: notifications during a blocking pop) passed without the tenant filter.
+    c = raw(kg, "alice", resp3=True)
+    c.send("SUBSCRIBE", "__keyevent@0__:set")
+    c.value()
+    c.send_raw(pipeline(("BLPOP", "l", "1"), ("RESET",)))
+    time.sleep(0.2)
+    as_user(kg, "bob").set("secret", 1)
+    out = quiet_bytes(c, wait=1.5)
+    assert b"+RESET" in out
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
 def test_nested_multi_keeps_the_rewrite_of_each_queued_command(kg, direct):
     # Redis answers a nested MULTI with an error and keeps the transaction; keyguard forgot the
     # rewrites queued before it, so INFO inside EXEC kept its # Keyspace section.
