@@ -234,6 +234,8 @@ std::string_view Session::Encode(std::span<const std::string_view> args) {
 void Session::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {
   const commands::KnownCommands& known = commands::Known();
   const commands::CommandId id = commands::LookupCommand(args[0]);
+  const bool subscribe = id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
+                         id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
 
   // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP.
   const bool skipped = skip_next_reply_;
@@ -253,6 +255,20 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     static const uint32_t kNoAuth = commands::CommandFlagMask("no_auth");
     if (tenant_ == nullptr && (commands::Spec(id).flags & kNoAuth) == 0) {
       Refuse(id, "noauth", "NOAUTH Authentication required.", skipped, silent);
+      return;
+    }
+    // keyguard tells RESP2 pub/sub messages from replies by the confirmations it reads in step
+    // with its commands. Inside MULTI, and under CLIENT REPLY OFF/SKIP, Redis sends those out of
+    // step, and a message of any tenant's keys would then pass as some command's reply.
+    if (tenant_ != nullptr && subscribe && (in_multi_ || silent)) {
+      Refuse(id, "tenant",
+             absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
+                          " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants"),
+             skipped, silent);
+      return;
+    }
+    if (tenant_ != nullptr && in_multi_ && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply")) {
+      Refuse(id, "tenant", "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped, silent);
       return;
     }
   }
@@ -327,6 +343,12 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   } else if (id == known.reset) {
     // RESET is not queued by MULTI either: it discards the transaction and every mode.
     p.kind = Kind::kReset;
+    if (skipped) {
+      // Redis would skip RESET's reply, which tells keyguard the server has reset: a PING takes
+      // the skip, and the +RESET is read but not shown.
+      ForwardRaw(kPing.data(), kPing.size());
+      p.hidden = true;
+    }
     reply_off_ = false;
     silent = false;
     in_multi_ = multi_aborted_ = false;
@@ -367,8 +389,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // whose reply carries this command's reply at this index.
     if (tenant_ != nullptr) multi_rewrites_.push_back(p.rewrite);
     p.rewrite = 0;
-  } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
-             id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe) {
+  } else if (subscribe) {
     const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
     if (args.size() > 1 || unsub) {
       p.kind = Kind::kSubscribe;
@@ -440,6 +461,11 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
   const bool hello = id == commands::Known().hello;
   if (in_multi_) {
     Refuse(id, "tenant", "ERR keyguard: AUTH and HELLO are not allowed inside MULTI", skipped, silent);
+    return;
+  }
+  if (hello && silent) {
+    // keyguard must read HELLO's reply to know the protocol, and with it what is a push.
+    Refuse(id, "tenant", "ERR keyguard: HELLO under CLIENT REPLY OFF/SKIP is not allowed", skipped, silent);
     return;
   }
   std::string_view user, password;
@@ -933,7 +959,9 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       DeliverLocalsAtHead();
       continue;
     }
-    if (front->kind == Kind::kExecAbort) {
+    if (front->hidden) {
+      // The client asked not to see it.
+    } else if (front->kind == Kind::kExecAbort) {
       AppendOut(kExecAbort);
     } else if (reply_tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
       std::string out;

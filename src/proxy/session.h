@@ -38,6 +38,7 @@ struct Pending {
   Kind kind = Kind::kForward;
   commands::CommandId command = commands::kUnknownCommand;
   bool close_after = false;   // kLocal: close the connection once this reply is delivered
+  bool hidden = false;        // the reply is read, not delivered (RESET after CLIENT REPLY SKIP)
   uint8_t confirm = 0;        // kSubscribe: index into kConfirmNames
   int8_t hello_version = 0;   // kHello: 2, 3 or 0 (unchanged)
   int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind

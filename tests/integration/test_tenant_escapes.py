@@ -32,6 +32,54 @@ def test_georadius_every_store_destination_gets_the_prefix(kg, direct):
     assert sorted(direct.keys("*")) == ["tenant:a:src", "tenant:a:tenant:b:x", "tenant:a:tenant:b:y", "tenant:b:x"]
 
 
+def test_subscribe_inside_multi_never_passes_messages_as_replies(kg, direct):
+    # Confirmations inside EXEC are not tracked, so RESP2 messages arrived as the reply of the
+    # next command, unfiltered.
+    c = raw(kg, "alice")
+    out = quiet_bytes(c, pipeline(("MULTI",), ("SUBSCRIBE", "__keyevent@0__:set"), ("EXEC",)))
+    assert b"EXECABORT" in out
+    as_user(kg, "bob").set("secret", 1)
+    out += quiet_bytes(c, pipeline(("PING",)))
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
+@pytest.mark.parametrize("mode", ["OFF", "SKIP"])
+def test_subscribe_without_replies_never_passes_messages_as_replies(kg, direct, mode):
+    # Under CLIENT REPLY OFF/SKIP Redis still sends the confirmations; keyguard did not expect
+    # them, so it never learnt the connection was subscribed.
+    c = raw(kg, "alice")
+    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", mode), ("SUBSCRIBE", "__keyevent@0__:set"),
+                                  ("CLIENT", "REPLY", "ON")))
+    as_user(kg, "bob").set("secret", 1)
+    out += quiet_bytes(c, pipeline(("PING",)))
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
+def test_reset_after_client_reply_skip_keeps_replies_in_step(kg, direct):
+    # Redis skips RESET's reply after CLIENT REPLY SKIP; keyguard waited for it, and every later
+    # reply (subscribe confirmations among them) went to the command before.
+    c = raw(kg, "alice")
+    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", "SKIP"), ("RESET",), ("AUTH", "alice", "alice-secret"),
+                                  ("SUBSCRIBE", "__keyevent@0__:set")))
+    assert out == b"+OK\r\n*3\r\n$9\r\nsubscribe\r\n$18\r\n__keyevent@0__:set\r\n:1\r\n", out
+    as_user(kg, "bob").set("secret", 1)
+    as_user(kg, "alice").set("mine", 1)
+    out = quiet_bytes(c, pipeline(("PING",)))
+    assert out == (b"*3\r\n$7\r\nmessage\r\n$18\r\n__keyevent@0__:set\r\n$4\r\nmine\r\n"
+                   b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"), out
+
+
+def test_hello_without_replies_cannot_hide_the_protocol(kg, direct):
+    # HELLO under CLIENT REPLY OFF switched the server to RESP2 while keyguard kept RESP3, so
+    # RESP2 messages were not recognised as messages.
+    c = raw(kg, "alice", resp3=True)
+    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", "OFF"), ("HELLO", "2"), ("CLIENT", "REPLY", "ON"),
+                                  ("SUBSCRIBE", "__keyevent@0__:set")))
+    as_user(kg, "bob").set("secret", 1)
+    out += quiet_bytes(c, pipeline(("PING",)))
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
 def test_reset_keeps_filtering_until_the_server_has_reset(kg, direct):
     # RESET logged the client out at once, and what the server still sent before its +RESET
     # (here: notifications during a blocking pop) passed without the tenant filter.
