@@ -41,6 +41,7 @@ enum Special : uint8_t {
   kFirstKey,
   kStreams,
   kKeyed,      // admin or dangerous by category, but confined by prefixing its keys (RESTORE)
+  kMemory,     // MEMORY STATS counts every tenant's keys, like INFO's # Keyspace
 };
 
 // Server-side emulations, run as one EVAL so they take one reply in the pipeline like the command
@@ -99,6 +100,7 @@ RequestRewriter::RequestRewriter(const Tenancy& tenancy) : tenancy_(tenancy), ki
   set({"blpop", "brpop", "bzpopmin", "bzpopmax", "lmpop", "blmpop", "zmpop", "bzmpop"}, kFirstKey);
   set({"xread", "xreadgroup"}, kStreams);
   set({"restore", "restore-asking"}, kKeyed);
+  set({"memory"}, kMemory);
 }
 
 std::string_view RequestRewriter::Own(std::string s) { return owned_.emplace_back(std::move(s)); }
@@ -339,6 +341,10 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       r.reply = ReplyRewrite::kStreams;
       break;
     case kKeyed:
+      break;
+    case kMemory:
+      if (EqualsIgnoreCase(sub, "stats")) return refuse(NotAllowed(display));
+      handled = false;
       break;
     case kPlain:
     default:

@@ -123,3 +123,11 @@ def test_sort_patterns_with_a_glob_prefix_stay_inside(server, direct):
         assert c.call("SORT", "ids", "ALPHA", "GET", "#") == [b"enant:b"]
     finally:
         assert k.stop() == 0, k.output()
+
+
+def test_memory_stats_does_not_count_every_tenants_keys(kg, direct):
+    # keys.count and db.0 are the key counts INFO's # Keyspace section is removed for.
+    direct.set("tenant:b:k", 1)
+    c = raw(kg, "alice")
+    assert "not allowed for tenants" in str(c.call("MEMORY", "STATS"))
+    assert c.call("SET", "k", "v") == "OK" and isinstance(c.call("MEMORY", "USAGE", "k"), int)
