@@ -169,6 +169,21 @@ void MigrateKeys(std::span<const std::string_view> args, std::vector<KeyRef>* ou
   }
 }
 
+// GEORADIUS and GEORADIUSBYMEMBER store into the last STORE/STOREDIST (georadiusGeneric), while
+// their key specs name only the first of each: every argument after either word is a
+// destination Redis may write, so all of them are keys. `from` is where the options start.
+void GeoStoreKeys(int from, std::span<const std::string_view> args, std::vector<KeyRef>* out, size_t before) {
+  const int argc = static_cast<int>(args.size());
+  for (int i = from; i + 1 < argc; ++i) {
+    if (!EqualsIgnoreCase(args[i], "store") && !EqualsIgnoreCase(args[i], "storedist")) continue;
+    const auto pos = static_cast<uint32_t>(i + 1);
+    if (std::none_of(out->begin() + static_cast<std::ptrdiff_t>(before), out->end(),
+                     [&](const KeyRef& k) { return k.pos == pos; })) {
+      out->push_back(KeyRef{pos, kKeyOw | kKeyUpdate});
+    }
+  }
+}
+
 // bitfieldGetKeys: read-only when only GET and OVERFLOW appear.
 uint32_t BitfieldFlags(std::span<const std::string_view> args) {
   const int argc = static_cast<int>(args.size());
@@ -270,7 +285,10 @@ bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, s
   const bool variable_flags = (all & kKeyVariableFlags) != 0;
   const std::string_view name(spec.name);
   if (has_keyspec && !variable_flags) {
-    if (KeysFromSpecs(spec, args, out)) return true;
+    if (KeysFromSpecs(spec, args, out)) {
+      if (name == "georadius" || name == "georadiusbymember") GeoStoreKeys(name == "georadius" ? 6 : 5, args, out, before);
+      return true;
+    }
     out->resize(before);
     // Redis falls back to the command's own parser; only these differ from "no keys".
     if (name == "sort" || name == "sort_ro") {

@@ -235,6 +235,8 @@ std::string_view Session::Encode(std::span<const std::string_view> args) {
 void Session::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {
   const commands::KnownCommands& known = commands::Known();
   const commands::CommandId id = commands::LookupCommand(args[0]);
+  const bool subscribe = id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
+                         id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
 
   // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP.
   const bool skipped = skip_next_reply_;
@@ -254,6 +256,20 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     static const uint32_t kNoAuth = commands::CommandFlagMask("no_auth");
     if (tenant_ == nullptr && (commands::Spec(id).flags & kNoAuth) == 0) {
       Refuse(id, "noauth", "NOAUTH Authentication required.", skipped, silent);
+      return;
+    }
+    // keyguard tells RESP2 pub/sub messages from replies by the confirmations it reads in step
+    // with its commands. Inside MULTI, and under CLIENT REPLY OFF/SKIP, Redis sends those out of
+    // step, and a message of any tenant's keys would then pass as some command's reply.
+    if (tenant_ != nullptr && subscribe && (in_multi_ || silent)) {
+      Refuse(id, "tenant",
+             absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
+                          " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants"),
+             skipped, silent);
+      return;
+    }
+    if (tenant_ != nullptr && in_multi_ && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply")) {
+      Refuse(id, "tenant", "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped, silent);
       return;
     }
   }
@@ -344,6 +360,12 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   } else if (id == known.reset) {
     // RESET is not queued by MULTI either: it discards the transaction and every mode.
     p.kind = Kind::kReset;
+    if (skipped) {
+      // Redis would skip RESET's reply, which tells keyguard the server has reset: a PING takes
+      // the skip, and the +RESET is read but not shown.
+      ForwardRaw(kPing.data(), kPing.size());
+      p.hidden = true;
+    }
     reply_off_ = false;
     silent = false;
     in_multi_ = multi_aborted_ = false;
@@ -353,8 +375,9 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // upstream credentials are sent again right after it.
     if (tenancy != nullptr && tenancy->requires_auth()) BindTenant(nullptr);
   } else if (id == known.multi) {
+    // A nested MULTI is an error that keeps the transaction: what was queued stays queued.
+    if (!in_multi_) multi_rewrites_.clear();
     in_multi_ = true;
-    multi_rewrites_.clear();
   } else if (id == known.watch) {
     watching_ = true;
   } else if (id == known.unwatch) {
@@ -383,8 +406,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // whose reply carries this command's reply at this index.
     if (tenant_ != nullptr) multi_rewrites_.push_back(p.rewrite);
     p.rewrite = 0;
-  } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
-             id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe) {
+  } else if (subscribe) {
     const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
     if (args.size() > 1 || unsub) {
       p.kind = Kind::kSubscribe;
@@ -424,6 +446,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
 void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
+  if (t != nullptr) reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
   if (t == nullptr) {
     tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
     return;
@@ -455,6 +478,11 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
   const bool hello = id == commands::Known().hello;
   if (in_multi_) {
     Refuse(id, "tenant", "ERR keyguard: AUTH and HELLO are not allowed inside MULTI", skipped, silent);
+    return;
+  }
+  if (hello && silent) {
+    // keyguard must read HELLO's reply to know the protocol, and with it what is a push.
+    Refuse(id, "tenant", "ERR keyguard: HELLO under CLIENT REPLY OFF/SKIP is not allowed", skipped, silent);
     return;
   }
   std::string_view user, password;
@@ -1121,12 +1149,13 @@ awaitable<void> Session::UpstreamPump() {
 void Session::AppendOut(std::string_view bytes) { AppendBuffer(&deliver_, bytes.data(), bytes.size()); }
 
 void Session::DeliverPush(std::string_view frame) {
-  if (tenant_ == nullptr) {
+  if (worker_.config.tenancy == nullptr) {
     AppendOut(frame);
     return;
   }
+  if (reply_tenant_ == nullptr) return;  // logged out: nobody it may be shown to
   std::string out;
-  switch (tenant::RewritePush(*worker_.config.tenancy, *tenant_, frame, &out)) {
+  switch (tenant::RewritePush(*worker_.config.tenancy, *reply_tenant_, frame, &out)) {
     case tenant::ReplyAction::kPass:
       AppendOut(frame);
       break;
@@ -1212,7 +1241,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
       // could name anything), and count it.
       worker_.shard->unexpected_replies.Add();
-      if (tenant_ == nullptr) AppendOut(frame);
+      if (worker_.config.tenancy == nullptr) AppendOut(frame);
       continue;
     }
     if (front->kind == Kind::kInternal) {
@@ -1228,11 +1257,13 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       DeliverLocalsAtHead();
       continue;
     }
-    if (front->kind == Kind::kExecAbort) {
+    if (front->hidden) {
+      // The client asked not to see it.
+    } else if (front->kind == Kind::kExecAbort) {
       AppendOut(kExecAbort);
-    } else if (tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
+    } else if (reply_tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
       std::string out;
-      switch (tenant::RewriteReply(*worker_.config.tenancy, *tenant_, static_cast<tenant::ReplyRewrite>(front->rewrite),
+      switch (tenant::RewriteReply(*worker_.config.tenancy, *reply_tenant_, static_cast<tenant::ReplyRewrite>(front->rewrite),
                                    front->exec_rewrites, frame, &out)) {
         case tenant::ReplyAction::kPass:
           AppendOut(frame);
@@ -1283,6 +1314,7 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
         protocol_ = 2;
         monitor_ = false;
         for (auto& s : subscriptions_) s.clear();
+        reply_tenant_ = tenant_;  // nullptr, unless the client authenticated again after RESET
       }
       break;
     default:

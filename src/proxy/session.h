@@ -38,6 +38,7 @@ struct Pending {
   Kind kind = Kind::kForward;
   commands::CommandId command = commands::kUnknownCommand;
   bool close_after = false;   // kLocal: close the connection once this reply is delivered
+  bool hidden = false;        // the reply is read, not delivered (RESET after CLIENT REPLY SKIP)
   uint8_t confirm = 0;        // kSubscribe: index into kConfirmNames
   int8_t hello_version = 0;   // kHello: 2, 3 or 0 (unchanged)
   int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind
@@ -170,6 +171,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
   const tenant::Tenant* tenant_ = nullptr;
+  // The tenant replies and pushes are confined to. RESET logs the client out at once, but what
+  // the server sends until its +RESET is still the old tenant's; nullptr drops every push.
+  const tenant::Tenant* reply_tenant_ = nullptr;
   std::vector<uint8_t> multi_rewrites_;  // reply rewrites of the commands queued in MULTI
   metrics::Counter* tenant_commands_ = nullptr;
   metrics::Counter* tenant_received_ = nullptr;

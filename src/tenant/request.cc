@@ -41,6 +41,7 @@ enum Special : uint8_t {
   kFirstKey,
   kStreams,
   kKeyed,      // admin or dangerous by category, but confined by prefixing its keys (RESTORE)
+  kMemory,     // MEMORY STATS counts every tenant's keys, like INFO's # Keyspace
 };
 
 // Server-side emulations, run as one EVAL so they take one reply in the pipeline like the command
@@ -99,6 +100,7 @@ RequestRewriter::RequestRewriter(const Tenancy& tenancy) : tenancy_(tenancy), ki
   set({"blpop", "brpop", "bzpopmin", "bzpopmax", "lmpop", "blmpop", "zmpop", "bzmpop"}, kFirstKey);
   set({"xread", "xreadgroup"}, kStreams);
   set({"restore", "restore-asking"}, kKeyed);
+  set({"memory"}, kMemory);
 }
 
 std::string_view RequestRewriter::Own(std::string s) { return owned_.emplace_back(std::move(s)); }
@@ -203,7 +205,9 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       break;
     }
     case kSort:
-      // BY and GET patterns name keys (the '*' takes each element); they are not globs.
+      // BY and GET patterns name keys (the '*' takes each element); they are not globs. Redis
+      // puts the element at the pattern's first '*': one in the prefix would let the element
+      // choose the key, so such a tenant's patterns are refused.
       for (size_t i = 2; i < args.size(); ++i) {
         if (EqualsIgnoreCase(args[i], "limit")) {
           i += 2;
@@ -211,7 +215,12 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
           ++i;
         } else if ((EqualsIgnoreCase(args[i], "by") || EqualsIgnoreCase(args[i], "get")) && i + 1 < args.size()) {
           ++i;
-          if (args[i] != "#") set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
+          if (args[i] == "#") continue;
+          if (tenant.prefix.find('*') != std::string::npos) {
+            return refuse(absl::StrCat("ERR keyguard: ", display, " BY/GET patterns are not allowed for a tenant whose "
+                                       "prefix holds '*'"));
+          }
+          set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
         }
       }
       break;
@@ -332,6 +341,10 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       r.reply = ReplyRewrite::kStreams;
       break;
     case kKeyed:
+      break;
+    case kMemory:
+      if (EqualsIgnoreCase(sub, "stats")) return refuse(NotAllowed(display));
+      handled = false;
       break;
     case kPlain:
     default:

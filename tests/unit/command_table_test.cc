@@ -59,6 +59,10 @@ TEST(FindKeys, IncompleteSpecsParsedLikeRedis) {
   EXPECT_EQ(Keys({"SORT", "l", "BY", "w_*", "GET", "o_*", "LIMIT", "0", "5", "STORE", "dst"}), (V{"l", "dst"}));
   EXPECT_EQ(Keys({"SORT", "l", "STORE", "d1", "STORE", "d2"}), (V{"l", "d2"}));
   EXPECT_EQ(Keys({"SORT_RO", "l", "BY", "w_*"}), V{"l"});
+  // GEORADIUS writes to the last STORE/STOREDIST; its key specs name only the first of each.
+  EXPECT_EQ(Keys({"GEORADIUS", "g", "0", "0", "1", "km", "STORE", "d1", "STORE", "d2"}), (V{"g", "d1", "d2"}));
+  EXPECT_EQ(Keys({"GEORADIUSBYMEMBER", "g", "m", "1", "km", "STOREDIST", "d1", "STORE", "d2", "STOREDIST", "d3"}),
+            (V{"g", "d2", "d1", "d3"}));
   EXPECT_EQ(Keys({"MIGRATE", "h", "6379", "k", "0", "100"}), V{"k"});
   EXPECT_EQ(Keys({"MIGRATE", "h", "6379", "", "0", "100", "AUTH", "pw", "KEYS", "a", "b"}), (V{"a", "b"}));
 }

@@ -105,6 +105,16 @@ TEST_F(TenantTest, GlobCharactersInThePrefixAreEscaped) {
   rw.Rewrite(*t->static_tenant(), commands::LookupCommand("keys"), &commands::Spec(commands::LookupCommand("keys")), args,
              {}, true, &out);
   EXPECT_EQ(out[1], "t\\*\\[1\\]:*");
+  // SORT puts the element at the pattern's first '*', which would be the prefix's.
+  auto sort = [&](std::vector<std::string_view> a) {
+    const commands::CommandId id = commands::LookupCommand(a[0]);
+    std::vector<commands::KeyRef> keys;
+    const bool ok = commands::FindKeys(*commands::ResolveSpec(id, a), a, &keys);
+    return rw.Rewrite(*t->static_tenant(), id, commands::ResolveSpec(id, a), a, keys, ok, &out).kind;
+  };
+  EXPECT_EQ(sort({"SORT", "l", "GET", "x"}), RequestResult::Kind::kRefuse);
+  EXPECT_EQ(sort({"SORT_RO", "l", "BY", "nosort"}), RequestResult::Kind::kRefuse);
+  EXPECT_EQ(sort({"SORT", "l", "ALPHA", "GET", "#", "STORE", "d"}), RequestResult::Kind::kForward);
 }
 
 TEST_F(TenantTest, ChannelsAndNotifications) {
@@ -124,12 +134,13 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
            {"ACL", "LIST"}, {"MODULE", "LIST"}, {"SCRIPT", "FLUSH"}, {"FUNCTION", "LIST"}, {"CLUSTER", "INFO"},
            {"SHUTDOWN"}, {"REPLICAOF", "no", "one"}, {"EVAL", "return redis.call('keys','*')", "0"},
            {"EVALSHA", "0000000000000000000000000000000000000000", "0"}, {"FCALL", "f", "0"}, {"PUBSUB", "NUMPAT"},
-           {"NOSUCHCOMMAND", "x"}, {"GET"}}) {
+           {"NOSUCHCOMMAND", "x"}, {"GET"}, {"MEMORY", "STATS"}}) {
     EXPECT_EQ(Req(words).substr(0, 8), "REFUSE: ") << words[0];
   }
   EXPECT_EQ(Req({"SELECT", "0"}), "SELECT 0");
   EXPECT_EQ(Req({"EVAL", "return 1", "0"}), "EVAL return 1 0");  // on the allow-list
   EXPECT_EQ(Req({"CLIENT", "SETNAME", "x"}), "CLIENT SETNAME x");
+  EXPECT_EQ(Req({"MEMORY", "USAGE", "k"}), "MEMORY USAGE tenant:a:k");
   EXPECT_EQ(Req({"FLUSHDB"}).substr(0, 5), "EVAL ");
   EXPECT_EQ(Req({"FLUSHALL", "ASYNC"}).find("0 tenant:a:* tenant:a:"), Req({"FLUSHDB"}).find("0 tenant:a:* tenant:a:"));
   ReplyRewrite r;

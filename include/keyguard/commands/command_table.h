@@ -92,7 +92,8 @@ struct KeyRef {
 
 // Appends the keys of `args` (a whole request, name included) to `out`, as Redis's COMMAND
 // GETKEYS finds them: key specs first, and for commands whose specs are incomplete or carry
-// variable flags (SORT, SORT_RO, MIGRATE, SET, BITFIELD) the same parsing Redis does. Returns
+// variable flags (SORT, SORT_RO, MIGRATE, SET, BITFIELD) the same parsing Redis does; for
+// GEORADIUS(BYMEMBER) every STORE/STOREDIST destination, not just the first (the specs'). Returns
 // false when the arguments do not fit the specs (Redis will refuse the command); `out` then
 // holds nothing for this request. Channel specs (SPUBLISH, SSUBSCRIBE: not_key) are skipped.
 bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out);

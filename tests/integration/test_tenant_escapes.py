@@ -1,0 +1,133 @@
+"""Escapes found in review of tenancy (issue #4): each test is a way tenant alice (tenant:a:) reached
+or observed bob's (tenant:b:) keys before the fix. Same fixtures as test_tenants.py: one
+redis-server with keyspace notifications, keyguard with examples/tenants.yaml."""
+import time
+
+import pytest
+
+from conftest import Keyguard
+from resp import RespConn, encode
+from test_tenants import CONFIG, as_user, direct, kg, raw, server  # noqa: F401 (fixtures)
+
+
+def quiet_bytes(c, data=b"", wait=0.5):
+    """Sends raw bytes and returns everything that arrives until the connection stays quiet."""
+    return c.exchange(data, timeout=wait)
+
+
+def pipeline(*commands):
+    return b"".join(encode(*a) for a in commands)
+
+
+def test_georadius_every_store_destination_gets_the_prefix(kg, direct):
+    # GEORADIUS writes to the last STORE/STOREDIST; the key specs name only the first of each.
+    direct.set("tenant:b:x", "bob")
+    alice = as_user(kg, "alice")
+    alice.geoadd("src", (13.36, 38.11, "p"))
+    c = raw(kg, "alice")
+    c.call("GEORADIUS", "src", "13.36", "38.11", "100", "km", "STORE", "mine", "STORE", "tenant:b:x")
+    c.call("GEORADIUSBYMEMBER", "src", "p", "100", "km", "STOREDIST", "mine", "STOREDIST", "tenant:b:x")
+    c.call("GEORADIUS", "src", "13.36", "38.11", "100", "km", "STORE", "mine", "STOREDIST", "tenant:b:y")
+    assert direct.type("tenant:b:x") == "string" and direct.get("tenant:b:x") == "bob"
+    assert sorted(direct.keys("*")) == ["tenant:a:src", "tenant:a:tenant:b:x", "tenant:a:tenant:b:y", "tenant:b:x"]
+
+
+def test_subscribe_inside_multi_never_passes_messages_as_replies(kg, direct):
+    # Confirmations inside EXEC are not tracked, so RESP2 messages arrived as the reply of the
+    # next command, unfiltered.
+    c = raw(kg, "alice")
+    out = quiet_bytes(c, pipeline(("MULTI",), ("SUBSCRIBE", "__keyevent@0__:set"), ("EXEC",)))
+    assert b"EXECABORT" in out
+    as_user(kg, "bob").set("secret", 1)
+    out += quiet_bytes(c, pipeline(("PING",)))
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
+@pytest.mark.parametrize("mode", ["OFF", "SKIP"])
+def test_subscribe_without_replies_never_passes_messages_as_replies(kg, direct, mode):
+    # Under CLIENT REPLY OFF/SKIP Redis still sends the confirmations; keyguard did not expect
+    # them, so it never learnt the connection was subscribed.
+    c = raw(kg, "alice")
+    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", mode), ("SUBSCRIBE", "__keyevent@0__:set"),
+                                  ("CLIENT", "REPLY", "ON")))
+    as_user(kg, "bob").set("secret", 1)
+    out += quiet_bytes(c, pipeline(("PING",)))
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
+def test_reset_after_client_reply_skip_keeps_replies_in_step(kg, direct):
+    # Redis skips RESET's reply after CLIENT REPLY SKIP; keyguard waited for it, and every later
+    # reply (subscribe confirmations among them) went to the command before.
+    c = raw(kg, "alice")
+    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", "SKIP"), ("RESET",), ("AUTH", "alice", "alice-secret"),
+                                  ("SUBSCRIBE", "__keyevent@0__:set")))
+    assert out == b"+OK\r\n*3\r\n$9\r\nsubscribe\r\n$18\r\n__keyevent@0__:set\r\n:1\r\n", out
+    as_user(kg, "bob").set("secret", 1)
+    as_user(kg, "alice").set("mine", 1)
+    out = quiet_bytes(c, pipeline(("PING",)))
+    assert out == (b"*3\r\n$7\r\nmessage\r\n$18\r\n__keyevent@0__:set\r\n$4\r\nmine\r\n"
+                   b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"), out
+
+
+def test_hello_without_replies_cannot_hide_the_protocol(kg, direct):
+    # HELLO under CLIENT REPLY OFF switched the server to RESP2 while keyguard kept RESP3, so
+    # RESP2 messages were not recognised as messages.
+    c = raw(kg, "alice", resp3=True)
+    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", "OFF"), ("HELLO", "2"), ("CLIENT", "REPLY", "ON"),
+                                  ("SUBSCRIBE", "__keyevent@0__:set")))
+    as_user(kg, "bob").set("secret", 1)
+    out += quiet_bytes(c, pipeline(("PING",)))
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
+def test_reset_keeps_filtering_until_the_server_has_reset(kg, direct):
+    # RESET logged the client out at once, and what the server still sent before its +RESET
+    # (here: notifications during a blocking pop) passed without the tenant filter.
+    c = raw(kg, "alice", resp3=True)
+    c.send("SUBSCRIBE", "__keyevent@0__:set")
+    c.value()
+    c.send_raw(pipeline(("BLPOP", "l", "1"), ("RESET",)))
+    time.sleep(0.2)
+    as_user(kg, "bob").set("secret", 1)
+    out = quiet_bytes(c, wait=1.5)
+    assert b"+RESET" in out
+    assert b"tenant:b" not in out and b"secret" not in out, out
+
+
+def test_nested_multi_keeps_the_rewrite_of_each_queued_command(kg, direct):
+    # Redis answers a nested MULTI with an error and keeps the transaction; keyguard forgot the
+    # rewrites queued before it, so INFO inside EXEC kept its # Keyspace section.
+    direct.set("tenant:b:k", 1)
+    c = raw(kg, "alice")
+    assert c.call("MULTI") == "OK"
+    assert c.call("INFO") == "QUEUED"
+    assert "nested" in str(c.call("MULTI"))
+    assert c.call("PING") == "QUEUED"
+    info, pong = c.call("EXEC")
+    assert b"# Server" in info and b"db0:" not in info and b"# Keyspace" not in info
+    assert pong == "PONG"
+
+
+def test_sort_patterns_with_a_glob_prefix_stay_inside(server, direct):
+    # SORT substitutes the element at the pattern's first '*': with a '*' in the prefix, the
+    # element chose the key ("t" + "enant:b" + ":x").
+    k = Keyguard(server.port, config='tenancy: {prefix: "t*:"}\n')
+    try:
+        direct.set("tenant:b:x", "BOBSECRET")
+        c = RespConn(k.port)
+        assert c.call("RPUSH", "ids", "enant:b") == 1
+        got = c.call("SORT", "ids", "BY", "nosort", "GET", "x")
+        assert "BOBSECRET" not in str(got)
+        assert "not allowed" in str(c.call("SORT", "ids", "BY", "w"))
+        assert "not allowed" in str(c.call("SORT_RO", "ids", "GET", "x"))
+        assert c.call("SORT", "ids", "ALPHA", "GET", "#") == [b"enant:b"]
+    finally:
+        assert k.stop() == 0, k.output()
+
+
+def test_memory_stats_does_not_count_every_tenants_keys(kg, direct):
+    # keys.count and db.0 are the key counts INFO's # Keyspace section is removed for.
+    direct.set("tenant:b:k", 1)
+    c = raw(kg, "alice")
+    assert "not allowed for tenants" in str(c.call("MEMORY", "STATS"))
+    assert c.call("SET", "k", "v") == "OK" and isinstance(c.call("MEMORY", "USAGE", "k"), int)
