@@ -225,6 +225,8 @@ std::string_view CommandName(CommandId id) { return Spec(id).name; }
 
 size_t CommandCount() { return GetTable().top.size(); }
 
+bool IsBuiltin(CommandId id) { return id < kTopLevelCommands; }
+
 const CommandSpec& Spec(CommandId id) {
   const Table& t = GetTable();
   return t.specs[id < t.top.size() ? t.top[id] : 0];

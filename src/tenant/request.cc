@@ -146,6 +146,17 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     // A command keyguard cannot see the keys of (a module the upstream did not describe).
     return refuse(absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "' is not allowed for tenants"));
   }
+  if (!commands::IsBuiltin(id)) {
+    // A module command (or a newer server's) is confined only when its key specs say where every
+    // key is: FT.CREATE ... PREFIX or FT.SEARCH have none, and would reach every tenant's keys.
+    const commands::CommandSpec* s = spec != nullptr ? spec : &commands::Spec(id);
+    bool complete = s->spec_count > 0;
+    for (const commands::KeySpec& k : commands::KeySpecs(*s)) complete &= (k.flags & commands::kKeyIncomplete) == 0;
+    if (!complete) {
+      return refuse(absl::StrCat("ERR keyguard: command '", Upper(args[0]),
+                                 "' does not declare all its keys, so it cannot be confined to the tenant"));
+    }
+  }
   if (spec == nullptr) {
     return refuse(absl::StrCat("ERR unknown subcommand '", std::string(args.size() > 1 ? args[1] : ""),
                                "'. Try ", Upper(args[0]), " HELP."));

@@ -6,6 +6,7 @@
 
 #include "keyguard/commands/command_table.h"
 #include "keyguard/config/v1/config.pb.h"
+#include "keyguard/resp/encoder.h"
 #include "keyguard/tenant/rewrite.h"
 #include "keyguard/tenant/tenancy.h"
 
@@ -185,6 +186,28 @@ TEST_F(TenantTest, PushesAreConfined) {
   EXPECT_EQ(Push(">2\r\n$10\r\ninvalidate\r\n_\r\n"), ">2\r\n$10\r\ninvalidate\r\n_\r\n");
   EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$10\r\ntenant:b:k\r\n"), "DROP");
   EXPECT_EQ(Push("*3\r\n$9\r\nsubscribe\r\n$13\r\ntenant:a:news\r\n:1\r\n"), "*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n");
+}
+
+TEST_F(TenantTest, ModuleCommandsNeedCompleteKeySpecs) {
+  // Two module commands as a pre-7.0 COMMAND INFO describes them: one with its key at 1, one
+  // (like FT.SEARCH) with none, whose reach keyguard cannot see.
+  std::string info;
+  resp::AppendArrayHeader(&info, 2);
+  for (auto [name, first] : {std::pair{"tmod.set", 1}, std::pair{"tmod.search", 0}}) {
+    resp::AppendArrayHeader(&info, 6);
+    resp::AppendBulk(&info, name);
+    resp::AppendInteger(&info, -2);
+    resp::AppendArrayHeader(&info, 0);
+    resp::AppendInteger(&info, first);
+    resp::AppendInteger(&info, first);
+    resp::AppendInteger(&info, first);
+  }
+  ASSERT_TRUE(commands::ExtendFromCommandInfo(info).ok());
+  rewriter_ = std::make_unique<RequestRewriter>(*tenancy_);
+  EXPECT_EQ(Req({"TMOD.SET", "k", "v"}), "TMOD.SET tenant:a:k v");
+  EXPECT_EQ(Req({"TMOD.SEARCH", "idx", "*"}),
+            "REFUSE: ERR keyguard: command 'TMOD.SEARCH' does not declare all its keys, so it cannot be confined to the "
+            "tenant");
 }
 
 TEST(TenancyConfigTest, Validation) {

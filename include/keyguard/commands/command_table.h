@@ -68,6 +68,9 @@ CommandId LookupCommand(std::string_view name);
 std::string_view CommandName(CommandId id);
 // Number of top-level ids, kUnknownCommand included.
 size_t CommandCount();
+// True for the commands compiled into the table (Redis 7.0's own); false for those added from the
+// upstream's COMMAND INFO (modules, newer servers).
+bool IsBuiltin(CommandId id);
 
 const CommandSpec& Spec(CommandId id);
 // The spec a request runs under: the subcommand's when `id` has subcommands and args[1] names
