@@ -151,6 +151,10 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("hygiene.hot_keys_capacity", static_cast<int64_t>(h.hot_keys_capacity()), 0, 65536); !s.ok()) return s;
     c.hygiene.hot_keys_capacity = h.hot_keys_capacity();
   }
+  if (h.has_hot_keys_sample()) {
+    if (auto s = range("hygiene.hot_keys_sample", static_cast<int64_t>(h.hot_keys_sample()), 1, 1024); !s.ok()) return s;
+    c.hygiene.hot_keys_sample = static_cast<uint32_t>(h.hot_keys_sample());
+  }
   auto policy = policy::KeyPolicy::Compile(p.key_policy());
   if (!policy.ok()) return policy.status();
   c.key_policy = *std::move(policy);

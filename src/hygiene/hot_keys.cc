@@ -172,6 +172,7 @@ TenantKey SplitHotKeyItem(absl::string_view item) {
 
 HotKeys::HotKeys(const Settings& s)
     : capacity_(s.enabled ? s.hot_keys_capacity : 0),
+      sample_(s.hot_keys_sample > 0 ? s.hot_keys_sample : 1),
       interval_ns_(s.hot_keys_interval_s * 1000000000),
       by_count_(capacity_),
       by_bytes_(capacity_),
@@ -248,11 +249,13 @@ std::string KeyFields(absl::string_view item, HotKeysBoard::PatternFn pattern) {
                       ",\"key_pattern\":", Quoted(absl::string_view(pattern(std::string_view(tk.key.data(), tk.key.size())))));
 }
 
-void AppendEntries(std::string* out, const std::vector<SpaceSaving::Entry>& entries, HotKeysBoard::PatternFn pattern) {
+// Counts are scaled by the sampling interval `scale` (1: every command counted, exact bounds).
+void AppendEntries(std::string* out, const std::vector<SpaceSaving::Entry>& entries, HotKeysBoard::PatternFn pattern,
+                   uint64_t scale) {
   for (size_t i = 0; i < entries.size(); ++i) {
     const SpaceSaving::Entry& e = entries[i];
-    absl::StrAppend(out, i ? "," : "", "{", KeyFields(e.item, pattern), ",\"count\":", e.count, ",\"error\":", e.error,
-                    "}");
+    absl::StrAppend(out, i ? "," : "", "{", KeyFields(e.item, pattern), ",\"count\":", e.count * scale,
+                    ",\"error\":", e.error * scale, "}");
   }
 }
 
@@ -277,12 +280,14 @@ std::string HotKeysBoard::HotKeysJson(size_t n) const {
       oldest_start_ms = p.interval_start_ms;
     }
   }
+  const uint64_t scale = Scale();
   std::string out = absl::StrCat("{\"interval_s\":", settings_.hot_keys_interval_s, ",\"capacity\":",
-                                 settings_.hot_keys_capacity, ",\"sample_rate\":1,\"current_interval_start_ms\":",
-                                 oldest_start_ms, ",\"workers\":[", tracked, "],\"by_count\":[");
-  AppendEntries(&out, MergeTop(count_parts, n), pattern_);
+                                 settings_.hot_keys_capacity, ",\"sample_rate\":", absl::StrFormat("%.6g", 1.0 / scale),
+                                 ",\"counts_scaled_by\":", scale, ",\"current_interval_start_ms\":", oldest_start_ms,
+                                 ",\"workers\":[", tracked, "],\"by_count\":[");
+  AppendEntries(&out, MergeTop(count_parts, n), pattern_, scale);
   absl::StrAppend(&out, "],\"by_bytes\":[");
-  AppendEntries(&out, MergeTop(bytes_parts, n), pattern_);
+  AppendEntries(&out, MergeTop(bytes_parts, n), pattern_, scale);
   absl::StrAppend(&out, "]}");
   return out;
 }
@@ -332,7 +337,7 @@ void HotKeysBoard::AppendMetrics(std::string* out) const {
       if (!p.has_last) continue;
       for (const SpaceSaving::Entry& e : p.last_count.entries) {
         const absl::string_view key = SplitHotKeyItem(e.item).key;
-        by_pattern[pattern_(std::string_view(key.data(), key.size()))] += e.count;
+        by_pattern[pattern_(std::string_view(key.data(), key.size()))] += e.count * Scale();
       }
     }
   }

@@ -149,10 +149,23 @@ TEST(LargestKeysTest, KeepsTheLargestWithinItsBound) {
   EXPECT_EQ(by_key, (std::map<std::string, uint64_t>{{"k98", 98}, {"k99", 99}, {"k100", 100}, {"k500", 500}}));
 }
 
+TEST(HotKeysTest, SamplesAboutOneInN) {
+  Settings settings;
+  settings.hot_keys_sample = 8;
+  HotKeys hot(settings);
+  int sampled = 0;
+  for (int i = 0; i < 80000; ++i) sampled += hot.Sample();
+  EXPECT_NEAR(sampled, 10000, 500);
+  settings.hot_keys_sample = 1;
+  HotKeys all(settings);
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(all.Sample());
+}
+
 TEST(HotKeysBoardTest, PublishesIntervalsAndRendersJson) {
   Settings settings;
   settings.hot_keys_capacity = 4;
   settings.hot_keys_interval_s = 10;
+  settings.hot_keys_sample = 1;
   HotKeysBoard board(settings, [](std::string_view k) { return absl::StrCat("p:", std::string(k.substr(0, 1))); });
   HotKeys hot(settings);
   hot.Attach(&board, board.AddWorker());

@@ -28,6 +28,7 @@ struct Settings {
   size_t findings_kept = 1000;                 // recent findings at /debug/findings
   int64_t hot_keys_interval_s = 60;            // hot-key sketches start afresh this often
   size_t hot_keys_capacity = 256;              // counters per hot-key sketch per worker (0: off)
+  uint32_t hot_keys_sample = 8;                // count about one keyed command in this many (1: all)
 };
 
 enum class Kind : uint8_t {

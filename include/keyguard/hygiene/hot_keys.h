@@ -129,6 +129,16 @@ class HotKeys {
 
   explicit HotKeys(const Settings& s);
   bool enabled() const { return capacity_ > 0; }
+  // Whether to count this command: about one in Settings::hot_keys_sample, at random gaps (a
+  // xorshift draw per sampled command, so periodic traffic cannot alias with the sampling).
+  bool Sample() {
+    if (--skip_ > 0) return false;
+    rng_ ^= rng_ << 13;
+    rng_ ^= rng_ >> 7;
+    rng_ ^= rng_ << 17;
+    skip_ = sample_ <= 1 ? 1 : 1 + static_cast<int64_t>(rng_ % (2 * sample_ - 1));  // mean sample_
+    return true;
+  }
   // Publishes to `slot` (from HotKeysBoard::AddWorker) from now on.
   void Attach(HotKeysBoard* board, size_t slot) {
     board_ = board;
@@ -148,6 +158,9 @@ class HotKeys {
 
  private:
   size_t capacity_;
+  uint64_t sample_;
+  int64_t skip_ = 1;
+  uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   int64_t interval_ns_;
   int64_t interval_end_ns_ = -1;
   int64_t interval_start_ms_ = 0;
@@ -190,6 +203,8 @@ class HotKeysBoard {
   void AppendMetrics(std::string* out) const;
 
  private:
+  uint64_t Scale() const { return settings_.hot_keys_sample > 0 ? settings_.hot_keys_sample : 1; }
+
   const Settings& settings_;
   PatternFn pattern_;
   mutable std::mutex mu_;
