@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "admin/admin_server.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/hygiene/hot_keys.h"
+#include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/framer.h"
 #include "proxy/session.h"
 #include "proxy/worker.h"
@@ -38,6 +40,16 @@ awaitable<void> Accept(Worker& worker, tcp::acceptor& acceptor) {
     worker.sessions.insert(session);
     session->Start();
   }
+}
+
+// Each tick publishes the worker's hot and big keys (and closes the interval when it is due).
+void TickHotKeys(Worker& w, std::chrono::milliseconds period) {
+  w.hot.Tick(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                 .count());
+  w.hot_timer.expires_after(period);
+  w.hot_timer.async_wait([&w, period](error_code ec) {
+    if (!ec) TickHotKeys(w, period);
+  });
 }
 
 absl::StatusOr<tcp::endpoint> Resolve(asio::io_context& io, const config::HostPort& hp, const char* what) {
@@ -123,12 +135,15 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   if (nthreads <= 0) nthreads = 1;
 
   hygiene::FindingLog findings(config.hygiene.findings_kept);
+  hygiene::HotKeysBoard hot_keys(config.hygiene, &policy::KeyPattern);
+  registry.AddCollector([&hot_keys](std::string* out) { hot_keys.AppendMetrics(out); });
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   tcp::endpoint bound = *listen;
   for (int i = 0; i < nthreads; ++i) {
     workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream));
     workers.back()->findings = &findings;
+    workers.back()->hot.Attach(&hot_keys, hot_keys.AddWorker());
     auto acceptor = std::make_unique<tcp::acceptor>(workers.back()->io);
     error_code ec;
     acceptor->open(bound.protocol(), ec);
@@ -147,7 +162,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   }
 
   std::atomic<bool> draining{false};
-  admin::AdminServer admin(control, registry, config, store, findings, *upstream, draining);
+  admin::AdminServer admin(control, registry, config, store, findings, hot_keys, *upstream, draining);
   if (auto s = admin.Listen(); !s.ok()) return s;
 
   std::printf("keyguard %s listening on %s:%u, upstream %s, admin http://%s:%u/metrics, %d worker threads\n",
@@ -158,6 +173,9 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
 
   for (int i = 0; i < nthreads; ++i) {
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
+    if (workers[i]->hot.enabled()) {
+      TickHotKeys(*workers[i], std::chrono::milliseconds(std::min<int64_t>(1000, config.hygiene.hot_keys_interval_s * 1000)));
+    }
   }
   std::vector<std::thread> threads;
   for (auto& w : workers) {
