@@ -3,16 +3,41 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace keyguard::admin {
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace {
+
+// `n` of a query string (`/debug/hotkeys?n=50`): 1..10000, default 20.
+size_t TopN(std::string_view target) {
+  const size_t q = target.find('?');
+  if (q == std::string_view::npos) return 20;
+  std::string_view query = target.substr(q + 1);
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view param = query.substr(0, amp);
+    uint64_t n = 0;
+    if (param.substr(0, 2) == "n=" && absl::SimpleAtoi(absl::string_view(param.data() + 2, param.size() - 2), &n)) {
+      return std::clamp<uint64_t>(n, 1, 10000);
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return 20;
+}
+
+}  // namespace
 
 AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
-                         const config::ConfigStore& store, const hygiene::FindingLog& findings, tcp::endpoint upstream,
-                         const std::atomic<bool>& draining)
-    : io_(io), registry_(registry), config_(config), store_(store), findings_(findings), upstream_(upstream),
+                         const config::ConfigStore& store, const hygiene::FindingLog& findings, const hygiene::HotKeysBoard& hot_keys,
+                         tcp::endpoint upstream, const std::atomic<bool>& draining)
+    : io_(io), registry_(registry), config_(config), store_(store), findings_(findings), hot_keys_(hot_keys),
+      upstream_(upstream),
       draining_(draining), acceptor_(io) {}
 
 absl::Status AdminServer::Listen() {
@@ -87,6 +112,10 @@ awaitable<void> AdminServer::Serve(tcp::socket socket) {
     } else if (path == "/debug/findings") {
       res.set(http::field::content_type, "application/json");
       res.body() = findings_.RecentJson();
+    } else if (path == "/debug/hotkeys" || path == "/debug/bigkeys") {
+      res.set(http::field::content_type, "application/json");
+      const size_t n = TopN(target);
+      res.body() = path == "/debug/hotkeys" ? hot_keys_.HotKeysJson(n) : hot_keys_.BigKeysJson(n);
     } else if (path == "/config") {
       res.body() = store_.Describe();
     } else if (path == "/healthz") {
@@ -103,7 +132,7 @@ awaitable<void> AdminServer::Serve(tcp::socket socket) {
       }
     } else {
       res.result(http::status::not_found);
-      res.body() = "not found; try /metrics, /healthz, /readyz, /config, /debug/findings\n";
+      res.body() = "not found; try /metrics, /healthz, /readyz, /config, /debug/findings, /debug/hotkeys, /debug/bigkeys\n";
     }
     res.keep_alive(req.keep_alive());
     res.prepare_payload();

@@ -1,4 +1,5 @@
-// The admin HTTP endpoint (Boost.Beast): /healthz, /readyz, /metrics, /config, /debug/findings.
+// The admin HTTP endpoint (Boost.Beast): /healthz, /readyz, /metrics, /config, /debug/findings,
+// /debug/hotkeys, /debug/bigkeys.
 #pragma once
 
 #include <atomic>
@@ -6,6 +7,7 @@
 #include "absl/status/status.h"
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
+#include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
 
@@ -15,8 +17,8 @@ class AdminServer {
  public:
   // Serves on `io` (its own thread); `upstream` is probed by /readyz; `draining` turns /readyz off.
   AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
-              const config::ConfigStore& store, const hygiene::FindingLog& findings, tcp::endpoint upstream,
-              const std::atomic<bool>& draining);
+              const config::ConfigStore& store, const hygiene::FindingLog& findings, const hygiene::HotKeysBoard& hot_keys,
+              tcp::endpoint upstream, const std::atomic<bool>& draining);
 
   // Binds and starts accepting.
   absl::Status Listen();
@@ -33,6 +35,7 @@ class AdminServer {
   const config::ProxyConfig& config_;
   const config::ConfigStore& store_;
   const hygiene::FindingLog& findings_;
+  const hygiene::HotKeysBoard& hot_keys_;
   tcp::endpoint upstream_;
   const std::atomic<bool>& draining_;
   tcp::acceptor acceptor_;

@@ -215,6 +215,18 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("hygiene.findings_kept", static_cast<int64_t>(h.findings_kept()), 1, 1000000); !s.ok()) return s;
     c.hygiene.findings_kept = h.findings_kept();
   }
+  if (h.has_hot_keys_interval_s()) {
+    if (auto s = range("hygiene.hot_keys_interval_s", static_cast<int64_t>(h.hot_keys_interval_s()), 1, 86400); !s.ok()) return s;
+    c.hygiene.hot_keys_interval_s = static_cast<int64_t>(h.hot_keys_interval_s());
+  }
+  if (h.has_hot_keys_capacity()) {
+    if (auto s = range("hygiene.hot_keys_capacity", static_cast<int64_t>(h.hot_keys_capacity()), 0, 65536); !s.ok()) return s;
+    c.hygiene.hot_keys_capacity = h.hot_keys_capacity();
+  }
+  if (h.has_hot_keys_sample()) {
+    if (auto s = range("hygiene.hot_keys_sample", static_cast<int64_t>(h.hot_keys_sample()), 1, 1024); !s.ok()) return s;
+    c.hygiene.hot_keys_sample = static_cast<uint32_t>(h.hot_keys_sample());
+  }
   if (auto s = CompileHygiene(h, &c.hygiene); !s.ok()) return s;
   auto policy = policy::KeyPolicy::Compile(p.key_policy());
   if (!policy.ok()) return policy.status();

@@ -8,13 +8,7 @@ namespace keyguard::metrics {
 WorkerShard::WorkerShard() : commands_(commands::CommandCount()) {}
 
 void WorkerShard::ObserveLatency(commands::CommandId id, uint64_t nanos) {
-  CommandStats& s = commands_[id];
-  const double seconds = static_cast<double>(nanos) * 1e-9;
-  size_t b = 0;
-  while (b < kLatencyBuckets.size() && seconds > kLatencyBuckets[b]) ++b;
-  s.buckets[b].Add();
-  s.latency_count.Add();
-  s.latency_sum_ns.Add(nanos);
+  commands_[id].latency.Observe(kLatencyBuckets, static_cast<double>(nanos) * 1e-9, nanos);
 }
 
 const std::string& WorkerShard::PatternLabel(const std::string& pattern, size_t cap) {
@@ -129,27 +123,40 @@ std::string Registry::Render() const {
     }
   }
 
-  Header(&out, "keyguard_command_duration_seconds", "histogram",
-         "Upstream round trip per command, from forwarding the command to receiving its reply.");
-  for (size_t id = 0; id < ncommands; ++id) {
-    const uint64_t count = Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].latency_count.Get(); });
-    if (count == 0) continue;
-    const absl::string_view name = Name(id);
-    uint64_t cumulative = 0;
-    for (size_t b = 0; b < kLatencyBuckets.size(); ++b) {
-      cumulative += Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].buckets[b].Get(); });
-      absl::StrAppend(&out, "keyguard_command_duration_seconds_bucket{command=\"", name, "\",le=\"",
-                      FormatSeconds(kLatencyBuckets[b]), "\"} ", cumulative, "\n");
+  // Per-command histograms, only for commands seen. `sum_scale` converts the stored sum (0: an
+  // integer sum, printed as it is).
+  auto histogram = [&](absl::string_view name, absl::string_view help, const auto& bounds, auto field,
+                       double sum_scale) {
+    Header(&out, name, "histogram", help);
+    for (size_t id = 0; id < ncommands; ++id) {
+      const uint64_t count = Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).count.Get(); });
+      if (count == 0) continue;
+      const absl::string_view command = Name(id);
+      uint64_t cumulative = 0;
+      for (size_t b = 0; b < bounds.size(); ++b) {
+        cumulative += Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).buckets[b].Get(); });
+        absl::StrAppend(&out, name, "_bucket{command=\"", command, "\",le=\"", FormatSeconds(bounds[b]), "\"} ",
+                        cumulative, "\n");
+      }
+      cumulative += Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).buckets.back().Get(); });
+      // Buckets and count are read one after the other while workers write; keep +Inf == count.
+      const uint64_t total = cumulative > count ? cumulative : count;
+      absl::StrAppend(&out, name, "_bucket{command=\"", command, "\",le=\"+Inf\"} ", total, "\n");
+      const uint64_t sum = Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).sum.Get(); });
+      absl::StrAppend(&out, name, "_sum{command=\"", command, "\"} ",
+                      sum_scale == 0 ? absl::StrCat(sum) : FormatSeconds(static_cast<double>(sum) * sum_scale), "\n");
+      absl::StrAppend(&out, name, "_count{command=\"", command, "\"} ", total, "\n");
     }
-    cumulative += Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].buckets.back().Get(); });
-    // Buckets and count are read one after the other while workers write; keep +Inf == count.
-    const uint64_t total = cumulative > count ? cumulative : count;
-    absl::StrAppend(&out, "keyguard_command_duration_seconds_bucket{command=\"", name, "\",le=\"+Inf\"} ", total, "\n");
-    const uint64_t sum_ns = Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].latency_sum_ns.Get(); });
-    absl::StrAppend(&out, "keyguard_command_duration_seconds_sum{command=\"", name, "\"} ",
-                    FormatSeconds(static_cast<double>(sum_ns) * 1e-9), "\n");
-    absl::StrAppend(&out, "keyguard_command_duration_seconds_count{command=\"", name, "\"} ", total, "\n");
-  }
+  };
+  histogram("keyguard_command_duration_seconds",
+            "Upstream round trip per command, from forwarding the command to receiving its reply.", kLatencyBuckets,
+            &CommandStats::latency, 1e-9);
+  histogram("keyguard_reply_bytes", "Size of each command's reply as the upstream sent it, in bytes.",
+            kReplyBytesBuckets, &CommandStats::reply_bytes, 0);
+  histogram("keyguard_reply_elements",
+            "Elements of each aggregate reply (array, set; pairs of a map), per command; scalar replies are not "
+            "counted.",
+            kReplyElementsBuckets, &CommandStats::reply_elements, 0);
   return out;
 }
 

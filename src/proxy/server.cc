@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "admin/admin_server.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/hygiene/hot_keys.h"
+#include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/framer.h"
 #include "proxy/session.h"
 #include "proxy/size_probe.h"
@@ -39,6 +41,16 @@ awaitable<void> Accept(Worker& worker, tcp::acceptor& acceptor) {
     worker.sessions.insert(session);
     session->Start();
   }
+}
+
+// Each tick publishes the worker's hot and big keys (and closes the interval when it is due).
+void TickHotKeys(Worker& w, std::chrono::milliseconds period) {
+  w.hot.Tick(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                 .count());
+  w.hot_timer.expires_after(period);
+  w.hot_timer.async_wait([&w, period](error_code ec) {
+    if (!ec) TickHotKeys(w, period);
+  });
 }
 
 absl::StatusOr<tcp::endpoint> Resolve(asio::io_context& io, const config::HostPort& hp, const char* what) {
@@ -128,6 +140,8 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     return absl::InvalidArgumentError(
         absl::StrCat("hygiene.findings_file: cannot open ", config.hygiene.findings_file, " for appending"));
   }
+  hygiene::HotKeysBoard hot_keys(config.hygiene, &policy::KeyPattern);
+  registry.AddCollector([&hot_keys](std::string* out) { hot_keys.AppendMetrics(out); });
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   tcp::endpoint bound = *listen;
@@ -137,6 +151,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     if (config.hygiene.enabled && config.hygiene.probe) {
       workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());
     }
+    workers.back()->hot.Attach(&hot_keys, hot_keys.AddWorker());
     auto acceptor = std::make_unique<tcp::acceptor>(workers.back()->io);
     error_code ec;
     acceptor->open(bound.protocol(), ec);
@@ -155,7 +170,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   }
 
   std::atomic<bool> draining{false};
-  admin::AdminServer admin(control, registry, config, store, findings, *upstream, draining);
+  admin::AdminServer admin(control, registry, config, store, findings, hot_keys, *upstream, draining);
   if (auto s = admin.Listen(); !s.ok()) return s;
 
   std::printf("keyguard %s listening on %s:%u, upstream %s, admin http://%s:%u/metrics, %d worker threads\n",
@@ -167,6 +182,9 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   for (int i = 0; i < nthreads; ++i) {
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
     if (workers[i]->probe != nullptr) workers[i]->probe->Start();
+    if (workers[i]->hot.enabled()) {
+      TickHotKeys(*workers[i], std::chrono::milliseconds(std::min<int64_t>(1000, config.hygiene.hot_keys_interval_s * 1000)));
+    }
   }
   std::vector<std::thread> threads;
   for (auto& w : workers) {

@@ -349,7 +349,9 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   p.command = id;
   p.start_ns = now;
   p.reply_check = reply_check;
-  if (reply_check != 0) {
+  const bool hot = worker_.config.hygiene.enabled && HotKeysRequest(id, args, raw_len, &p);
+  if (reply_check != 0 || hot) {
+    p.keyed = true;
     p.key_off = key_arena_base_ + key_arena_.size();
     p.key_len = static_cast<uint32_t>(args[1].size());
     key_arena_.append(args[1].data(), args[1].size());
@@ -1218,7 +1220,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       if (front->expected < 0) {
         front->expected = std::max<int64_t>(1, static_cast<int64_t>(subscriptions_[front->confirm / 2].size()) + 1);
       }
-      if (--front->expected == 0) CompleteHead(type, 0, {}, now);
+      if (--front->expected == 0) CompleteHead(type, 0, {}, 0, now);
       continue;
     }
     // Out-of-band: RESP3 pushes, RESP2 pub/sub messages, MONITOR lines.
@@ -1281,7 +1283,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       // Not a confirmation (an error such as NOAUTH): the command is over.
       front->expected = 0;
     }
-    CompleteHead(type, reply_framer_.size(), head.empty() ? std::string_view() : head[0].text, now);
+    CompleteHead(type, reply_framer_.size(), head.empty() ? std::string_view() : head[0].text, n, now);
   }
   DeliverLocalsAtHead();
   if (!deliver_.empty()) {
@@ -1298,10 +1300,15 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
   return ok;
 }
 
-void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk, int64_t now) {
+void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now) {
   Pending& p = queue_.front();
   const bool error = reply_type == '-' || reply_type == '!';
   if (p.reply_check != 0 && !error) DetectReply(p, reply_type, size, bulk);
+  if (frame_len > 0 && p.kind != Kind::kExecAbort) {
+    const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
+    worker_.shard->ObserveReply(p.command, frame_len, aggregate ? size : -1);
+  }
+  if (p.keyed && worker_.hot.enabled()) HotKeysReply(p, reply_type, size, bulk, frame_len);
   switch (p.kind) {
     case Kind::kHello:
       if (!error && p.hello_version != 0) protocol_ = p.hello_version;
@@ -1337,7 +1344,7 @@ void Session::TrimKeyArena() {
   if (key_arena_.size() < 64 * 1024) return;
   // Keys are appended in queue order: the first pending entry with a key holds the oldest one.
   for (const Pending& q : queue_) {
-    if (q.reply_check == 0) continue;
+    if (!q.keyed) continue;
     const size_t consumed = static_cast<size_t>(q.key_off - key_arena_base_);
     if (consumed > key_arena_.size() / 2) {
       key_arena_.erase(0, consumed);

@@ -46,6 +46,8 @@ struct Pending {
   uint8_t reply_check = 0;    // hygiene: what to look at in the reply (see session.cc)
   uint32_t key_len = 0;       // with reply_check: the key, in the session's key arena
   uint64_t key_off = 0;
+  bool keyed = false;         // the key (args[1]) is in the key arena, for reply_check or hot keys
+  uint32_t request_bytes = 0; // hot keys: the request's bytes; 0 when the command is not tracked
   uint8_t rewrite = 0;        // tenancy: tenant::ReplyRewrite of the reply
   std::vector<uint8_t> exec_rewrites;  // tenancy, EXEC: the rewrite of each queued command
   std::string text;           // kLocal: the reply
@@ -108,12 +110,18 @@ class Session : public std::enable_shared_from_this<Session> {
   void FlushPendingTtl(bool all);
   void FlushPendingTtlFront();
   void TrimKeyArena();
+  // Hot and big keys (session_hot_keys.cc): counts string write sizes, and returns true when the
+  // reply needs the command's first key (args[1]): an access to count (sampled; p->request_bytes
+  // set) or a size to read from the reply. HotKeysReply runs for every reply with a key.
+  bool HotKeysRequest(commands::CommandId id, std::span<const std::string_view> args, size_t raw_len, Pending* p);
+  void HotKeysReply(const Pending& p, char type, int64_t size, std::string_view bulk, size_t frame_len);
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
   // Upstream side.
   bool ProcessUpstreamBytes(size_t* hint);
   void DeliverLocalsAtHead();
-  void CompleteHead(char reply_type, int64_t size, std::string_view bulk, int64_t now);
+  // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
+  void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
   void TrackConfirmation(std::string_view kind, std::string_view channel);
   void FailUpstream(metrics::UpstreamError reason);

@@ -11,6 +11,7 @@
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
 #include "keyguard/hygiene/sizes.h"
+#include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/metrics/registry.h"
 #include "keyguard/resp/encoder.h"
 #include "keyguard/tenant/rewrite.h"
@@ -58,6 +59,8 @@ struct Worker {
   hygiene::RmwTracker rmw{config.hygiene};  // serialized reads and writes on this worker
   hygiene::AttributeTracker attributes{config.hygiene};  // one-attribute-per-key writes
   hygiene::FindingLog* findings = nullptr;
+  hygiene::HotKeys hot{config.hygiene};  // hot and big keys; published on hot_timer's ticks
+  asio::steady_timer hot_timer{io};
   uint64_t next_session_id = 1;
   int64_t warn_second = 0;  // rate limit of key-policy warn lines
   int warn_count = 0;

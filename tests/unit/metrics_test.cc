@@ -36,6 +36,35 @@ TEST(Registry, SumsShardsAndRendersExposition) {
   EXPECT_EQ(text.find("command=\"set\""), std::string::npos);  // no series for unused commands
 }
 
+TEST(Registry, RendersReplySizeHistogramsForCommandsSeen) {
+  Registry registry;
+  WorkerShard* a = registry.AddShard();
+  WorkerShard* b = registry.AddShard();
+  const auto get = commands::LookupCommand("get");
+  const auto hgetall = commands::LookupCommand("hgetall");
+  a->ObserveReply(get, 107, -1);
+  b->ObserveReply(get, 64, -1);
+  b->ObserveReply(get, 20'000'000, -1);  // over every bound
+  a->ObserveReply(hgetall, 90'000, 12000);
+  const std::string text = registry.Render();
+  auto has = [&](const std::string& line) { return text.find("\n" + line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has("# TYPE keyguard_reply_bytes histogram")) << text;
+  EXPECT_TRUE(has("keyguard_reply_bytes_bucket{command=\"get\",le=\"64\"} 1"));
+  EXPECT_TRUE(has("keyguard_reply_bytes_bucket{command=\"get\",le=\"256\"} 2"));
+  EXPECT_TRUE(has("keyguard_reply_bytes_bucket{command=\"get\",le=\"16777216\"} 2"));
+  EXPECT_TRUE(has("keyguard_reply_bytes_bucket{command=\"get\",le=\"+Inf\"} 3"));
+  EXPECT_TRUE(has("keyguard_reply_bytes_sum{command=\"get\"} 20000171"));
+  EXPECT_TRUE(has("keyguard_reply_bytes_count{command=\"get\"} 3"));
+  EXPECT_TRUE(has("keyguard_reply_bytes_bucket{command=\"hgetall\",le=\"65536\"} 0"));
+  EXPECT_TRUE(has("keyguard_reply_bytes_bucket{command=\"hgetall\",le=\"262144\"} 1"));
+  EXPECT_TRUE(has("keyguard_reply_elements_bucket{command=\"hgetall\",le=\"10000\"} 0"));
+  EXPECT_TRUE(has("keyguard_reply_elements_bucket{command=\"hgetall\",le=\"100000\"} 1"));
+  EXPECT_TRUE(has("keyguard_reply_elements_bucket{command=\"hgetall\",le=\"1000000\"} 1"));
+  EXPECT_TRUE(has("keyguard_reply_elements_sum{command=\"hgetall\"} 12000"));
+  EXPECT_EQ(text.find("keyguard_reply_elements_count{command=\"get\"}"), std::string::npos);  // scalars only
+  EXPECT_EQ(text.find("command=\"set\""), std::string::npos);
+}
+
 TEST(CommandTable, LookupIsCaseInsensitiveAndBounded) {
   EXPECT_NE(commands::LookupCommand("get"), commands::kUnknownCommand);
   EXPECT_EQ(commands::LookupCommand("GeT"), commands::LookupCommand("get"));

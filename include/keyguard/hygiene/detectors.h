@@ -67,6 +67,9 @@ struct Settings {
   int64_t rmw_window_ms = 10000;               // a write this soon after a read is read-modify-write
   size_t tracked_keys = 10000;                 // serialized keys remembered per worker
   size_t findings_kept = 1000;                 // recent findings at /debug/findings
+  int64_t hot_keys_interval_s = 60;            // hot-key sketches start afresh this often
+  size_t hot_keys_capacity = 256;              // counters per hot-key sketch per worker (0: off)
+  uint32_t hot_keys_sample = 8;                // count about one keyed command in this many (1: all)
   std::array<Action, kKindCount> actions = DefaultActions();
   KeyMode finding_keys = KeyMode::kRaw;        // how findings show keys
   std::string findings_file;                   // JSON lines go here (appended) instead of stderr

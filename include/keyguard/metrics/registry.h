@@ -54,11 +54,33 @@ inline constexpr std::array<double, 16> kLatencyBuckets = {
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
     0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   10};
 
+// Upper bounds of the reply size histograms: bytes of a reply frame, and elements of a top-level
+// aggregate reply (pairs for a RESP3 map).
+inline constexpr std::array<double, 10> kReplyBytesBuckets = {64,     256,     1024,    4096,     16384,
+                                                              65536,  262144,  1048576, 4194304,  16777216};
+inline constexpr std::array<double, 8> kReplyElementsBuckets = {1, 10, 100, 1000, 5000, 10000, 100000, 1000000};
+
+// A Prometheus histogram with one writer: a counter per bound, the last for values over them all.
+template <size_t N>
+struct Histogram {
+  std::array<Counter, N + 1> buckets;
+  Counter count;
+  Counter sum;  // in the unit observed (nanoseconds for latency)
+
+  void Observe(const std::array<double, N>& bounds, double value, uint64_t sum_value) {
+    size_t b = 0;
+    while (b < N && value > bounds[b]) ++b;
+    buckets[b].Add();
+    count.Add();
+    sum.Add(sum_value);
+  }
+};
+
 struct CommandStats {
   std::array<Counter, static_cast<size_t>(Outcome::kCount)> outcomes;
-  std::array<Counter, kLatencyBuckets.size() + 1> buckets;  // last: over the largest bound
-  Counter latency_count;
-  Counter latency_sum_ns;
+  Histogram<kLatencyBuckets.size()> latency;                // seconds; sum in nanoseconds
+  Histogram<kReplyBytesBuckets.size()> reply_bytes;         // every reply
+  Histogram<kReplyElementsBuckets.size()> reply_elements;   // aggregate replies only
 };
 
 enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kCount };
@@ -96,6 +118,14 @@ class WorkerShard {
     commands_[id].outcomes[static_cast<size_t>(outcome)].Add();
   }
   void ObserveLatency(commands::CommandId id, uint64_t nanos);
+  // A command's reply: its frame size, and its element count when it is an aggregate (else -1).
+  void ObserveReply(commands::CommandId id, uint64_t bytes, int64_t elements) {
+    CommandStats& s = commands_[id];
+    s.reply_bytes.Observe(kReplyBytesBuckets, static_cast<double>(bytes), bytes);
+    if (elements >= 0) {
+      s.reply_elements.Observe(kReplyElementsBuckets, static_cast<double>(elements), static_cast<uint64_t>(elements));
+    }
+  }
   void CountUpstreamError(UpstreamError e) { upstream_errors[static_cast<size_t>(e)].Add(); }
 
   Counter client_connections_total;

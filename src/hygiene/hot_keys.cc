@@ -1,0 +1,364 @@
+#include "keyguard/hygiene/hot_keys.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace keyguard::hygiene {
+
+// ---------------------------------------------------------------------------------------------
+// SpaceSaving
+
+SpaceSaving::SpaceSaving(size_t capacity) : capacity_(capacity) {
+  slots_.reserve(capacity);
+  heap_.reserve(capacity);
+  index_.reserve(capacity);
+}
+
+void SpaceSaving::Swap(uint32_t a, uint32_t b) {
+  std::swap(heap_[a], heap_[b]);
+  slots_[heap_[a]].heap = a;
+  slots_[heap_[b]].heap = b;
+}
+
+void SpaceSaving::SiftUp(uint32_t pos) {
+  while (pos > 0) {
+    const uint32_t parent = (pos - 1) / 2;
+    if (slots_[heap_[parent]].count <= slots_[heap_[pos]].count) return;
+    Swap(parent, pos);
+    pos = parent;
+  }
+}
+
+void SpaceSaving::SiftDown(uint32_t pos) {
+  const uint32_t n = static_cast<uint32_t>(heap_.size());
+  for (;;) {
+    const uint32_t l = 2 * pos + 1;
+    if (l >= n) return;
+    uint32_t smallest = l;
+    if (l + 1 < n && slots_[heap_[l + 1]].count < slots_[heap_[l]].count) smallest = l + 1;
+    if (slots_[heap_[pos]].count <= slots_[heap_[smallest]].count) return;
+    Swap(pos, smallest);
+    pos = smallest;
+  }
+}
+
+void SpaceSaving::Add(absl::string_view item, uint64_t weight) {
+  if (capacity_ == 0) return;
+  total_ += weight;
+  if (auto it = index_.find(item); it != index_.end()) {
+    Slot& s = slots_[it->second];
+    s.count += weight;
+    SiftDown(s.heap);
+    return;
+  }
+  if (slots_.size() < capacity_) {
+    const uint32_t idx = static_cast<uint32_t>(slots_.size());
+    slots_.push_back(Slot{std::string(item.data(), item.size()), weight, 0, static_cast<uint32_t>(heap_.size())});
+    heap_.push_back(idx);
+    SiftUp(slots_[idx].heap);
+    index_.emplace(absl::string_view(slots_[idx].item), idx);
+    return;
+  }
+  // Full: the new item takes over the smallest counter, whose count becomes its error.
+  const uint32_t idx = heap_[0];
+  Slot& s = slots_[idx];
+  index_.erase(absl::string_view(s.item));
+  s.item.assign(item.data(), item.size());
+  s.error = s.count;
+  s.count += weight;
+  index_.emplace(absl::string_view(s.item), idx);
+  SiftDown(0);
+}
+
+void SpaceSaving::Clear() {
+  index_.clear();
+  heap_.clear();
+  slots_.clear();
+  total_ = 0;
+}
+
+std::vector<SpaceSaving::Entry> SpaceSaving::Entries() const {
+  std::vector<Entry> out;
+  out.reserve(slots_.size());
+  for (const Slot& s : slots_) out.push_back(Entry{s.item, s.count, s.error});
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a.count != b.count ? a.count > b.count : a.item < b.item;
+  });
+  return out;
+}
+
+SketchSnapshot Snapshot(const SpaceSaving& s) { return SketchSnapshot{s.Entries(), s.min_count(), s.total()}; }
+
+std::vector<SpaceSaving::Entry> MergeTop(const std::vector<const SketchSnapshot*>& parts, size_t n) {
+  absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> merged;
+  uint64_t all_min = 0;  // what an item absent from every full part may have had
+  for (const SketchSnapshot* p : parts) all_min += p->min_count;
+  for (const SketchSnapshot* p : parts) {
+    for (const SpaceSaving::Entry& e : p->entries) {
+      // First sight: start from what it may have had in every full part, then swap in the actual
+      // counter for each part that has it (unsigned wrap-around cancels out: the sums are >= 0).
+      auto [it, inserted] = merged.try_emplace(e.item, all_min, all_min);
+      it->second.first += e.count - p->min_count;
+      it->second.second += e.error - p->min_count;
+    }
+  }
+  std::vector<SpaceSaving::Entry> out;
+  out.reserve(merged.size());
+  for (auto& [item, ce] : merged) out.push_back(SpaceSaving::Entry{item, ce.first, ce.second});
+  std::sort(out.begin(), out.end(), [](const SpaceSaving::Entry& a, const SpaceSaving::Entry& b) {
+    return a.count != b.count ? a.count > b.count : a.item < b.item;
+  });
+  if (out.size() > n) out.resize(n);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// LargestKeys
+
+void LargestKeys::Observe(absl::string_view item, uint64_t size, std::string_view command, std::string_view type,
+                          int64_t now_ms) {
+  if (!Admits(size)) return;
+  auto it = index_.find(item);
+  if (it != index_.end()) {
+    Entry& e = entries_[it->second];
+    if (size < e.size) return;
+    e.size = size;
+    e.command = command;
+    e.type = type;
+    e.seen_ms = now_ms;
+  } else if (entries_.size() < capacity_) {
+    index_.emplace(std::string(item.data(), item.size()), static_cast<uint32_t>(entries_.size()));
+    entries_.push_back(Entry{std::string(item.data(), item.size()), size, command, type, now_ms});
+  } else {
+    // Replace the smallest; a linear scan, as entries enter only when they beat the smallest.
+    size_t smallest = 0;
+    for (size_t i = 1; i < entries_.size(); ++i) {
+      if (entries_[i].size < entries_[smallest].size) smallest = i;
+    }
+    if (size <= entries_[smallest].size) return;
+    index_.erase(entries_[smallest].item);
+    entries_[smallest] = Entry{std::string(item.data(), item.size()), size, command, type, now_ms};
+    index_.emplace(entries_[smallest].item, static_cast<uint32_t>(smallest));
+  }
+  if (entries_.size() == capacity_) {
+    min_ = entries_[0].size;
+    for (const Entry& e : entries_) min_ = std::min(min_, e.size);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Items
+
+void HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* out) {
+  const size_t t = std::min<size_t>(tenant.size(), 255);
+  out->clear();
+  out->push_back(static_cast<char>(t));
+  out->append(tenant.data(), t);
+  out->append(key.data(), key.size());
+}
+
+TenantKey SplitHotKeyItem(absl::string_view item) {
+  if (item.empty()) return {};
+  const size_t t = std::min<size_t>(static_cast<unsigned char>(item[0]), item.size() - 1);
+  return TenantKey{item.substr(1, t), item.substr(1 + t)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// HotKeys
+
+HotKeys::HotKeys(const Settings& s)
+    : capacity_(s.enabled ? s.hot_keys_capacity : 0),
+      sample_(s.hot_keys_sample > 0 ? s.hot_keys_sample : 1),
+      interval_ns_(s.hot_keys_interval_s * 1000000000),
+      by_count_(capacity_),
+      by_bytes_(capacity_),
+      big_bytes_(capacity_ > 0 ? kLargestKept : 0),
+      big_elements_(capacity_ > 0 ? kLargestKept : 0) {}
+
+void HotKeys::Access(absl::string_view tenant, absl::string_view key, uint64_t bytes) {
+  HotKeyItem(tenant, key, &item_);
+  by_count_.Add(item_, 1);
+  by_bytes_.Add(item_, bytes);
+}
+
+void HotKeys::ObserveSize(absl::string_view tenant, absl::string_view key, bool elements, uint64_t size,
+                          std::string_view command, std::string_view type) {
+  LargestKeys& big = elements ? big_elements_ : big_bytes_;
+  if (!big.Admits(size)) return;
+  HotKeyItem(tenant, key, &item_);
+  big.Observe(item_, size, command, type, UnixMs());
+}
+
+void HotKeys::Tick(int64_t now_ns) {
+  if (board_ == nullptr || capacity_ == 0) return;
+  HotKeysBoard::Published p;
+  if (interval_end_ns_ < 0) {
+    interval_end_ns_ = now_ns + interval_ns_;
+    interval_start_ms_ = UnixMs();
+  } else if (now_ns >= interval_end_ns_) {
+    p.has_last = true;
+    p.last_count = Snapshot(by_count_);
+    p.last_bytes = Snapshot(by_bytes_);
+    by_count_.Clear();
+    by_bytes_.Clear();
+    interval_end_ns_ = now_ns + interval_ns_;
+    interval_start_ms_ = UnixMs();
+  }
+  p.cur_count = Snapshot(by_count_);
+  p.cur_bytes = Snapshot(by_bytes_);
+  p.interval_start_ms = interval_start_ms_;
+  p.big_bytes = big_bytes_.entries();
+  p.big_elements = big_elements_.entries();
+  board_->Publish(slot_, std::move(p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// HotKeysBoard
+
+size_t HotKeysBoard::AddWorker() {
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_.emplace_back();
+  return slots_.size() - 1;
+}
+
+void HotKeysBoard::Publish(size_t slot, Published p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Published& s = slots_[slot];
+  if (!p.has_last) {
+    // No interval closed on this tick: keep the last complete one.
+    p.has_last = s.has_last;
+    p.last_count = std::move(s.last_count);
+    p.last_bytes = std::move(s.last_bytes);
+  }
+  s = std::move(p);
+}
+
+namespace {
+
+std::string Quoted(absl::string_view s) { return absl::StrCat("\"", JsonEscape(std::string_view(s.data(), s.size())), "\""); }
+std::string Quoted(std::string_view s) { return Quoted(absl::string_view(s.data(), s.size())); }
+
+// "key":..,"tenant":..,"key_pattern":.. of an item.
+std::string KeyFields(absl::string_view item, HotKeysBoard::PatternFn pattern) {
+  const TenantKey tk = SplitHotKeyItem(item);
+  return absl::StrCat("\"key\":", Quoted(tk.key), ",\"tenant\":", tk.tenant.empty() ? "null" : Quoted(tk.tenant),
+                      ",\"key_pattern\":", Quoted(absl::string_view(pattern(std::string_view(tk.key.data(), tk.key.size())))));
+}
+
+// Counts are scaled by the sampling interval `scale` (1: every command counted, exact bounds).
+void AppendEntries(std::string* out, const std::vector<SpaceSaving::Entry>& entries, HotKeysBoard::PatternFn pattern,
+                   uint64_t scale) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const SpaceSaving::Entry& e = entries[i];
+    absl::StrAppend(out, i ? "," : "", "{", KeyFields(e.item, pattern), ",\"count\":", e.count * scale,
+                    ",\"error\":", e.error * scale, "}");
+  }
+}
+
+}  // namespace
+
+std::string HotKeysBoard::HotKeysJson(size_t n) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const SketchSnapshot*> count_parts, bytes_parts;
+  std::string tracked;
+  int64_t oldest_start_ms = 0;
+  for (const Published& p : slots_) {
+    if (p.has_last) {
+      count_parts.push_back(&p.last_count);
+      bytes_parts.push_back(&p.last_bytes);
+    }
+    count_parts.push_back(&p.cur_count);
+    bytes_parts.push_back(&p.cur_bytes);
+    absl::StrAppend(&tracked, tracked.empty() ? "" : ",", "{\"by_count\":", p.cur_count.entries.size(),
+                    ",\"by_bytes\":", p.cur_bytes.entries.size(), ",\"largest_by_bytes\":", p.big_bytes.size(),
+                    ",\"largest_by_elements\":", p.big_elements.size(), "}");
+    if (p.interval_start_ms != 0 && (oldest_start_ms == 0 || p.interval_start_ms < oldest_start_ms)) {
+      oldest_start_ms = p.interval_start_ms;
+    }
+  }
+  const uint64_t scale = Scale();
+  std::string out = absl::StrCat("{\"interval_s\":", settings_.hot_keys_interval_s, ",\"capacity\":",
+                                 settings_.hot_keys_capacity, ",\"sample_rate\":", absl::StrFormat("%.6g", 1.0 / scale),
+                                 ",\"counts_scaled_by\":", scale, ",\"current_interval_start_ms\":", oldest_start_ms,
+                                 ",\"workers\":[", tracked, "],\"by_count\":[");
+  AppendEntries(&out, MergeTop(count_parts, n), pattern_, scale);
+  absl::StrAppend(&out, "],\"by_bytes\":[");
+  AppendEntries(&out, MergeTop(bytes_parts, n), pattern_, scale);
+  absl::StrAppend(&out, "]}");
+  return out;
+}
+
+std::string HotKeysBoard::BigKeysJson(size_t n) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto top = [&](std::vector<LargestKeys::Entry> Published::*field) {
+    // Per item, the largest size any worker saw.
+    absl::flat_hash_map<std::string, const LargestKeys::Entry*> best;
+    for (const Published& p : slots_) {
+      for (const LargestKeys::Entry& e : p.*field) {
+        auto [it, inserted] = best.try_emplace(e.item, &e);
+        if (!inserted && (e.size > it->second->size || (e.size == it->second->size && e.seen_ms > it->second->seen_ms))) {
+          it->second = &e;
+        }
+      }
+    }
+    std::vector<const LargestKeys::Entry*> out;
+    out.reserve(best.size());
+    for (const auto& [item, e] : best) out.push_back(e);
+    std::sort(out.begin(), out.end(), [](const LargestKeys::Entry* a, const LargestKeys::Entry* b) {
+      return a->size != b->size ? a->size > b->size : a->item < b->item;
+    });
+    if (out.size() > n) out.resize(n);
+    return out;
+  };
+  std::string out = absl::StrCat("{\"capacity\":", HotKeys::kLargestKept, ",\"by_bytes\":[");
+  auto append = [&](const std::vector<const LargestKeys::Entry*>& entries, const char* unit) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const LargestKeys::Entry& e = *entries[i];
+      absl::StrAppend(&out, i ? "," : "", "{", KeyFields(e.item, pattern_), ",\"type\":", Quoted(e.type), ",\"", unit,
+                      "\":", e.size, ",\"command\":", Quoted(e.command), ",\"last_seen_ms\":", e.seen_ms, "}");
+    }
+  };
+  append(top(&Published::big_bytes), "bytes");
+  absl::StrAppend(&out, "],\"by_elements\":[");
+  append(top(&Published::big_elements), "elements");
+  absl::StrAppend(&out, "]}");
+  return out;
+}
+
+void HotKeysBoard::AppendMetrics(std::string* out) const {
+  std::map<std::string, uint64_t> by_pattern;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Published& p : slots_) {
+      if (!p.has_last) continue;
+      for (const SpaceSaving::Entry& e : p.last_count.entries) {
+        const absl::string_view key = SplitHotKeyItem(e.item).key;
+        by_pattern[pattern_(std::string_view(key.data(), key.size()))] += e.count * Scale();
+      }
+    }
+  }
+  std::vector<std::pair<uint64_t, std::string>> ranked;
+  for (auto& [pattern, n] : by_pattern) ranked.emplace_back(n, pattern);
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  if (ranked.size() > 10) ranked.resize(10);
+  absl::StrAppend(out,
+                  "# HELP keyguard_hot_key_pattern_accesses Accesses in the last complete hot-key interval, by key "
+                  "pattern: the 10 patterns whose keys hold the most of the hot-key sketches' counts.\n"
+                  "# TYPE keyguard_hot_key_pattern_accesses gauge\n");
+  for (const auto& [n, pattern] : ranked) {
+    std::string label;
+    for (char c : pattern) {
+      if (c == '"' || c == '\\') label.push_back('\\');
+      label.push_back(c);
+    }
+    absl::StrAppend(out, "keyguard_hot_key_pattern_accesses{key_pattern=\"", label, "\"} ", n, "\n");
+  }
+}
+
+}  // namespace keyguard::hygiene

@@ -1,0 +1,208 @@
+#include "keyguard/hygiene/hot_keys.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace keyguard::hygiene {
+namespace {
+
+std::map<std::string, SpaceSaving::Entry> ByItem(const std::vector<SpaceSaving::Entry>& entries) {
+  std::map<std::string, SpaceSaving::Entry> out;
+  for (const auto& e : entries) out[e.item] = e;
+  return out;
+}
+
+TEST(SpaceSavingTest, ExactWhileDistinctItemsFit) {
+  SpaceSaving s(8);
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 8; ++i) s.Add(absl::StrCat("k", i), static_cast<uint64_t>(i + 1));
+  }
+  EXPECT_EQ(s.size(), 8u);
+  EXPECT_EQ(s.min_count(), 3u);  // full now: k0 has 3
+  const auto entries = s.Entries();
+  ASSERT_EQ(entries.size(), 8u);
+  EXPECT_EQ(entries[0].item, "k7");
+  for (const auto& e : entries) {
+    const int i = e.item[1] - '0';
+    EXPECT_EQ(e.count, 3u * static_cast<uint64_t>(i + 1)) << e.item;
+    EXPECT_EQ(e.error, 0u) << e.item;
+  }
+  EXPECT_EQ(s.total(), 3u * 36u);
+}
+
+TEST(SpaceSavingTest, BoundsHoldAndHeavyHittersStayWhenItemsOverflow) {
+  constexpr size_t kCapacity = 64;
+  SpaceSaving s(kCapacity);
+  std::map<std::string, uint64_t> truth;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tail(0, 9999);
+  uint64_t n = 0;
+  for (int i = 0; i < 200000; ++i) {
+    std::string item;
+    const int r = i % 10;
+    if (r < 2) {
+      item = "hot:a";  // 20% of the stream
+    } else if (r < 3) {
+      item = "hot:b";  // 10%
+    } else {
+      item = absl::StrCat("cold:", tail(rng));
+    }
+    const uint64_t w = 1 + static_cast<uint64_t>(i % 3);
+    s.Add(item, w);
+    truth[item] += w;
+    n += w;
+  }
+  EXPECT_EQ(s.total(), n);
+  EXPECT_EQ(s.size(), kCapacity);
+  EXPECT_LE(s.min_count(), n / kCapacity);
+  const auto entries = ByItem(s.Entries());
+  for (const auto& [item, e] : entries) {
+    EXPECT_LE(e.count - e.error, truth[item]) << item;
+    EXPECT_GE(e.count, truth[item]) << item;
+    EXPECT_LE(e.error, n / kCapacity) << item;
+  }
+  // Every item above N/capacity is present; the two heavy hitters lead.
+  for (const auto& [item, t] : truth) {
+    if (t > n / kCapacity) EXPECT_TRUE(entries.count(item)) << item;
+  }
+  const auto top = s.Entries();
+  EXPECT_EQ(top[0].item, "hot:a");
+  EXPECT_EQ(top[1].item, "hot:b");
+  // The sum of counters is the total weight (space-saving conserves it).
+  uint64_t sum = 0;
+  for (const auto& e : top) sum += e.count;
+  EXPECT_EQ(sum, n);
+}
+
+TEST(SpaceSavingTest, ClearStartsAfresh) {
+  SpaceSaving s(2);
+  s.Add("a");
+  s.Add("b");
+  s.Add("c");
+  s.Clear();
+  EXPECT_EQ(s.size(), 0u);
+  EXPECT_EQ(s.total(), 0u);
+  s.Add("a", 5);
+  ASSERT_EQ(s.Entries().size(), 1u);
+  EXPECT_EQ(s.Entries()[0].count, 5u);
+  EXPECT_EQ(s.Entries()[0].error, 0u);
+}
+
+TEST(MergeTopTest, SumsPartsAndBoundsAbsentItems) {
+  SpaceSaving a(2), b(2), c(4);
+  // a is full: min 2. b is full: min 1. c is not full.
+  a.Add("x", 5);
+  a.Add("y", 2);
+  b.Add("x", 1);
+  b.Add("z", 3);
+  c.Add("y", 1);
+  const SketchSnapshot sa = Snapshot(a), sb = Snapshot(b), sc = Snapshot(c);
+  EXPECT_EQ(sa.min_count, 2u);
+  EXPECT_EQ(sc.min_count, 0u);
+  const auto merged = ByItem(MergeTop({&sa, &sb, &sc}, 10));
+  // x: 5 + 1, exact in both.
+  EXPECT_EQ(merged.at("x").count, 6u);
+  EXPECT_EQ(merged.at("x").error, 0u);
+  // y: 2 (a) + 1 (c) + up to 1 while absent from full b.
+  EXPECT_EQ(merged.at("y").count, 4u);
+  EXPECT_EQ(merged.at("y").error, 1u);
+  // z: 3 (b) + up to 2 while absent from full a.
+  EXPECT_EQ(merged.at("z").count, 5u);
+  EXPECT_EQ(merged.at("z").error, 2u);
+  EXPECT_EQ(MergeTop({&sa, &sb, &sc}, 1).size(), 1u);
+  EXPECT_EQ(MergeTop({&sa, &sb, &sc}, 1)[0].item, "x");
+}
+
+TEST(HotKeyItemTest, CarriesTheTenant) {
+  std::string item;
+  HotKeyItem("svc", "user:1", &item);
+  EXPECT_EQ(SplitHotKeyItem(item).tenant, "svc");
+  EXPECT_EQ(SplitHotKeyItem(item).key, "user:1");
+  HotKeyItem("", std::string("a\0b", 3), &item);
+  EXPECT_EQ(SplitHotKeyItem(item).tenant, "");
+  EXPECT_EQ(SplitHotKeyItem(item).key, absl::string_view("a\0b", 3));
+}
+
+TEST(LargestKeysTest, KeepsTheLargestWithinItsBound) {
+  LargestKeys big(4);
+  for (int i = 1; i <= 100; ++i) {
+    const uint64_t size = static_cast<uint64_t>((i * 37) % 101);
+    if (big.Admits(size)) big.Observe(absl::StrCat("k", size), size, "set", "string", i);
+  }
+  ASSERT_EQ(big.entries().size(), 4u);
+  std::vector<uint64_t> sizes;
+  for (const auto& e : big.entries()) sizes.push_back(e.size);
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<uint64_t>{97, 98, 99, 100}));
+  EXPECT_FALSE(big.Admits(96));
+  // A key seen again keeps its largest size; a larger one takes the smallest's place.
+  big.Observe("k100", 5, "get", "string", 200);
+  big.Observe("k500", 500, "get", "string", 201);
+  std::map<std::string, uint64_t> by_key;
+  for (const auto& e : big.entries()) by_key[e.item] = e.size;
+  EXPECT_EQ(by_key, (std::map<std::string, uint64_t>{{"k98", 98}, {"k99", 99}, {"k100", 100}, {"k500", 500}}));
+}
+
+TEST(HotKeysTest, SamplesAboutOneInN) {
+  Settings settings;
+  settings.hot_keys_sample = 8;
+  HotKeys hot(settings);
+  int sampled = 0;
+  for (int i = 0; i < 80000; ++i) sampled += hot.Sample();
+  EXPECT_NEAR(sampled, 10000, 500);
+  settings.hot_keys_sample = 1;
+  HotKeys all(settings);
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(all.Sample());
+}
+
+TEST(HotKeysBoardTest, PublishesIntervalsAndRendersJson) {
+  Settings settings;
+  settings.hot_keys_capacity = 4;
+  settings.hot_keys_interval_s = 10;
+  settings.hot_keys_sample = 1;
+  HotKeysBoard board(settings, [](std::string_view k) { return absl::StrCat("p:", std::string(k.substr(0, 1))); });
+  HotKeys hot(settings);
+  hot.Attach(&board, board.AddWorker());
+  hot.Tick(0);  // starts the interval
+  for (int i = 0; i < 5; ++i) hot.Access("", "a1", 10);
+  hot.Access("svc", "b1", 7);
+  hot.ObserveSize("svc", "big", false, 50000, "set", "string");
+  hot.ObserveSize("", "h", true, 6000, "hgetall", "hash");
+  hot.Tick(1);  // partial
+  std::string json = board.HotKeysJson(20);
+  EXPECT_NE(json.find(R"("by_count":[{"key":"a1","tenant":null,"key_pattern":"p:a","count":5,"error":0},)"
+                      R"({"key":"b1","tenant":"svc","key_pattern":"p:b","count":1,"error":0}])"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find(R"("by_bytes":[{"key":"a1","tenant":null,"key_pattern":"p:a","count":50,"error":0},)"),
+            std::string::npos)
+      << json;
+  // The interval closes: its counts stay visible next to the new one, and feed the metric.
+  hot.Tick(10'000'000'000);
+  hot.Access("", "a1", 1);
+  hot.Tick(10'000'000'001);
+  json = board.HotKeysJson(1);
+  EXPECT_NE(json.find(R"("by_count":[{"key":"a1","tenant":null,"key_pattern":"p:a","count":6,"error":0}])"),
+            std::string::npos)
+      << json;
+  std::string metrics;
+  board.AppendMetrics(&metrics);
+  EXPECT_NE(metrics.find("keyguard_hot_key_pattern_accesses{key_pattern=\"p:a\"} 5\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("keyguard_hot_key_pattern_accesses{key_pattern=\"p:b\"} 1\n"), std::string::npos) << metrics;
+  const std::string big = board.BigKeysJson(20);
+  EXPECT_NE(big.find(R"({"key":"big","tenant":"svc","key_pattern":"p:b","type":"string","bytes":50000,"command":"set",)"),
+            std::string::npos)
+      << big;
+  EXPECT_NE(big.find(R"("by_elements":[{"key":"h","tenant":null,"key_pattern":"p:h","type":"hash","elements":6000,)"),
+            std::string::npos)
+      << big;
+}
+
+}  // namespace
+}  // namespace keyguard::hygiene
