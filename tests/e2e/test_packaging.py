@@ -195,7 +195,11 @@ def test_compose_demo_is_wired():
     # Redis has the ACL user keyguard-tenants authenticates as, with the password it reads.
     tenants_cfg = yaml.safe_load(open(os.path.join(base, "demo", "tenants.yaml")))
     password = open(os.path.join(base, "demo", "upstream-password")).read().strip()
-    assert "%s on >%s ~* &* +@all" % (tenants_cfg["upstream_auth"]["user"], password) in services["redis"]["command"]
+    # (redis-server takes a directive's arguments as separate words: one "keyguard on ..." word
+    # would be a user name with spaces.)
+    acl = ["--user", tenants_cfg["upstream_auth"]["user"], "on", ">" + password, "~*", "&*", "+@all"]
+    cmd = services["redis"]["command"]
+    assert cmd[cmd.index("--user"):cmd.index("--user") + len(acl)] == acl
     # Prometheus scrapes both keyguards' admin ports and loads the chart's rule file.
     prom_cfg = yaml.safe_load(open(os.path.join(base, "prometheus", "prometheus.yml")))
     (job,) = prom_cfg["scrape_configs"]
