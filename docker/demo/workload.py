@@ -17,7 +17,14 @@ dashboards and alerts are checked against the same traffic people see in the dem
   errors      INCR on a JSON string (an error reply), malformed RESP on a raw socket (protocol
               error), CLIENT KILL of two other connections' upstreams (upstream errors)
 
-usage: workload.py [--host H] [--port P] [--rounds N] [--pause S] [--rmw N]
+With --tenants USER:PASSWORD,... it drives a keyguard with tenancy instead (the demo's second
+keyguard, docker/demo/tenants.yaml). Each round, for each user:
+
+  traffic     AUTH as the user, SET/GET/INCR/HSET/LPUSH/SCAN on the tenant's own keys
+  refused     SWAPDB 0 1 (reaches outside the tenant's prefix: refused, reason tenant)
+  no auth     a connection that sends GET before AUTH (NOAUTH, reason noauth)
+
+usage: workload.py [--host H] [--port P] [--rounds N] [--pause S] [--rmw N] [--tenants U:P,...]
   --rounds 0 runs until killed.
 """
 import argparse
@@ -104,6 +111,27 @@ def round_(args, r, n):
         victim.close()
 
 
+def tenant_round(args, users, n):
+    for user, password in users:
+        t = connect(args, username=user, password=password)
+        t.set("session:%d" % n, "x" * (100 + 50 * n))
+        t.get("session:%d" % n)
+        t.incr("visits")
+        t.hset("user:%d" % n, mapping={"name": user, "round": n})
+        t.lpush("events", "round %d" % n)
+        t.ltrim("events", 0, 99)
+        t.scan(0, match="user:*", count=100)
+        expect_error(t.swapdb, 0, 1)
+        t.close()
+    anonymous = connect(args)
+    try:
+        anonymous.get("session:0")
+        raise AssertionError("GET before AUTH was not refused")
+    except redis.AuthenticationError:  # NOAUTH
+        pass
+    anonymous.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
@@ -111,12 +139,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--pause", type=float, default=2.0, help="seconds between rounds")
     ap.add_argument("--rmw", type=int, default=100, help="read-modify-writes per round")
+    ap.add_argument("--tenants", default="", help="USER:PASSWORD,...: drive a keyguard with tenancy")
     args = ap.parse_args()
-    r = connect(args, client_name="demo-workload")
+    users = [u.split(":", 1) for u in args.tenants.split(",") if u]
+    r = None if users else connect(args, client_name="demo-workload")
     n = 0
     while args.rounds == 0 or n < args.rounds:
         try:
-            round_(args, r, n)
+            if users:
+                tenant_round(args, users, n)
+            else:
+                round_(args, r, n)
         except redis.ConnectionError as e:  # keyguard or Redis restarting in the demo
             if args.rounds != 0:
                 raise

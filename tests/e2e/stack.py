@@ -27,16 +27,17 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with python3-redis
 
 
 class Prometheus:
-    """A real Prometheus scraping one target every second and evaluating `rule_files` every
-    second, with its storage in a temporary directory."""
+    """A real Prometheus scraping `targets` ({"HOST:PORT": {label: value}}) every second and
+    evaluating `rule_files` every second, with its storage in a temporary directory."""
 
-    def __init__(self, target, labels, rule_files=()):
+    def __init__(self, targets, rule_files=()):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="kg-prom-")
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": list(rule_files),
-            "scrape_configs": [{"job_name": "keyguard", "static_configs": [{"targets": [target], "labels": labels}]}],
+            "scrape_configs": [{"job_name": "keyguard", "static_configs": [
+                {"targets": [target], "labels": labels} for target, labels in targets.items()]}],
         }
         path = os.path.join(self.dir, "prometheus.yml")
         with open(path, "w") as f:

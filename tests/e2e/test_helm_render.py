@@ -3,9 +3,11 @@ binary: tests/e2e/helmrender is a small Go program with Helm's template engine (
 sprig + include/tpl/required/toYaml/fromYaml/.Files), built from Debian's Go packages. Every
 rendering must parse as YAML, pass yamllint, and hold what the values promise: modes, probes,
 security context, the ConfigMap keyguard reloads (its keyguard.yaml passes `keyguard
-check-config`), the Secret, monitors, the PrometheusRule (equal to the rule file) and the
+check-config` with the files the pod mounts from Secrets: upstream password, tenants' users),
+the Secrets (no credential in a ConfigMap), monitors, the PrometheusRule (equal to the rule file) and the
 dashboard ConfigMaps (equal to the JSON files)."""
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -17,6 +19,8 @@ import yaml
 from stack import ALERTS, CHART, DASHBOARDS, KEYGUARD, ROOT
 
 EXAMPLE = os.path.join(ROOT, "helm", "examples", "app-with-keyguard")
+UPSTREAM_PASSWORD = "/var/run/secrets/keyguard/upstream/password"
+USERS_FILE = "/var/run/secrets/keyguard/tenants/users.yaml"
 # Rendered output: toYaml writes block sequences unindented, the templates indent theirs, as Helm.
 RENDERED_LINT = ("{extends: default, rules: {line-length: disable, document-start: disable, "
                  "indentation: {indent-sequences: whatever}, truthy: {check-keys: false}}}")
@@ -83,11 +87,38 @@ def check_container(c, listen):
     assert mount["mountPath"] == "/etc/keyguard" and "subPath" not in mount
 
 
-def check_config_map(cm):
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        f.write(cm["data"]["keyguard.yaml"])
-        f.flush()
-        r = subprocess.run([KEYGUARD, "check-config", f.name], capture_output=True, text=True)
+def mounted_secret_files(pod_spec, container, secrets):
+    """{path in the container: bytes} for every Secret volume the container mounts, read from the
+    rendered Secrets or, for one the chart does not render (existingSecret), from `secrets`
+    ({name: {key: text}})."""
+    rendered = {name: {k: base64.b64decode(v) for k, v in data.items()} for name, data in secrets.items()}
+    files = {}
+    for vol in pod_spec["volumes"]:
+        if "secret" not in vol:
+            continue
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == vol["name"]]
+        data = rendered[vol["secret"]["secretName"]]
+        for item in vol["secret"]["items"]:
+            files[os.path.join(mount["mountPath"], item["path"])] = data[item["key"]]
+    return files
+
+
+def check_config_map(cm, files=None):
+    """keyguard check-config accepts the rendered keyguard.yaml, with the files the pod mounts
+    (`files`, {path: bytes}) written to a temporary directory and the config's paths to them
+    pointed there."""
+    text = cm["data"]["keyguard.yaml"]
+    with tempfile.TemporaryDirectory() as d:
+        for i, (path, data) in enumerate(sorted((files or {}).items())):
+            assert path in text, (path, text)  # the config names every mounted file
+            local = os.path.join(d, "%d-%s" % (i, os.path.basename(path)))
+            with open(local, "wb") as f:
+                f.write(data)
+            text = text.replace(path, local)
+        config = os.path.join(d, "keyguard.yaml")
+        with open(config, "w") as f:
+            f.write(text)
+        r = subprocess.run([KEYGUARD, "check-config", config], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -155,12 +186,13 @@ def test_standalone_with_everything_on(helmrender):
     assert one(k, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
 
     secret = one(k, "Secret")
-    assert {x: base64.b64decode(v).decode() for x, v in secret["data"].items()} == {"username": "kg",
-                                                                                   "password": "s3cret"}
+    assert {x: base64.b64decode(v).decode() for x, v in secret["data"].items()} == {"password": "s3cret"}
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "keyguard-upstream")
     assert vol["secret"]["secretName"] == secret["metadata"]["name"]
     assert {"name": "keyguard-upstream", "mountPath": "/var/run/secrets/keyguard/upstream",
             "readOnly": True} in c["volumeMounts"]
+    files = mounted_secret_files(pod["spec"], c, {secret["metadata"]["name"]: secret["data"]})
+    assert files == {UPSTREAM_PASSWORD: b"s3cret"}
 
     sm = one(k, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "kps"
@@ -176,7 +208,9 @@ def test_standalone_with_everything_on(helmrender):
     assert rule["metadata"]["labels"]["release"] == "kps"
 
     cms = {cm["metadata"]["name"]: cm for cm in k["ConfigMap"]}
-    check_config_map(cms["shop-keyguard-config"])
+    assert yaml.safe_load(cms["shop-keyguard-config"]["data"]["keyguard.yaml"])["upstream_auth"] == {
+        "user": "kg", "password_file": UPSTREAM_PASSWORD}
+    check_config_map(cms["shop-keyguard-config"], files)
     boards = {n: cm for n, cm in cms.items() if "dashboard" in n}
     assert sorted(boards) == ["shop-keyguard-dashboard-keyguard-hygiene", "shop-keyguard-dashboard-keyguard-proxy"]
     for cm in boards.values():
@@ -186,6 +220,93 @@ def test_standalone_with_everything_on(helmrender):
         ((name, text),) = cm["data"].items()
         with open(os.path.join(DASHBOARDS, name)) as f:
             assert json.loads(text) == json.load(f)
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def pod_and_container(k):
+    pod = one(k, "Deployment")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    return pod, c
+
+
+TENANT_USERS = [
+    {"name": "alice", "password": "alice-secret", "prefix": "tenant:a:", "tenant": "a"},
+    {"name": "bob", "password_sha256": sha256("bob-secret"), "prefix": "tenant:b:"},
+]
+
+
+def test_tenant_users_and_upstream_password_go_into_secrets_the_config_names(helmrender):
+    values = {"upstreamAuth": {"username": "keyguard", "password": "upstream-pw"},
+              "tenancy": {"users": TENANT_USERS},
+              "config": {"tenancy": {"flush": "refuse"}, "key_policy": {"default_action": "warn"}}}
+    k = render(helmrender, values)
+    assert sorted(k) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service"]
+    secrets = {s["metadata"]["name"]: s for s in k["Secret"]}
+    assert sorted(secrets) == ["shop-keyguard-tenants", "shop-keyguard-upstream"]
+    cm = one(k, "ConfigMap")
+    # No credential reaches the ConfigMap: it names the mounted files.
+    for secret in ("alice-secret", "upstream-pw", sha256("alice-secret"), sha256("bob-secret")):
+        assert secret not in json.dumps(cm), secret
+    assert yaml.safe_load(cm["data"]["keyguard.yaml"]) == {
+        "key_policy": {"default_action": "warn"},
+        "tenancy": {"flush": "refuse", "users_file": USERS_FILE},
+        "upstream_auth": {"user": "keyguard", "password_file": UPSTREAM_PASSWORD}}
+    # The chart keeps only the SHA-256 of each password.
+    users = yaml.safe_load(base64.b64decode(secrets["shop-keyguard-tenants"]["data"]["users.yaml"]))
+    assert users == {"users": [
+        {"name": "alice", "password_sha256": sha256("alice-secret"), "prefix": "tenant:a:", "tenant": "a"},
+        {"name": "bob", "password_sha256": sha256("bob-secret"), "prefix": "tenant:b:"}]}
+    pod, c = pod_and_container(k)
+    check_container(c, "0.0.0.0:6380")
+    assert {"name": "keyguard-tenants", "mountPath": "/var/run/secrets/keyguard/tenants",
+            "readOnly": True} in c["volumeMounts"]
+    files = mounted_secret_files(pod["spec"], c, {n: s["data"] for n, s in secrets.items()})
+    assert sorted(files) == sorted([UPSTREAM_PASSWORD, USERS_FILE]) and files[UPSTREAM_PASSWORD] == b"upstream-pw"
+    check_config_map(cm, files)
+
+    # tenancy and upstream_auth are read at start: changing them rolls the pods, a policy change
+    # (reloaded in place) does not.
+    def checksum(v):
+        return pod_and_container(render(helmrender, v))[0]["metadata"]["annotations"]["checksum/keyguard"]
+    base = checksum(values)
+    assert checksum(dict(values, config={"key_policy": {"default_action": "observe"}, "tenancy": {"flush": "refuse"}})) == base
+    assert checksum(dict(values, tenancy={"users": TENANT_USERS[:1]})) != base
+    assert checksum(dict(values, upstreamAuth={"password": "rotated"})) != base
+
+
+def test_existing_secrets_for_users_and_upstream_password(helmrender):
+    k = render(helmrender, {
+        "upstreamAuth": {"existingSecret": "redis-creds", "passwordKey": "redis-password"},
+        "tenancy": {"existingSecret": "shop-tenants", "usersKey": "tenants.yaml"}})
+    assert "Secret" not in k
+    pod, c = pod_and_container(k)
+    vols = {v["name"]: v["secret"] for v in pod["spec"]["volumes"] if "secret" in v}
+    assert vols == {"keyguard-upstream": {"secretName": "redis-creds",
+                                          "items": [{"key": "redis-password", "path": "password"}]},
+                    "keyguard-tenants": {"secretName": "shop-tenants",
+                                         "items": [{"key": "tenants.yaml", "path": "users.yaml"}]}}
+    cm = one(k, "ConfigMap")
+    assert yaml.safe_load(cm["data"]["keyguard.yaml"]) == {
+        "key_policy": {"default_action": "observe"}, "tenancy": {"users_file": USERS_FILE},
+        "upstream_auth": {"password_file": UPSTREAM_PASSWORD}}
+    existing = {"redis-creds": {"redis-password": base64.b64encode(b"pw\n")},
+                "shop-tenants": {"tenants.yaml": base64.b64encode(
+                    yaml.safe_dump({"users": TENANT_USERS}).encode())}}  # plain passwords are allowed there
+    check_config_map(cm, mounted_secret_files(pod["spec"], c, existing))
+
+
+def test_static_tenant(helmrender):
+    k = render(helmrender, {"tenancy": {"prefix": "shop:", "name": "shop"}})
+    assert "Secret" not in k
+    pod, _ = pod_and_container(k)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["keyguard-config"]
+    cm = one(k, "ConfigMap")
+    assert yaml.safe_load(cm["data"]["keyguard.yaml"]) == {
+        "key_policy": {"default_action": "observe"}, "tenancy": {"prefix": "shop:", "name": "shop"}}
+    check_config_map(cm)
 
 
 def test_sidecar_mode_renders_config_and_monitoring_but_no_workload(helmrender):
@@ -200,13 +321,24 @@ def test_sidecar_mode_renders_config_and_monitoring_but_no_workload(helmrender):
 def test_bad_values_fail_with_the_field(helmrender):
     render(helmrender, {"mode": "daemonset"}, expect_error='mode: must be standalone or sidecar, not "daemonset"')
     render(helmrender, {"upstream": ""}, expect_error="upstream: the Redis address")
+    render(helmrender, {"config": {"tenancy": {"users": TENANT_USERS}}}, expect_error="config.tenancy.users: list users")
+    render(helmrender, {"config": {"upstream_auth": {"password": "x"}}}, expect_error="config.upstream_auth: set")
+    render(helmrender, {"upstreamAuth": {"usernameKey": "username", "password": "x"}},
+           expect_error="upstreamAuth.usernameKey: keyguard takes")
+    render(helmrender, {"upstreamAuth": {"username": "kg"}}, expect_error="upstreamAuth.username: needs")
+    render(helmrender, {"tenancy": {"prefix": "a:", "users": TENANT_USERS}}, expect_error="tenancy.prefix: static")
+    render(helmrender, {"tenancy": {"name": "a"}}, expect_error="tenancy.name: needs tenancy.prefix")
+    render(helmrender, {"tenancy": {"users": [{"name": "eve", "prefix": "e:"}]}},
+           expect_error="tenancy.users[0]: needs password or password_sha256")
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_app_chart_with_keyguard_sidecar(helmrender, native):
     k = render(helmrender, {"keyguard": {"sidecar": {"nativeSidecar": native}}}, chart=EXAMPLE, subchart=True)
     assert sorted(k) == ["ConfigMap", "Deployment", "PodMonitor"]
-    spec = one(k, "Deployment")["spec"]["template"]["spec"]
+    template = one(k, "Deployment")["spec"]["template"]
+    assert len(template["metadata"]["annotations"]["checksum/keyguard"]) == 64
+    spec = template["spec"]
     if native:
         # A native sidecar: an init container that keeps running, started and probed before the app.
         (kg,) = spec["initContainers"]

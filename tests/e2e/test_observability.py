@@ -1,6 +1,8 @@
-"""End to end: redis-server, keyguard (with the compose demo's policy) and a real Prometheus that
-scrapes keyguard every second and evaluates the chart's alert rules. The compose demo's workload
-(docker/demo/workload.py, redis-py) runs through keyguard, a bad config is loaded and fixed, and
+"""End to end: redis-server, the compose demo's two keyguards (docker/demo/keyguard.yaml's policy;
+docker/demo/tenants.yaml's tenants alice and bob, with keyguard's own upstream credentials) and a
+real Prometheus that scrapes both every second and evaluates the chart's alert rules. The compose
+demo's workload (docker/demo/workload.py, redis-py) runs through each keyguard, a bad config is
+loaded and fixed, the upstream password is rotated in Redis behind the tenants' keyguard, and
 then every PromQL expression of both Grafana dashboards (variables substituted as Grafana would)
 and every alert rule is asked of Prometheus: each must parse, and each must return what this
 workload makes. The exceptions are listed below with the reason."""
@@ -17,8 +19,12 @@ import yaml
 from stack import ALERTS, DASHBOARDS, ROOT, SYSTEM_PYTHON, Keyguard, Prometheus, Redis
 
 DEMO_CONFIG = os.path.join(ROOT, "docker", "demo", "keyguard.yaml")
+TENANTS_CONFIG = os.path.join(ROOT, "docker", "demo", "tenants.yaml")
+UPSTREAM_PASSWORD = os.path.join(ROOT, "docker", "demo", "upstream-password")
 WORKLOAD = os.path.join(ROOT, "docker", "demo", "workload.py")
 LABELS = {"namespace": "e2e", "pod": "keyguard-0"}
+TENANTS_LABELS = {"namespace": "e2e", "pod": "keyguard-tenants-0"}
+TENANT_USERS = "alice:alice-secret,bob:bob-secret"
 
 # Dashboard targets that return series whose value is 0 after this workload, and why. Every other
 # target must return at least one series with a value above 0; no target may return nothing.
@@ -35,10 +41,12 @@ QUIET_ALERTS = {
 }
 # Grafana's built-in interval variables, as they would be for the last few minutes.
 INTERVALS = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "15s"}
-# The variable selections tried: All (Grafana's allValue ".*"), and one namespace and pod.
+# The variable selections tried: All (Grafana's allValue ".*"), and a namespace with both pods and
+# one or both tenants picked (Grafana writes a multi-value pick as (a|b) in a regex matcher).
 SELECTIONS = [
     {"namespace": ".*", "pod": ".*", "tenant": ".*"},
-    {"namespace": "e2e", "pod": "keyguard-0", "tenant": ".*"},
+    {"namespace": "e2e", "pod": "(keyguard-0|keyguard-tenants-0)", "tenant": "a"},
+    {"namespace": "e2e", "pod": ".*", "tenant": "(a|b)"},
 ]
 
 
@@ -72,20 +80,38 @@ def alert_rules():
     return [r for g in groups for r in g["rules"] if "alert" in r]
 
 
+def workload(port, *extra):
+    return subprocess.Popen([SYSTEM_PYTHON, WORKLOAD, "--port", str(port), "--rounds", "5", "--pause", "1.2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc):
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+
+
 @pytest.fixture(scope="module")
 def stack():
     started = time.time()
-    server = Redis()
+    # The ACL user the tenants' keyguard authenticates as, from compose.yaml's redis command.
+    with open(os.path.join(ROOT, "docker", "compose.yaml")) as f:
+        cmd = yaml.safe_load(f)["services"]["redis"]["command"]
+    server = Redis(*cmd[cmd.index("--user"):])
+    direct = redis.Redis(port=server.port)
     with open(DEMO_CONFIG) as f:
         good_config = f.read()
+    with open(TENANTS_CONFIG) as f:
+        tenants_config = f.read().replace("/etc/keyguard/demo/upstream-password", UPSTREAM_PASSWORD)
     kg = Keyguard(server.port, config=good_config, threads=1)  # detector state is per worker thread
-    prom = Prometheus("127.0.0.1:%d" % kg.admin_port, LABELS, rule_files=[ALERTS])
+    kt = Keyguard(server.port, config=tenants_config, threads=1)
+    prom = Prometheus({"127.0.0.1:%d" % kg.admin_port: LABELS, "127.0.0.1:%d" % kt.admin_port: TENANTS_LABELS},
+                      rule_files=[ALERTS])
     held = None
     try:
-        prom.wait_for('up{job="keyguard"}', lambda v: v == 1)
-        run = subprocess.run([SYSTEM_PYTHON, WORKLOAD, "--port", str(kg.port), "--rounds", "5", "--pause", "1.2",
-                              "--rmw", "150"], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0, run.stdout + run.stderr
+        prom.wait_for('up{job="keyguard"}', lambda v: v == 2)
+        demo, tenants = workload(kg.port, "--rmw", "150"), workload(kt.port, "--tenants", TENANT_USERS)
+        finish(demo)
+        finish(tenants)
         # A bad config is refused (the old one stays live), then the fixed one is loaded.
         with open(kg.config_path, "w") as f:
             f.write("key_policy:\n  default_action: sideways\n")
@@ -93,10 +119,19 @@ def stack():
         with open(kg.config_path, "w") as f:
             f.write(good_config)
         prom.wait_for("keyguard_config_reloads_total", lambda v: v == 1)
+        # The upstream password is rotated in Redis but not in keyguard's file: Redis refuses
+        # keyguard's AUTH on the next upstream connection, and the client gets an error (with
+        # tenancy keyguard answers the client's AUTH itself, and the connection is closed).
+        direct.execute_command("ACL", "SETUSER", "keyguard", "resetpass", ">rotated-in-redis-only")
+        late = redis.Redis(port=kt.port, username="alice", password="alice-secret")
+        with pytest.raises(redis.RedisError):
+            late.ping()
+        late.close()
+        prom.wait_for('keyguard_upstream_errors_total{reason="auth"}', lambda v: v >= 1)
         # An idle client stays connected while the dashboards are read.
         held = redis.Redis(port=kg.port)
         held.ping()
-        prom.wait_for("keyguard_upstream_connections", lambda v: v == 1)
+        prom.wait_for('keyguard_upstream_connections{pod="keyguard-0"}', lambda v: v == 1)
         # Rules are evaluated every second; wait until every alert that should has become active.
         expected = {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS)
         deadline = time.time() + 20
@@ -107,7 +142,9 @@ def stack():
     finally:
         if held is not None:
             held.close()
+        direct.close()
         prom.stop()
+        assert kt.stop() == 0, kt.output()
         assert kg.stop() == 0, kg.output()
         server.stop()
 
@@ -151,11 +188,12 @@ def test_dashboard_variables_offer_the_scraped_labels(stack):
                 continue
             m = re.fullmatch(r"label_values\((.*), (\w+)\)", v["query"]["query"])
             assert m, v["query"]
-            match = substitute(m.group(1), {"namespace": ".*"})
+            match = substitute(m.group(1), {"namespace": ".*", "pod": ".*"})
             r = prom.get("/api/v1/label/%s/values" % m.group(2), **{"match[]": match})
             assert r["status"] == "success", r
-            # tenant: no keyguard series carries it yet; "All" (.*) matches the series without it.
-            assert r["data"] == ([LABELS[v["name"]]] if v["name"] in LABELS else []), (v["name"], r)
+            expected = {"namespace": ["e2e"], "pod": ["keyguard-0", "keyguard-tenants-0"],
+                        "tenant": ["a", "b"]}[v["name"]]  # the tenants of docker/demo/tenants.yaml
+            assert r["data"] == expected, (v["name"], r)
 
 
 def test_every_alert_expression_parses_and_the_workload_fires_the_expected_ones(stack):
@@ -182,6 +220,11 @@ def test_prometheus_evaluates_every_rule_and_holds_the_expected_alerts(stack):
     rmw = [a for a in alerts if a["labels"]["alertname"] == "KeyguardSerializedRMWHotPattern"]
     assert [a["labels"]["key_pattern"] for a in rmw] == ["user:{id}:profile"]
     assert all(a["labels"]["namespace"] == "e2e" for a in alerts)
+    # SWAPDB from both tenants; the rotated password on the tenants' keyguard only.
+    tenants = [a for a in alerts if a["labels"]["alertname"] == "KeyguardTenantRejectionsRising"]
+    assert sorted((a["labels"]["tenant"], a["labels"]["reason"]) for a in tenants) == [("a", "tenant"), ("b", "tenant")]
+    auth = [a for a in alerts if a["labels"]["alertname"] == "KeyguardUpstreamAuthFailing"]
+    assert [a["labels"]["pod"] for a in auth] == ["keyguard-tenants-0"]
 
 
 def test_every_metric_the_dashboards_and_alerts_use_is_exposed(stack):

@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import subprocess
+import tempfile
 
 import pytest
 import yaml
@@ -162,7 +163,8 @@ def test_healthcheck_against_a_real_keyguard():
 def test_compose_demo_is_wired():
     compose = yaml.safe_load(open(COMPOSE))
     services = compose["services"]
-    assert set(services) == {"redis", "keyguard", "workload", "prometheus", "grafana"}
+    assert set(services) == {"redis", "keyguard", "workload", "keyguard-tenants", "workload-tenants", "prometheus",
+                             "grafana"}
     base = os.path.dirname(COMPOSE)
     kg = services["keyguard"]
     assert kg["build"]["dockerfile"] == "docker/Dockerfile"
@@ -172,18 +174,37 @@ def test_compose_demo_is_wired():
         for v in svc.get("volumes", []):
             src = v.split(":")[0]
             assert os.path.exists(os.path.join(base, src)), src
-    # keyguard's command: the demo config it mounts, the redis service as upstream.
-    args = kg["command"]
-    cfg_in_container = args[args.index("--config") + 1]
-    (mount,) = [v for v in kg["volumes"] if v.split(":")[1] == cfg_in_container]
-    demo_cfg = os.path.join(base, mount.split(":")[0])
-    assert subprocess.run([KEYGUARD, "check-config", demo_cfg], capture_output=True).returncode == 0
-    assert args[args.index("--upstream") + 1] == "redis:6379"
-    admin_port = yaml.safe_load(open(demo_cfg))["admin"].rsplit(":", 1)[1]
-    # Prometheus scrapes keyguard's admin port and loads the chart's rule file.
+    # Each keyguard's command: the demo config it mounts (with every file that config names mounted
+    # too), the redis service as upstream.
+    admin_ports = {}
+    for name in ("keyguard", "keyguard-tenants"):
+        args = services[name]["command"]
+        mounts = {v.split(":")[1]: os.path.join(base, v.split(":")[0]) for v in services[name]["volumes"]}
+        demo_cfg = mounts[args[args.index("--config") + 1]]
+        text = open(demo_cfg).read()
+        for in_container, on_host in mounts.items():
+            text = text.replace(in_container, on_host)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            f.write(text)
+            f.flush()
+            r = subprocess.run([KEYGUARD, "check-config", f.name], capture_output=True, text=True)
+        assert r.returncode == 0, (name, r.stdout + r.stderr)
+        assert args[args.index("--upstream") + 1] == "redis:6379"
+        admin_ports[name] = yaml.safe_load(open(demo_cfg))["admin"].rsplit(":", 1)[1]
+    assert services["keyguard-tenants"]["image"] == kg["image"]
+    # Redis has the ACL user keyguard-tenants authenticates as, with the password it reads.
+    tenants_cfg = yaml.safe_load(open(os.path.join(base, "demo", "tenants.yaml")))
+    password = open(os.path.join(base, "demo", "upstream-password")).read().strip()
+    # (redis-server takes a directive's arguments as separate words: one "keyguard on ..." word
+    # would be a user name with spaces.)
+    acl = ["--user", tenants_cfg["upstream_auth"]["user"], "on", ">" + password, "~*", "&*", "+@all"]
+    cmd = services["redis"]["command"]
+    assert cmd[cmd.index("--user"):cmd.index("--user") + len(acl)] == acl
+    # Prometheus scrapes both keyguards' admin ports and loads the chart's rule file.
     prom_cfg = yaml.safe_load(open(os.path.join(base, "prometheus", "prometheus.yml")))
     (job,) = prom_cfg["scrape_configs"]
-    assert job["static_configs"][0]["targets"] == ["keyguard:%s" % admin_port]
+    assert [c["targets"] for c in job["static_configs"]] == [["%s:%s" % (n, p)] for n, p in admin_ports.items()]
+    assert len({c["labels"]["pod"] for c in job["static_configs"]}) == 2
     rules_in_container = prom_cfg["rule_files"][0]
     assert any(v.endswith(":" + rules_in_container + ":ro") and "helm/keyguard/files/prometheus/alerts.yaml" in v
                for v in services["prometheus"]["volumes"])
@@ -202,4 +223,6 @@ def test_compose_demo_is_wired():
     # The workload container runs the same script the e2e test runs, against keyguard.
     wl = services["workload"]["command"]
     assert wl[wl.index("--host") + 1] == "keyguard"
+    wl = services["workload-tenants"]["command"]
+    assert wl[wl.index("--host") + 1] == "keyguard-tenants" and "alice:alice-secret" in wl[wl.index("--tenants") + 1]
     assert "COPY workload.py" in open(os.path.join(base, "demo", "Dockerfile")).read()

@@ -52,6 +52,66 @@ helm.sh/chart: keyguard
 {{- if or .Values.upstreamAuth.existingSecret .Values.upstreamAuth.password -}}true{{- end -}}
 {{- end -}}
 
+{{- define "keyguard.tenantsSecretName" -}}
+{{- .Values.tenancy.existingSecret | default (printf "%s-tenants" (include "keyguard.fullname" .)) -}}
+{{- end -}}
+
+{{- define "keyguard.hasTenantsSecret" -}}
+{{- if or .Values.tenancy.existingSecret .Values.tenancy.users -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where the Secrets are mounted; the rendered config names these files. */}}
+{{- define "keyguard.upstreamPasswordFile" -}}/var/run/secrets/keyguard/upstream/password{{- end -}}
+{{- define "keyguard.tenantsUsersFile" -}}/var/run/secrets/keyguard/tenants/users.yaml{{- end -}}
+
+{{/*
+keyguard.yaml: `config` with the chart's tenancy (prefix, name, users_file) and upstream_auth
+(user, password_file) merged in. Secrets stay in Secrets: the ConfigMap only names their files.
+*/}}
+{{- define "keyguard.config" -}}
+{{- $c := deepCopy (.Values.config | default dict) -}}
+{{- $t := deepCopy (get $c "tenancy" | default dict) -}}
+{{- with .Values.tenancy.prefix }}{{ $_ := set $t "prefix" . }}{{ end -}}
+{{- with .Values.tenancy.name }}{{ $_ := set $t "name" . }}{{ end -}}
+{{- if include "keyguard.hasTenantsSecret" . }}{{ $_ := set $t "users_file" (include "keyguard.tenantsUsersFile" .) }}{{ end -}}
+{{- if $t }}{{ $_ := set $c "tenancy" $t }}{{ end -}}
+{{- if include "keyguard.hasUpstreamSecret" . -}}
+{{- $a := dict "password_file" (include "keyguard.upstreamPasswordFile" .) -}}
+{{- with .Values.upstreamAuth.username }}{{ $_ := set $a "user" . }}{{ end -}}
+{{- $_ := set $c "upstream_auth" $a -}}
+{{- end -}}
+{{- toYaml $c -}}
+{{- end -}}
+
+{{/*
+users.yaml of the chart-managed tenants Secret: tenancy.users with each password replaced by its
+SHA-256, the only form keyguard keeps.
+*/}}
+{{- define "keyguard.tenantsUsersYaml" -}}
+{{- $users := list -}}
+{{- range $i, $u := .Values.tenancy.users -}}
+{{- $sha := $u.password_sha256 | default "" -}}
+{{- if and $u.password (not $sha) }}{{ $sha = sha256sum $u.password }}{{ end -}}
+{{- if not $sha }}{{ fail (printf "tenancy.users[%d]: needs password or password_sha256" $i) }}{{ end -}}
+{{- $out := dict "name" (required (printf "tenancy.users[%d].name is required" $i) $u.name)
+    "password_sha256" $sha "prefix" (required (printf "tenancy.users[%d].prefix is required" $i) $u.prefix) -}}
+{{- with $u.tenant }}{{ $_ := set $out "tenant" . }}{{ end -}}
+{{- $users = append $users $out -}}
+{{- end -}}
+{{- toYaml (dict "users" $users) -}}
+{{- end -}}
+
+{{/*
+tenancy and upstream_auth are read when keyguard starts (a reload changes only the key policy,
+deny_commands and unknown_commands). Their values hashed, for a pod annotation that rolls the pods
+when they change.
+*/}}
+{{- define "keyguard.restartChecksum" -}}
+{{- $c := .Values.config | default dict -}}
+{{- dict "tenancy" .Values.tenancy "upstreamAuth" .Values.upstreamAuth "config.tenancy" (get $c "tenancy")
+    "config.upstream_auth" (get $c "upstream_auth") | toJson | sha256sum -}}
+{{- end -}}
+
 {{- define "keyguard.listenAddress" -}}
 {{- .Values.listenAddress | default (ternary "127.0.0.1" "0.0.0.0" (eq .Values.mode "sidecar")) -}}
 {{- end -}}
@@ -63,12 +123,32 @@ helm.sh/chart: keyguard
 {{- if not .Values.upstream -}}
 {{- fail "upstream: the Redis address (HOST:PORT) is required" -}}
 {{- end -}}
+{{- $c := .Values.config | default dict -}}
+{{- if get (get $c "tenancy" | default dict) "users" -}}
+{{- fail "config.tenancy.users: list users in tenancy.users or tenancy.existingSecret, which go into a Secret, not the ConfigMap" -}}
+{{- end -}}
+{{- if get $c "upstream_auth" -}}
+{{- fail "config.upstream_auth: set upstreamAuth.username and upstreamAuth.password or existingSecret; the chart renders upstream_auth with the mounted password file" -}}
+{{- end -}}
+{{- if .Values.upstreamAuth.usernameKey -}}
+{{- fail "upstreamAuth.usernameKey: keyguard takes its upstream user from upstreamAuth.username; the Secret holds only the password (upstreamAuth.passwordKey)" -}}
+{{- end -}}
+{{- if and .Values.upstreamAuth.username (not (include "keyguard.hasUpstreamSecret" .)) -}}
+{{- fail "upstreamAuth.username: needs upstreamAuth.password or upstreamAuth.existingSecret" -}}
+{{- end -}}
+{{- if and .Values.tenancy.prefix (include "keyguard.hasTenantsSecret" .) -}}
+{{- fail "tenancy.prefix: static tenancy and tenancy.users/existingSecret exclude each other: set one of them" -}}
+{{- end -}}
+{{- if and .Values.tenancy.name (not .Values.tenancy.prefix) -}}
+{{- fail "tenancy.name: needs tenancy.prefix" -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
 The keyguard container as one list item (starts with "- name:"), for a Deployment's containers
 or, as a native sidecar, an app pod's initContainers. Config from the ConfigMap volume, the
-upstream Secret (when there is one) as files, probes on the admin port.
+upstream password and the tenants' users (when set) as files from their Secrets, probes on the
+admin port.
 */}}
 {{- define "keyguard.container" -}}
 {{- $native := and (eq .Values.mode "sidecar") .Values.sidecar.nativeSidecar -}}
@@ -145,7 +225,12 @@ upstream Secret (when there is one) as files, probes on the admin port.
       readOnly: true
     {{- if include "keyguard.hasUpstreamSecret" . }}
     - name: keyguard-upstream
-      mountPath: /var/run/secrets/keyguard/upstream
+      mountPath: {{ include "keyguard.upstreamPasswordFile" . | dir }}
+      readOnly: true
+    {{- end }}
+    {{- if include "keyguard.hasTenantsSecret" . }}
+    - name: keyguard-tenants
+      mountPath: {{ include "keyguard.tenantsUsersFile" . | dir }}
       readOnly: true
     {{- end }}
 {{- end -}}
@@ -163,11 +248,16 @@ so that updates reach the file and keyguard reloads them.
   secret:
     secretName: {{ include "keyguard.upstreamSecretName" . }}
     items:
-      - key: {{ .Values.upstreamAuth.usernameKey }}
-        path: username
       - key: {{ .Values.upstreamAuth.passwordKey }}
-        path: password
-    optional: true
+        path: {{ include "keyguard.upstreamPasswordFile" . | base }}
+{{- end }}
+{{- if include "keyguard.hasTenantsSecret" . }}
+- name: keyguard-tenants
+  secret:
+    secretName: {{ include "keyguard.tenantsSecretName" . }}
+    items:
+      - key: {{ .Values.tenancy.usersKey }}
+        path: {{ include "keyguard.tenantsUsersFile" . | base }}
 {{- end }}
 {{- end -}}
 
@@ -188,7 +278,8 @@ values and the release, and put the app's Redis address at keyguard.sidecar.addr
     volumes:
       {{- include "keyguard.sidecar.volumes" $kg | nindent 6 }}
 
-keyguard.sidecar is the container itself, for charts that place it themselves.
+keyguard.sidecar is the container itself, for charts that place it themselves;
+keyguard.sidecar.podAnnotations goes into the pod template's annotations.
 */}}
 {{- define "keyguard.sidecar" -}}
 {{- $ctx := dict "Values" (merge (dict "mode" "sidecar") .Values) "Release" .Release -}}
@@ -209,6 +300,11 @@ keyguard.sidecar is the container itself, for charts that place it themselves.
 
 {{- define "keyguard.sidecar.volumes" -}}
 {{ include "keyguard.volumes" . }}
+{{- end -}}
+
+{{/* Pod annotations for the app's pod template: roll the pods when tenancy or upstreamAuth change. */}}
+{{- define "keyguard.sidecar.podAnnotations" -}}
+checksum/keyguard: {{ include "keyguard.restartChecksum" . }}
 {{- end -}}
 
 {{- define "keyguard.sidecar.address" -}}
