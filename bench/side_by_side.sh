@@ -3,7 +3,8 @@
 # redis-server, haproxy (TCP mode), twemproxy (nutcracker) and keyguard; ops/s and each proxy's CPU
 # microseconds per command from /proc, with keyguard's ratios to haproxy and twemproxy, and keyguard
 # with its defaults (key policy and hygiene detectors, observe-only) against keyguard with both off,
-# and keyguard with a static tenant prefix against keyguard without tenancy.
+# keyguard with the hygiene detectors against keyguard without them, and keyguard with a static
+# tenant prefix against keyguard without tenancy.
 # usage: bench/side_by_side.sh [KEYGUARD_BIN]   env: N (requests, 200000), C (clients, 50), ROUNDS (2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RP=$(port); HP=$(port); TP=$(port); TS=$(port); KP=$(port); KA=$(port); NP=$(port); NA=$(port); XP=$(port); XA=$(port)
+DP=$(port); DA=$(port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$D/redis.log" &
 pids+=($!)
 cat > "$D/haproxy.cfg" <<CFG
@@ -48,6 +50,10 @@ nutcracker -c "$D/nut.yml" -o "$D/nut.log" -s "$TS" & pids+=($!); NUT=$!
 printf 'key_policy: {enabled: false}\nhygiene: {enabled: false}\n' > "$D/nopolicy.yaml"
 "$KG" --config "$D/nopolicy.yaml" --listen "127.0.0.1:$NP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$NA" \
   >"$D/kg-bare.log" 2>&1 & pids+=($!); NPP=$!
+# The defaults with only the hygiene detectors off, to show what the detectors cost.
+printf 'hygiene: {enabled: false}\n' > "$D/nodetect.yaml"
+"$KG" --config "$D/nodetect.yaml" --listen "127.0.0.1:$DP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$DA" \
+  >"$D/kg-nodetect.log" 2>&1 & pids+=($!); DPP=$!
 # The defaults plus a static tenant: every key prefixed, every reply checked for the prefix.
 printf 'tenancy: {prefix: "tenant:bench:"}\n' > "$D/tenant.yaml"
 "$KG" --config "$D/tenant.yaml" --listen "127.0.0.1:$XP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$XA" \
@@ -59,7 +65,7 @@ printf "%-10s %-4s %12s %12s\n" target pipe "ops/s" "proxy_us/op"
 declare -A US OPS
 for r in $(seq "$ROUNDS"); do
   for P in 1 16; do
-    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP" "kg-bare:$NP:$NPP" "kg-tenant:$XP:$XPP"; do
+    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP" "kg-bare:$NP:$NPP" "kg-nodetect:$DP:$DPP" "kg-tenant:$XP:$XPP"; do
       IFS=: read -r name p pid <<<"$t"
       c0=$(cpu "$pid")
       out=$(redis-benchmark -h 127.0.0.1 -p "$p" -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv 2>/dev/null)
@@ -74,6 +80,8 @@ for r in $(seq "$ROUNDS"); do
       'BEGIN{printf "  pipeline %s: keyguard CPU/cmd = %.2fx haproxy, %.2fx twemproxy\n", p, (h>0?k/h:0), (t>0?k/t:0)}'
     awk -v a="${OPS[$r.$P.keyguard]}" -v b="${OPS[$r.$P.kg-bare]}" -v c="${US[$r.$P.keyguard]}" -v d="${US[$r.$P.kg-bare]}" -v p="$P" \
       'BEGIN{printf "  pipeline %s: defaults (key policy + detectors) = %.2fx the throughput of both off, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
+    awk -v a="${OPS[$r.$P.keyguard]}" -v b="${OPS[$r.$P.kg-nodetect]}" -v c="${US[$r.$P.keyguard]}" -v d="${US[$r.$P.kg-nodetect]}" -v p="$P" \
+      'BEGIN{printf "  pipeline %s: hygiene detectors on = %.2fx the throughput of detectors off, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
     awk -v a="${OPS[$r.$P.kg-tenant]}" -v b="${OPS[$r.$P.keyguard]}" -v c="${US[$r.$P.kg-tenant]}" -v d="${US[$r.$P.keyguard]}" -v p="$P" \
       'BEGIN{printf "  pipeline %s: tenant prefixing = %.2fx the throughput of keyguard without tenancy, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
   done
