@@ -88,6 +88,29 @@ std::string DescribeConfig(const ProxyConfig& c) {
     absl::StrAppend(&out, "  - rule: ", r.name, "\n    action: ", policy::ActionName(r.action), "\n");
     if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0) absl::StrAppend(&out, "    scoped: true\n");
   }
+  const hygiene::Settings& h = c.hygiene;
+  absl::StrAppend(&out, "hygiene:", h.enabled ? "" : " off", "\n");
+  if (h.enabled) {
+    absl::StrAppend(&out, "  big_string_bytes: ", h.big_string_bytes, "\n  big_collection_elements: ",
+                    h.big_collection_elements, "\n  probe: ", h.probe ? "on" : "off", "\n  rules:\n");
+    for (size_t k = 0; k < hygiene::kKindCount; ++k) {
+      absl::StrAppend(&out, "    ", hygiene::KindName(static_cast<hygiene::Kind>(k)), ": ",
+                      hygiene::ActionName(h.actions[k]), "\n");
+    }
+    for (const hygiene::TtlPattern& t : h.ttl_patterns) {
+      absl::StrAppend(&out, "  ttl_pattern: ", t.glob, t.session ? " (session)" : " (cache)",
+                      t.default_ttl_s > 0 ? absl::StrCat(", default ", t.default_ttl_s, " s") : "", "\n");
+    }
+  }
+  // Tenancy: who the tenants are, never a password or its hash.
+  if (c.tenancy == nullptr) {
+    absl::StrAppend(&out, "tenancy: off\n");
+  } else {
+    absl::StrAppend(&out, "tenancy:\n  mode: ", c.tenancy->requires_auth() ? "users" : "static", "\n");
+    for (const auto& t : c.tenancy->tenants()) absl::StrAppend(&out, "  - tenant: ", t->name, "\n    prefix: \"", t->prefix, "\"\n");
+    for (const auto& u : c.tenancy->users()) absl::StrAppend(&out, "  - user: ", u.name, " -> ", u.tenant->name, "\n");
+  }
+  absl::StrAppend(&out, "upstream_auth: ", c.upstream_auth.password.empty() ? "none" : (c.upstream_auth.user.empty() ? "password" : absl::StrCat("user ", c.upstream_auth.user)), "\n");
   return out;
 }
 
