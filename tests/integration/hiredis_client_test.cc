@@ -1,5 +1,6 @@
 // Through keyguard with hiredis against a real redis-server: 10k pipelined commands with exact
-// replies, binary-safe keys and values, and a 64 MB value. The test starts both servers itself.
+// replies, binary-safe keys and values, a 64 MB value, and two tenants. The test starts both
+// servers itself.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdarg>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,6 +161,81 @@ TEST_F(HiredisThroughKeyguard, SixtyFourMegabyteValue) {
   ASSERT_EQ(r->len, value.size());
   EXPECT_TRUE(std::string_view(r->str, r->len) == value);
   freeReplyObject(r);
+}
+
+}  // namespace
+
+namespace {
+
+// Two tenants of examples/tenants.yaml, through hiredis: each sees its own keys as if it had the
+// server to itself, and the server holds them under the tenants' prefixes.
+class HiredisTenants : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    redis_port_ = FreePort();
+    redis_ = Spawn({"redis-server", "--port", std::to_string(redis_port_), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--logfile", "/dev/null"});
+    ASSERT_TRUE(WaitForPort(redis_port_));
+    kg_port_ = FreePort();
+    const int admin = FreePort();
+    keyguard_ = Spawn({KEYGUARD_BIN, "--config", std::string(KEYGUARD_SOURCE_DIR) + "/examples/tenants.yaml", "--listen",
+                       "127.0.0.1:" + std::to_string(kg_port_), "--upstream", "127.0.0.1:" + std::to_string(redis_port_),
+                       "--admin", "127.0.0.1:" + std::to_string(admin), "--threads", "1"});
+    ASSERT_TRUE(WaitForPort(kg_port_));
+  }
+  void TearDown() override {
+    for (pid_t p : {keyguard_, redis_}) {
+      if (p > 0) {
+        kill(p, SIGTERM);
+        waitpid(p, nullptr, 0);
+      }
+    }
+  }
+  static std::string Str(redisContext* c, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    auto* r = static_cast<redisReply*>(redisvCommand(c, fmt, ap));
+    va_end(ap);
+    std::string s = r == nullptr                         ? "<io error>"
+                    : r->type == REDIS_REPLY_NIL         ? "<nil>"
+                    : r->type == REDIS_REPLY_INTEGER     ? std::to_string(r->integer)
+                    : r->type == REDIS_REPLY_ARRAY       ? "<array>"
+                                                         : std::string(r->str, r->len);
+    if (r != nullptr && r->type == REDIS_REPLY_ARRAY) {
+      s = "[";
+      for (size_t i = 0; i < r->elements; ++i) {
+        const redisReply* e = r->element[i];
+        s += (i ? "," : "") + (e->type == REDIS_REPLY_ARRAY ? std::string("<array>") : std::string(e->str, e->len));
+      }
+      s += "]";
+    }
+    if (r != nullptr) freeReplyObject(r);
+    return s;
+  }
+  int redis_port_ = 0, kg_port_ = 0;
+  pid_t redis_ = -1, keyguard_ = -1;
+};
+
+TEST_F(HiredisTenants, EachSeesOnlyItsOwnKeys) {
+  redisContext* alice = redisConnect("127.0.0.1", kg_port_);
+  redisContext* bob = redisConnect("127.0.0.1", kg_port_);
+  redisContext* direct = redisConnect("127.0.0.1", redis_port_);
+  ASSERT_TRUE(alice && !alice->err && bob && !bob->err && direct && !direct->err);
+  EXPECT_EQ(Str(alice, "GET k"), "NOAUTH Authentication required.");
+  EXPECT_EQ(Str(alice, "AUTH alice wrong"), "WRONGPASS invalid username-password pair or user is disabled.");
+  EXPECT_EQ(Str(alice, "AUTH alice alice-secret"), "OK");
+  EXPECT_EQ(Str(bob, "AUTH bob bob-secret"), "OK");
+  EXPECT_EQ(Str(alice, "SET %s %s", "k", "from alice"), "OK");
+  EXPECT_EQ(Str(bob, "GET k"), "<nil>");
+  EXPECT_EQ(Str(bob, "RPUSH q job"), "1");
+  EXPECT_EQ(Str(alice, "KEYS *"), "[k]");
+  EXPECT_EQ(Str(bob, "BLPOP q 1"), "[q,job]");
+  EXPECT_EQ(Str(alice, "GET k"), "from alice");
+  EXPECT_EQ(Str(bob, "SWAPDB 0 1"), "ERR keyguard: command 'SWAPDB' is not allowed for tenants");
+  EXPECT_EQ(Str(direct, "KEYS *"), "[tenant:a:k]");
+  redisFree(alice);
+  redisFree(bob);
+  redisFree(direct);
 }
 
 }  // namespace
