@@ -30,6 +30,13 @@ def wait_for(pred, timeout=5.0):
     return pred()
 
 
+def counted_and_logged(kg, kind, key_pattern, n=1):
+    """The finding is in /metrics exactly `n` times for the pattern, and in the JSON log."""
+    assert kg.metric('keyguard_findings_total{kind="%s",key_pattern="%s"}' % (kind, key_pattern)) == n
+    lines = [json.loads(l) for l in kg.output().splitlines() if '"event":"finding"' in l and l.startswith('{')]
+    assert any(l["kind"] == kind and l["key_pattern"] == key_pattern for l in lines), lines
+
+
 def commandstat(direct, name):
     return direct.info("commandstats").get("cmdstat_" + name, {}).get("calls", 0)
 
@@ -60,6 +67,7 @@ def test_del_of_a_big_key_is_found_and_rewritten_to_unlink(fresh, direct):
         assert commandstat(direct, "unlink") == 1 and commandstat(direct, "del") == 1  # the small one stayed DEL
         assert direct.exists("blob:1") == 0
         assert kg.metric('keyguard_bigkey_access_total{kind="del_big_key",command="del",key_pattern="blob:{id}"}') == 1
+        counted_and_logged(kg, "del_big_key", "blob:{id}")
     finally:
         assert kg.stop() == 0
 
@@ -77,6 +85,8 @@ def test_probe_sizes_keys_whose_replies_do_not_show_it(fresh, direct):
         assert f["client_name"] == "feed-svc" and f["bytes"] > 6000  # MEMORY USAGE
         assert wait_for(lambda: kg.metric("keyguard_probed_keys_total") == 2)
         # What the probe learned makes the next DEL and EXPIRE findings, without another probe.
+        counted_and_logged(kg, "big_key_access", "feed:{id}")
+        assert kg.metric('keyguard_bigkey_access_total{kind="big_key_access",command="hget",key_pattern="feed:{id}"}') == 1
         assert r.expire("feed:1", 100)
         [e] = findings(kg, "expire_big_key")
         assert e["key"] == "feed:1" and e["elements"] == 6000 and e["ttl_s"] == 100
@@ -87,6 +97,8 @@ def test_probe_sizes_keys_whose_replies_do_not_show_it(fresh, direct):
         assert d["elements"] == 6000 and d["action"] == "warn"
         assert commandstat(direct, "del") == 1  # warn only: not rewritten
         assert kg.metric("keyguard_probed_keys_total") == 2
+        counted_and_logged(kg, "expire_big_key", "feed:{id}")
+        counted_and_logged(kg, "del_big_key", "feed:{id}")
     finally:
         assert kg.stop() == 0
 
@@ -99,6 +111,7 @@ def test_set_ex_of_a_big_value_is_expire_big_key(fresh, direct):
         r.set("page:2", "x" * 100, ex=60)
         [f] = findings(kg, "expire_big_key")
         assert f["key"] == "page:1" and f["bytes"] == 12000 and f["ttl_s"] == 60
+        counted_and_logged(kg, "expire_big_key", "page:{id}")
     finally:
         assert kg.stop() == 0
 
@@ -217,6 +230,7 @@ def test_expiry_clustering_found_once_and_jitter_spreads_ttls(fresh, direct):
         p.execute()
         [f] = findings(kg, "expiry_clustering")
         assert f["keys"] == 50 and f["ttl_s"] == 3600 and f["key"].startswith("tok:")
+        counted_and_logged(kg, "expiry_clustering", "tok:{id}")
         assert {direct.ttl("tok:%d" % i) for i in range(80)} <= {3599, 3600}  # observe only: unchanged
     finally:
         assert kg.stop() == 0
