@@ -227,6 +227,14 @@ def test_prometheus_evaluates_every_rule_and_holds_the_expected_alerts(stack):
     assert sorted((a["labels"]["tenant"], a["labels"]["reason"]) for a in tenants) == [("a", "tenant"), ("b", "tenant")]
     auth = [a for a in alerts if a["labels"]["alertname"] == "KeyguardUpstreamAuthFailing"]
     assert [a["labels"]["pod"] for a in auth] == ["keyguard-tenants-0"]
+    # The demo workload's hygiene problems, each on its own pattern.
+
+    def patterns(name):
+        return sorted(a["labels"]["key_pattern"] for a in alerts if a["labels"]["alertname"] == name)
+    assert patterns("KeyguardMissingTtlOnCachePattern") == ["cache:page:{id}"]  # session:<n> gets its EXPIRE
+    assert patterns("KeyguardDelOfBigKeys") == ["feed:{id}", "report:{id}:blob"]
+    hot = [a for a in alerts if a["labels"]["alertname"] == "KeyguardHotKeyPattern"]
+    assert [(a["labels"]["pod"], a["labels"]["key_pattern"]) for a in hot] == [("keyguard-0", "user:{id}:profile")]
 
 
 def test_every_metric_the_dashboards_and_alerts_use_is_exposed(stack):
