@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A Redis workload with known key-hygiene problems, sent through keyguard with redis-py.
 
-Used by the compose demo (forever, every few seconds) and by tests/e2e (a few rounds), so the
+Used by the compose demo and by tests/e2e (both without end, a round every few seconds), so the
 dashboards and alerts are checked against the same traffic people see in the demo. Each round:
 
   naming      SET User_<n>_Profile (rewritten by the demo config's legacy-profile rule),
@@ -10,10 +10,15 @@ dashboards and alerts are checked against the same traffic people see in the dem
   rmw         GET a JSON user profile, change one field, SET it back (serialized_rmw), hot
   lost update two connections read the same JSON cart, both write it back (lost_update_risk)
   hash        SET user:<n>:name / :email / :city as three keys (hash_candidate)
-  big keys    SET and GET a 20 KB report (big_string_write/read), SMEMBERS of a 6000-member
-              set (whole_collection_read)
-  dangerous   KEYS user:* (keys_command), FLUSHDB without ASYNC on scratch db 1
-              (flush_without_async), FLUSHALL (denied by the demo config)
+  big keys    SET and GET a 20 KB report (big_string_write/read), then DEL it (del_big_key, sent
+              as UNLINK by the demo config), SMEMBERS of a 6000-member set
+              (whole_collection_read), HGET of a new 6000-field hash (the sizing probe asks Redis
+              its size: big_key_access), then EXPIRE (expire_big_key) and DEL (del_big_key) of it
+  ttl         SET cache:page:<n> without a TTL (missing_ttl), SET session:<n> then EXPIRE (fine),
+              100 tokens SET with the same EX in one pipeline (expiry_clustering)
+  dangerous   KEYS user:* (keys_command, refused by the demo config), FLUSHDB without ASYNC on
+              scratch db 1 (flush_without_async, ASYNC added by the demo config), FLUSHALL
+              (denied by the demo config)
   errors      INCR on a JSON string (an error reply), malformed RESP on a raw socket (protocol
               error), CLIENT KILL of two other connections' upstreams (upstream errors)
 
@@ -86,9 +91,27 @@ def round_(args, r, n):
     if not r.exists("audience:all"):
         r.sadd("audience:all", *range(6000))
     r.smembers("audience:all")
+    r.delete("report:%d:blob" % n)
+    # A big hash read with HGET, whose reply does not show its size: the sizing probe asks Redis.
+    # Then a TTL on it and a DEL of it: both now known to be big.
+    r.hset("feed:%d" % n, mapping={"f%d" % i: i for i in range(6000)})
+    r.hget("feed:%d" % n, "f7")
+
+    # TTL hygiene: a cache page without a TTL, a session given one right after the write, and a
+    # batch of tokens that all expire in the same second.
+    r.set("cache:page:%d" % n, "<html>%d</html>" % n)
+    r.set("session:%d" % n, "s")
+    r.expire("session:%d" % n, 1800)
+    p = r.pipeline(transaction=False)
+    for i in range(100):
+        p.set("token:%d" % (n * 1000 + i), "t", ex=600)
+    p.execute()
+
+    r.expire("feed:%d" % n, 600)
+    r.delete("feed:%d" % n)
 
     # Dangerous commands.
-    r.keys("user:*")
+    expect_error(r.keys, "user:*")
     scratch = connect(args, db=1)
     scratch.set("scratch:1", "x")
     scratch.flushdb()
