@@ -98,6 +98,10 @@ std::string Registry::Render() const {
   labeled("keyguard_findings_total", "Hygiene findings by kind and key pattern.", &WorkerShard::findings);
   labeled("keyguard_bigkey_access_total", "Accesses to big keys by kind, command and key pattern.",
           &WorkerShard::bigkey_access);
+  labeled("keyguard_hygiene_actions_total",
+          "Hygiene findings by kind and the action taken: observe, warn, rewrite (the command was changed) or "
+          "reject (it was refused).",
+          &WorkerShard::hygiene_actions);
   labeled("keyguard_tenant_commands_total", "Commands from each tenant's clients (refused ones included).",
           &WorkerShard::tenant_commands);
   labeled("keyguard_tenant_received_bytes_total", "Request bytes received from each tenant's clients.",

@@ -750,6 +750,7 @@ void ReportFinding(Worker& worker, hygiene::Finding f) {
   metrics::WorkerShard& shard = *worker.shard;
   const char* kind = hygiene::KindName(f.kind);
   shard.findings.Get(absl::StrCat("kind=\"", kind, "\",key_pattern=\"", f.key_pattern, "\"")).Add();
+  shard.hygiene_actions.Get(absl::StrCat("kind=\"", kind, "\",action=\"", hygiene::ActionName(f.action), "\"")).Add();
   if (f.kind == hygiene::Kind::kBigStringWrite || f.kind == hygiene::Kind::kBigStringRead ||
       f.kind == hygiene::Kind::kWholeCollectionRead || f.kind == hygiene::Kind::kBigKeyAccess ||
       f.kind == hygiene::Kind::kDelBigKey || f.kind == hygiene::Kind::kExpireBigKey) {

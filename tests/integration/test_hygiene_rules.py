@@ -68,6 +68,7 @@ def test_del_of_a_big_key_is_found_and_rewritten_to_unlink(fresh, direct):
         assert direct.exists("blob:1") == 0
         assert kg.metric('keyguard_bigkey_access_total{kind="del_big_key",command="del",key_pattern="blob:{id}"}') == 1
         counted_and_logged(kg, "del_big_key", "blob:{id}")
+        assert kg.metric('keyguard_hygiene_actions_total{kind="del_big_key",action="rewrite"}') == 1
     finally:
         assert kg.stop() == 0
 
@@ -130,6 +131,7 @@ def test_keys_rule_rejects_and_scan_passes(fresh, direct):
         [f] = findings(kg, "keys_command")
         assert f["action"] == "reject"
         assert kg.metric('keyguard_commands_rejected_total{reason="hygiene"}') == 1
+        assert kg.metric('keyguard_hygiene_actions_total{kind="keys_command",action="reject"}') == 1
     finally:
         assert kg.stop() == 0
 

@@ -144,6 +144,7 @@ class WorkerShard {
   LabeledCounters commands_rejected; // reason
   LabeledCounters findings;          // kind, key_pattern
   LabeledCounters bigkey_access;     // kind, command, key_pattern
+  LabeledCounters hygiene_actions;   // kind, action: what keyguard did about each finding
   // Per tenant (label values bounded by the configured tenants).
   LabeledCounters tenant_commands;        // tenant
   LabeledCounters tenant_received_bytes;  // tenant
