@@ -218,6 +218,38 @@ void Session::ProcessClientBytes(size_t* hint) {
 
 void Session::ForwardRaw(const char* data, size_t len) { AppendBuffer(&forward_, data, len); }
 
+bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
+                     std::span<const std::string_view> out) {
+  // Only a multibulk request whose arguments are views into its own bytes, with as many
+  // arguments as before (a rewrite that adds some changes the *N header: Encode does that).
+  if (out.size() != args.size() || raw_len == 0 || raw[0] != '*') return false;
+  const char* end = raw + raw_len;
+  size_t changed_bytes = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].data() < raw || args[i].data() + args[i].size() + 2 > end) return false;
+    if (out[i].data() != args[i].data() || out[i].size() != args[i].size()) changed_bytes += out[i].size() + 32;  // "$<len>\r\n" + "\r\n" fit in 32
+  }
+  if (scratch_.empty() || scratch_.back().capacity() - scratch_.back().size() < changed_bytes) {
+    scratch_.emplace_back().reserve(std::max<size_t>(changed_bytes, 64 * 1024));
+  }
+  std::string& chunk = scratch_.back();
+  const char* pos = raw;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (out[i].data() == args[i].data() && out[i].size() == args[i].size()) continue;
+    // The client's "$<len>\r\n" header ends two bytes before the argument; find its '$'.
+    const char* header = args[i].data() - 2;
+    while (header > pos && *header != '$') --header;
+    if (*header != '$') return false;
+    splice_.emplace_back(pos, static_cast<size_t>(header - pos));
+    const size_t start = chunk.size();
+    resp::AppendBulk(&chunk, out[i]);
+    splice_.emplace_back(chunk.data() + start, chunk.size() - start);
+    pos = args[i].data() + args[i].size() + 2;
+  }
+  splice_.emplace_back(pos, static_cast<size_t>(end - pos));
+  return true;
+}
+
 std::string_view Session::Encode(std::span<const std::string_view> args) {
   // Encoded commands of a batch share chunks that never reallocate while forward_ points into
   // them: a chunk is only appended to within its reserved capacity.
@@ -338,7 +370,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
       modified = true;
     }
   }
-  if (modified) {
+  splice_.clear();
+  if (modified && !Splice(raw, raw_len, args, out)) {
     // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
     bytes = Encode(out);
   }
@@ -389,6 +422,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (in_multi_ && multi_aborted_) {
       p.kind = Kind::kExecAbort;
       bytes = kDiscard;
+      splice_.clear();
     }
     for (uint8_t r : multi_rewrites_) {
       if (r != 0) {
@@ -436,7 +470,11 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     }
   }
 
-  ForwardRaw(bytes.data(), bytes.size());
+  if (!splice_.empty()) {
+    for (const asio::const_buffer& b : splice_) ForwardRaw(static_cast<const char*>(b.data()), b.size());
+  } else {
+    ForwardRaw(bytes.data(), bytes.size());
+  }
   if (silent) {
     worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);
     return;

@@ -78,6 +78,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Encodes a rewritten command into the batch's scratch chunks; the view lives until the batch
   // has been handed to the upstream outbox.
   std::string_view Encode(std::span<const std::string_view> args);
+  // Forwards a rewritten command as the client's own bytes with only the changed arguments
+  // re-encoded (no copy of values): fills splice_; false when `out` cannot be spliced (another
+  // arity, an inline command) and Encode must re-encode it.
+  bool Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
+              std::span<const std::string_view> out);
   // Applies the key policy to the keys in key_refs_. Returns false with the error text in
   // `refusal` when the command is
   // refused; with a rewrite, sets `*modified` and leaves the new arguments in cmd_args_.
@@ -146,6 +151,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<asio::const_buffer> deliver_;  // reply bytes going to the client
   std::deque<std::string> held_;             // local replies referenced by deliver_ until sent
   std::deque<std::string> scratch_;          // chunks of rewritten commands forward_ points into until sent
+  std::vector<asio::const_buffer> splice_;   // the pieces of the current command, when spliced
   std::vector<commands::KeyRef> key_refs_;
   std::vector<std::string_view> cmd_args_;     // arguments after the key policy's rewrites
   std::vector<std::string_view> tenant_args_;  // arguments after tenant prefixing

@@ -176,21 +176,23 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     r.modified = true;
   };
   const std::string_view sub = args.size() > 1 ? args[1] : std::string_view();
-  const std::string display = std::string(spec->name).find('|') != std::string::npos
-                                  ? absl::StrCat(Upper(args[0]), " ", Upper(sub))
-                                  : Upper(args[0]);
+  // The command as errors name it ("CLIENT KILL"); built only when something is refused.
+  auto display = [&] {
+    return std::string_view(spec->name).find('|') != std::string_view::npos ? absl::StrCat(Upper(args[0]), " ", Upper(sub))
+                                                                           : Upper(args[0]);
+  };
   bool handled = true;
   switch (kind_[id]) {
     case kFlush:
-      if (tenancy_.flush == Emulation::kRefuse) return refuse(NotAllowed(display));
+      if (tenancy_.flush == Emulation::kRefuse) return refuse(NotAllowed(display()));
       emulate(kFlushScript);
       return r;
     case kDbsize:
-      if (tenancy_.dbsize == Emulation::kRefuse) return refuse(NotAllowed(display));
+      if (tenancy_.dbsize == Emulation::kRefuse) return refuse(NotAllowed(display()));
       emulate(kDbsizeScript);
       return r;
     case kRandomkey:
-      if (tenancy_.randomkey == Emulation::kRefuse) return refuse(NotAllowed(display));
+      if (tenancy_.randomkey == Emulation::kRefuse) return refuse(NotAllowed(display()));
       emulate(kRandomkeyScript);
       r.reply = ReplyRewrite::kBulkKey;
       return r;
@@ -228,7 +230,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
           ++i;
           if (args[i] == "#") continue;
           if (tenant.prefix.find('*') != std::string::npos) {
-            return refuse(absl::StrCat("ERR keyguard: ", display, " BY/GET patterns are not allowed for a tenant whose "
+            return refuse(absl::StrCat("ERR keyguard: ", display(), " BY/GET patterns are not allowed for a tenant whose "
                                        "prefix holds '*'"));
           }
           set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
@@ -253,7 +255,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       break;
     }
     case kNever:
-      return refuse(NotAllowed(display));
+      return refuse(NotAllowed(display()));
     case kInfo:
       r.reply = ReplyRewrite::kInfo;
       break;
@@ -262,7 +264,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         set(2, Own(absl::StrCat(tenant.prefix, absl::string_view(args[2].data(), args[2].size()))));
         return r;
       }
-      return refuse(NotAllowed(display));
+      return refuse(NotAllowed(display()));
     case kEval:
     case kEvalSha: {
       if (args.size() < 2) break;
@@ -286,11 +288,11 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
           return refuse(absl::StrCat("ERR keyguard: script ", sha, " is not in tenancy.allowed_scripts"));
         }
       } else if (!EqualsIgnoreCase(sub, "exists") && !EqualsIgnoreCase(sub, "help")) {
-        return refuse(NotAllowed(display));  // FLUSH, KILL, DEBUG act on every tenant's scripts
+        return refuse(NotAllowed(display()));  // FLUSH, KILL, DEBUG act on every tenant's scripts
       }
       break;
     case kFunction:
-      if (!EqualsIgnoreCase(sub, "help")) return refuse(NotAllowed(display));
+      if (!EqualsIgnoreCase(sub, "help")) return refuse(NotAllowed(display()));
       break;
     case kClient:
       if (EqualsIgnoreCase(sub, "tracking")) {
@@ -328,7 +330,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         for (size_t i = 2; i < args.size(); ++i) set(i, ChannelIn(tenant, args[i]));
         r.reply = ReplyRewrite::kChannelCounts;
       } else if (EqualsIgnoreCase(sub, "numpat")) {
-        return refuse(NotAllowed(display));  // counts every tenant's patterns
+        return refuse(NotAllowed(display()));  // counts every tenant's patterns
       }
       break;
     case kSubscribe:
@@ -354,7 +356,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     case kKeyed:
       break;
     case kMemory:
-      if (EqualsIgnoreCase(sub, "stats")) return refuse(NotAllowed(display));
+      if (EqualsIgnoreCase(sub, "stats")) return refuse(NotAllowed(display()));
       handled = false;
       break;
     case kPlain:
@@ -363,7 +365,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       break;
   }
   static const uint32_t kReach = commands::AclCategoryMask("admin") | commands::AclCategoryMask("dangerous");
-  if (!handled && (spec->acl & kReach) != 0) return refuse(NotAllowed(display));
+  if (!handled && (spec->acl & kReach) != 0) return refuse(NotAllowed(display()));
   if (!keys_ok) return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
   // All prefixed keys in one reserved buffer: no allocation per key, and no view moves.
   size_t total = 0;

@@ -409,3 +409,23 @@ def test_bad_tenancy_config_is_refused_with_the_field(server):
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "prefix 't:' begins prefix 't:b:'" in out.stderr
+
+
+def test_pipelined_rewrites_keep_every_value_byte_for_byte(kg, direct):
+    """Prefixed commands go upstream as the client's bytes with only the keys re-encoded: a long
+    pipeline of values of many sizes (one batch holds many rewritten commands) arrives intact."""
+    import random
+    rnd = random.Random(7)
+    alice = redis.Redis(port=kg.port, username="alice", password="alice-secret")
+    values = {"k%d" % i: bytes(rnd.getrandbits(8) for _ in range(rnd.choice([0, 1, 50, 3000, 70000])))
+              for i in range(300)}
+    p = alice.pipeline(transaction=False)
+    for k, v in values.items():
+        p.set(k, v)
+    p.mset({"m1": b"\r\n$3\r\nfoo", "m2": b""})
+    p.execute()
+    raw_direct = redis.Redis(port=direct.connection_pool.connection_kwargs["port"])
+    for k, v in values.items():
+        assert raw_direct.get("tenant:a:" + k) == v
+    assert raw_direct.get("tenant:a:m1") == b"\r\n$3\r\nfoo" and raw_direct.get("tenant:a:m2") == b""
+    assert alice.mget("m1", "k0") == [b"\r\n$3\r\nfoo", values["k0"]]

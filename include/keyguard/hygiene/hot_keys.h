@@ -99,7 +99,9 @@ class LargestKeys {
 
   explicit LargestKeys(size_t capacity) : capacity_(capacity) {}
   // Whether a size could enter or grow an entry: cheap, so callers skip the clock and the lookup.
-  bool Admits(uint64_t size) const { return capacity_ > 0 && (entries_.size() < capacity_ || size >= min_); }
+  // When full, only a size above the smallest held can change anything (an equal one neither
+  // enters nor grows an entry), so a workload of same-sized values costs one compare per reply.
+  bool Admits(uint64_t size) const { return capacity_ > 0 && (entries_.size() < capacity_ || size > min_); }
   void Observe(absl::string_view item, uint64_t size, std::string_view command, std::string_view type, int64_t now_ms);
   const std::vector<Entry>& entries() const { return entries_; }
   size_t capacity() const { return capacity_; }
