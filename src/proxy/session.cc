@@ -22,6 +22,8 @@ constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unava
 constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+// Rewritten commands at least this long are spliced rather than re-encoded.
+constexpr size_t kSpliceMinBytes = 1024;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -219,7 +221,7 @@ void Session::ProcessClientBytes(size_t* hint) {
 void Session::ForwardRaw(const char* data, size_t len) { AppendBuffer(&forward_, data, len); }
 
 bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
-                     std::span<const std::string_view> out) {
+                     std::span<const std::string_view> out, std::string_view* bytes) {
   // Only a multibulk request whose arguments are views into its own bytes, with as many
   // arguments as before (a rewrite that adds some changes the *N header: Encode does that).
   if (out.size() != args.size() || raw_len == 0 || raw[0] != '*') return false;
@@ -227,26 +229,45 @@ bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::strin
   size_t changed_bytes = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].data() < raw || args[i].data() + args[i].size() + 2 > end) return false;
-    if (out[i].data() != args[i].data() || out[i].size() != args[i].size()) changed_bytes += out[i].size() + 32;  // "$<len>\r\n" + "\r\n" fit in 32
+    // "$<len>\r\n" and the closing "\r\n" fit in 32 bytes.
+    if (out[i].data() != args[i].data() || out[i].size() != args[i].size()) changed_bytes += out[i].size() + 32;
   }
-  if (scratch_.empty() || scratch_.back().capacity() - scratch_.back().size() < changed_bytes) {
-    scratch_.emplace_back().reserve(std::max<size_t>(changed_bytes, 64 * 1024));
+  // A small command is copied whole into the scratch chunk, so consecutive rewritten commands sit
+  // next to each other and go out as one buffer; a big one goes out as the client's bytes with
+  // only the changed arguments from the chunk (values are never copied).
+  const bool copy = raw_len < kSpliceMinBytes;
+  const size_t need = changed_bytes + (copy ? raw_len : 0);
+  if (scratch_.empty() || scratch_.back().capacity() - scratch_.back().size() < need) {
+    scratch_.emplace_back().reserve(std::max<size_t>(need, 64 * 1024));
   }
   std::string& chunk = scratch_.back();
+  const size_t first = chunk.size();
   const char* pos = raw;
+  auto keep = [&](const char* from, const char* to) {
+    if (copy) {
+      chunk.append(from, static_cast<size_t>(to - from));
+    } else {
+      splice_.emplace_back(from, static_cast<size_t>(to - from));
+    }
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     if (out[i].data() == args[i].data() && out[i].size() == args[i].size()) continue;
     // The client's "$<len>\r\n" header ends two bytes before the argument; find its '$'.
     const char* header = args[i].data() - 2;
     while (header > pos && *header != '$') --header;
-    if (*header != '$') return false;
-    splice_.emplace_back(pos, static_cast<size_t>(header - pos));
+    if (*header != '$') {
+      chunk.resize(first);
+      splice_.clear();
+      return false;
+    }
+    keep(pos, header);
     const size_t start = chunk.size();
     resp::AppendBulk(&chunk, out[i]);
-    splice_.emplace_back(chunk.data() + start, chunk.size() - start);
+    if (!copy) splice_.emplace_back(chunk.data() + start, chunk.size() - start);
     pos = args[i].data() + args[i].size() + 2;
   }
-  splice_.emplace_back(pos, static_cast<size_t>(end - pos));
+  keep(pos, end);
+  if (copy) *bytes = std::string_view(chunk.data() + first, chunk.size() - first);
   return true;
 }
 
@@ -371,11 +392,11 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     }
   }
   splice_.clear();
-  if (modified && !Splice(raw, raw_len, args, out)) {
+  if (modified && !Splice(raw, raw_len, args, out, &bytes)) {
     // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
     bytes = Encode(out);
   }
-  policy_owned_.clear();
+  if (!policy_owned_.empty()) policy_owned_.clear();
 
   Pending p;
   p.rewrite = rewrite;

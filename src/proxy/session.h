@@ -78,11 +78,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // Encodes a rewritten command into the batch's scratch chunks; the view lives until the batch
   // has been handed to the upstream outbox.
   std::string_view Encode(std::span<const std::string_view> args);
-  // Forwards a rewritten command as the client's own bytes with only the changed arguments
-  // re-encoded (no copy of values): fills splice_; false when `out` cannot be spliced (another
-  // arity, an inline command) and Encode must re-encode it.
+  // A rewritten command from the client's own bytes with only the changed arguments encoded
+  // anew: a small one copied into the scratch chunk (`*bytes`), a big one as pieces in splice_
+  // (its values never copied). False when `out` cannot be spliced (another arity, an inline
+  // command) and Encode must re-encode it.
   bool Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
-              std::span<const std::string_view> out);
+              std::span<const std::string_view> out, std::string_view* bytes);
   // Applies the key policy to the keys in key_refs_. Returns false with the error text in
   // `refusal` when the command is
   // refused; with a rewrite, sets `*modified` and leaves the new arguments in cmd_args_.
