@@ -1,8 +1,6 @@
 #include "keyguard/config/config.h"
 
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -233,18 +231,10 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
   c.key_policy = *std::move(policy);
   std::vector<v1::TenantUser> file_users;
   if (const std::string& path = p.tenancy().users_file(); !path.empty()) {
-    std::ifstream in(path);
-    if (!in) return FieldError("tenancy.users_file", absl::StrCat(path, ": cannot open"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    YAML::Node root;
-    try {
-      root = YAML::Load(ss.str());
-    } catch (const YAML::Exception& e) {
-      return FieldError("tenancy.users_file", absl::StrCat(path, ": line ", e.mark.line + 1, ": ", e.msg));
-    }
+    auto text = ReadConfigText(path);
+    if (!text.ok()) return FieldError("tenancy.users_file", text.status().message());
     v1::TenantUsers users;
-    if (auto s = YamlToProto(root, &users); !s.ok()) {
+    if (auto s = YamlTextToProto(*text, &users); !s.ok()) {
       return FieldError("tenancy.users_file", absl::StrCat(path, ": ", s.message()));
     }
     file_users.assign(users.users().begin(), users.users().end());

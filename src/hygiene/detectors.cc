@@ -71,9 +71,7 @@ std::string ShownKey(std::string_view key, KeyMode mode) {
       return std::string(key);
     case KeyMode::kHashed: {
       // FNV-1a 64: stable across restarts and processes, so one key's findings still group.
-      uint64_t h = 0xcbf29ce484222325ull;
-      for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
-      return absl::StrCat("hash:", absl::Hex(h, absl::kZeroPad16));
+      return absl::StrCat("hash:", absl::Hex(Fingerprint(key), absl::kZeroPad16));
     }
     case KeyMode::kRedacted:
       return "";

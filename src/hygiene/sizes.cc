@@ -71,12 +71,7 @@ const char* SizeCommand(std::string_view type) {
   return nullptr;
 }
 
-uint64_t KeyHash(std::string_view prefix, std::string_view key) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : prefix) h = (h ^ c) * 0x100000001b3ull;
-  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
+uint64_t KeyHash(std::string_view prefix, std::string_view key) { return Fingerprint(key, Fingerprint(prefix)); }
 
 void SizeCache::Put(uint64_t key, KeySize size) {
   if (entries_.size() >= settings_.size_cache_keys && !entries_.contains(key)) entries_.erase(entries_.begin());

@@ -843,9 +843,10 @@ void Session::Emit(hygiene::Finding f, std::string_view key, commands::CommandId
   full.fields_total = f.fields_total;
   full.keys = f.keys;
   full.ttl_s = f.ttl_s;
-  if (f.action == hygiene::Action::kRewrite) full.action = f.action;  // the caller rewrote
+  // Callers mark the findings they rewrote; a rewrite rule whose command could not be rewritten
+  // (MSET cannot carry a TTL) warns.
   if (full.action == hygiene::Action::kRewrite && f.action != hygiene::Action::kRewrite) {
-    full.action = hygiene::Action::kWarn;  // no rewrite applied for this one (e.g. MSET cannot carry a TTL)
+    full.action = hygiene::Action::kWarn;
   }
   if (full.action == hygiene::Action::kReject && hygiene::CanReject(full.kind) && verdict_.refusal.empty()) {
     verdict_.refusal = absl::StrCat("ERR keyguard: ", hygiene::KindName(full.kind), ": ", full.suggestion);
@@ -859,6 +860,15 @@ std::vector<std::string_view>& Session::HygieneArgs() {
     verdict_.modified = true;
   }
   return hygiene_args_;
+}
+
+void Session::RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements) {
+  hygiene::KeySize s;
+  s.type.assign(type.data(), type.size());
+  s.bytes = bytes;
+  s.elements = elements;
+  s.at_ms = hygiene::UnixMs();
+  worker_.sizes.Put(SizeKey(key), std::move(s));
 }
 
 uint64_t Session::SizeKey(std::string_view key) const {
@@ -893,11 +903,7 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
                          ? "huge value: split it (a Hash or several keys) or keep it outside Redis"
                          : "big value: store the parts you update separately (a Hash), or compress it";
       Emit(std::move(f), key, id);
-      hygiene::KeySize s;
-      s.type = "string";
-      s.bytes = static_cast<int64_t>(value.size());
-      s.at_ms = hygiene::UnixMs();
-      sizes.Put(SizeKey(key), std::move(s));
+      RememberSize(key, "string", static_cast<int64_t>(value.size()), -1);
     } else if (!sizes.empty()) {
       sizes.Erase(SizeKey(key));
     }
@@ -1136,11 +1142,7 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
       f.bytes = static_cast<int64_t>(bulk.size());
       f.suggestion = "big value read whole: read the part you need (GETRANGE, or a Hash with HGET)";
       Emit(std::move(f), key, p.command);
-      hygiene::KeySize s;
-      s.type = "string";
-      s.bytes = f.bytes;
-      s.at_ms = hygiene::UnixMs();
-      worker_.sizes.Put(SizeKey(key), std::move(s));
+      RememberSize(key, "string", static_cast<int64_t>(bulk.size()), -1);
     }
     if (!worker_.rmw.idle() || hygiene::DetectFormat(bulk) != hygiene::Format::kNone) {
       worker_.rmw.OnRead(key, id_, bulk, hygiene::UnixMs());
@@ -1154,11 +1156,7 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
       f.elements = members;
       f.suggestion = info.suggestion;
       Emit(std::move(f), key, p.command);
-      hygiene::KeySize s;
-      s.type = info.type;
-      s.elements = members;
-      s.at_ms = hygiene::UnixMs();
-      worker_.sizes.Put(SizeKey(key), std::move(s));
+      RememberSize(key, info.type, -1, members);
     }
   }
 }

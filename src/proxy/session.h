@@ -112,6 +112,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::string_view>& HygieneArgs();
   // The size cache's key for a client key name (the tenant's prefix included).
   uint64_t SizeKey(std::string_view key) const;
+  // A big key's size as a write or a reply showed it (-1: not that kind of size).
+  void RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements);
   // missing_ttl findings whose window passed (all of them when the connection ends).
   void FlushPendingTtl(bool all);
   void FlushPendingTtlFront();

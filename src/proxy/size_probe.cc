@@ -12,11 +12,6 @@ namespace {
 
 constexpr size_t kBatch = 16;
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 SizeProbe::SizeProbe(Worker& worker) : worker_(worker), socket_(worker.io), timer_(worker.io) {}
@@ -88,7 +83,7 @@ awaitable<void> SizeProbe::Run() {
   hygiene::ProbeQueue& queue = worker_.probe_queue;
   bool connected = false;
   while (!stopped_) {
-    if (queue.empty() || (batch_.clear(), queue.Take(NowMs(), kBatch, &batch_)) == 0) {
+    if (queue.empty() || (batch_.clear(), queue.Take(hygiene::UnixMs(), kBatch, &batch_)) == 0) {
       // Nothing to ask (or the rate says wait): sleep until woken, at most 200 ms.
       sleeping_ = true;
       timer_.expires_after(std::chrono::milliseconds(queue.empty() ? 1000 : 200));
@@ -157,7 +152,7 @@ void SizeProbe::Learn(hygiene::ProbeRequest& r, std::string_view type, int64_t s
   s.type.assign(type.data(), type.size());
   (type == "string" ? s.bytes : s.elements) = size;
   s.memory = memory;
-  s.at_ms = NowMs();
+  s.at_ms = hygiene::UnixMs();
   const bool big = worker_.sizes.IsBig(s);
   worker_.sizes.Put(r.hash, s);
   if (!big) return;

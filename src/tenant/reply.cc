@@ -33,11 +33,14 @@ class Editor {
   }
   // Every element a key: those without the prefix go.
   void Keys(Value& array) {
-    if (array.null) return;
-    auto& e = array.elements;
-    const size_t before = e.size();
-    std::erase_if(e, [&](Value& v) { return !Key(v); });
-    changed_ |= e.size() != before;
+    if (!array.null) Keep(array, [&](Value& v) { return Key(v); });
+  }
+  // Keeps the elements `keep` accepts (after it has rewritten them).
+  template <typename F>
+  void Keep(Value& array, F keep) {
+    const size_t before = array.elements.size();
+    std::erase_if(array.elements, [&](Value& v) { return !keep(v); });
+    changed_ |= array.elements.size() != before;
   }
 
   // A channel name as the server sent it; false when it is not the tenant's.
@@ -151,12 +154,9 @@ class Editor {
           }
         }
         return true;
-      case ReplyRewrite::kChannelArray: {
-        const size_t before = v.elements.size();
-        std::erase_if(v.elements, [&](Value& c) { return !Channel(c); });
-        changed_ |= v.elements.size() != before;
+      case ReplyRewrite::kChannelArray:
+        Keep(v, [&](Value& c) { return Channel(c); });
         return true;
-      }
       case ReplyRewrite::kChannelCounts: {
         std::vector<Value> kept;
         for (size_t i = 0; i + 1 < v.elements.size(); i += 2) {

@@ -105,6 +105,12 @@ RequestRewriter::RequestRewriter(const Tenancy& tenancy) : tenancy_(tenancy), ki
 
 std::string_view RequestRewriter::Own(std::string s) { return owned_.emplace_back(std::move(s)); }
 
+std::string_view RequestRewriter::Joined(std::string_view a, std::string_view b) {
+  std::string& s = owned_.emplace_back();
+  s.reserve(a.size() + b.size());
+  return s.append(a).append(b);
+}
+
 std::string_view RequestRewriter::ChannelIn(const Tenant& t, std::string_view channel) {
   switch (ClassifyChannel(channel)) {
     case ChannelKind::kKeyspace: {
@@ -119,7 +125,7 @@ std::string_view RequestRewriter::ChannelIn(const Tenant& t, std::string_view ch
       break;
   }
   if (tenancy_.channels == ChannelMode::kShared) return channel;
-  return Own(absl::StrCat(t.prefix, absl::string_view(channel.data(), channel.size())));
+  return Joined(t.prefix, channel);
 }
 
 std::string_view RequestRewriter::PatternIn(const Tenant& t, std::string_view pattern) {
@@ -129,7 +135,7 @@ std::string_view RequestRewriter::PatternIn(const Tenant& t, std::string_view pa
   }
   if (pattern.substr(0, 11) == "__keyevent@") return pattern;
   if (tenancy_.channels == ChannelMode::kShared) return pattern;
-  return Own(absl::StrCat(t.glob_prefix, absl::string_view(pattern.data(), pattern.size())));
+  return Joined(t.glob_prefix, pattern);
 }
 
 RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId id, const commands::CommandSpec* spec,
@@ -171,7 +177,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     r.modified = true;
   };
   auto emulate = [&](std::string_view script) {
-    out->assign({std::string_view("EVAL"), script, std::string_view("0"), Own(absl::StrCat(tenant.glob_prefix, "*")),
+    out->assign({std::string_view("EVAL"), script, std::string_view("0"), Joined(tenant.glob_prefix, "*"),
                  std::string_view(tenant.prefix)});
     r.modified = true;
   };
@@ -197,7 +203,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       r.reply = ReplyRewrite::kBulkKey;
       return r;
     case kKeys:
-      if (args.size() == 2) set(1, Own(absl::StrCat(tenant.glob_prefix, absl::string_view(args[1].data(), args[1].size()))));
+      if (args.size() == 2) set(1, Joined(tenant.glob_prefix, args[1]));
       r.reply = ReplyRewrite::kKeyArray;
       break;
     case kScan: {
@@ -206,13 +212,13 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       bool matched = false;
       for (size_t i = 2; i + 1 < args.size(); i += 2) {
         if (EqualsIgnoreCase(args[i], "match")) {
-          set(i + 1, Own(absl::StrCat(tenant.glob_prefix, absl::string_view(args[i + 1].data(), args[i + 1].size()))));
+          set(i + 1, Joined(tenant.glob_prefix, args[i + 1]));
           matched = true;
         }
       }
       if (!matched) {
         append("MATCH");
-        append(Own(absl::StrCat(tenant.glob_prefix, "*")));
+        append(Joined(tenant.glob_prefix, "*"));
       }
       r.reply = ReplyRewrite::kScan;
       break;
@@ -233,7 +239,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
             return refuse(absl::StrCat("ERR keyguard: ", display(), " BY/GET patterns are not allowed for a tenant whose "
                                        "prefix holds '*'"));
           }
-          set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
+          set(i, Joined(tenant.prefix, args[i]));
         }
       }
       break;
@@ -261,7 +267,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       break;
     case kDebug:
       if (args.size() == 3 && EqualsIgnoreCase(args[1], "object")) {
-        set(2, Own(absl::StrCat(tenant.prefix, absl::string_view(args[2].data(), args[2].size()))));
+        set(2, Joined(tenant.prefix, args[2]));
         return r;
       }
       return refuse(NotAllowed(display()));
@@ -303,7 +309,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
             ++i;
           } else if (EqualsIgnoreCase(args[i], "prefix") && i + 1 < args.size()) {
             ++i;
-            set(i, Own(absl::StrCat(tenant.prefix, absl::string_view(args[i].data(), args[i].size()))));
+            set(i, Joined(tenant.prefix, args[i]));
             prefixed = true;
           } else if (EqualsIgnoreCase(args[i], "bcast")) {
             bcast = true;
@@ -323,7 +329,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         if (args.size() == 3) {
           set(2, PatternIn(tenant, args[2]));
         } else if (args.size() == 2 && tenancy_.channels == ChannelMode::kPrefix) {
-          append(Own(absl::StrCat(tenant.glob_prefix, "*")));
+          append(Joined(tenant.glob_prefix, "*"));
         }
         r.reply = ReplyRewrite::kChannelArray;
       } else if (EqualsIgnoreCase(sub, "numsub") || EqualsIgnoreCase(sub, "shardnumsub")) {
@@ -342,7 +348,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     case kPublish:
       if (args.size() < 2) break;
       if (tenancy_.channels == ChannelMode::kPrefix) {
-        set(1, Own(absl::StrCat(tenant.prefix, absl::string_view(args[1].data(), args[1].size()))));
+        set(1, Joined(tenant.prefix, args[1]));
       } else if (ClassifyChannel(args[1]) != ChannelKind::kOrdinary) {
         return refuse("ERR keyguard: tenants may not publish to Redis's own channels");
       }

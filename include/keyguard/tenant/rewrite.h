@@ -54,6 +54,8 @@ class RequestRewriter {
 
  private:
   std::string_view Own(std::string s);
+  // `a` followed by `b`, owned here.
+  std::string_view Joined(std::string_view a, std::string_view b);
   std::string_view ChannelIn(const Tenant& t, std::string_view channel);
   std::string_view PatternIn(const Tenant& t, std::string_view pattern);
 
