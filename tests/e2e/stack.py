@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -13,6 +14,7 @@ import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.join(ROOT, "tests", "integration"))  # the fixtures' own imports (resp)
 _spec = importlib.util.spec_from_file_location("keyguard_fixtures",
                                                os.path.join(ROOT, "tests", "integration", "conftest.py"))
 fixtures = importlib.util.module_from_spec(_spec)
@@ -20,6 +22,7 @@ _spec.loader.exec_module(fixtures)
 
 Redis, Keyguard, free_port, wait_port, KEYGUARD = (fixtures.Redis, fixtures.Keyguard, fixtures.free_port,
                                                     fixtures.wait_port, fixtures.KEYGUARD)
+PATIENCE = fixtures.PATIENCE
 CHART = os.path.join(ROOT, "helm", "keyguard")
 DASHBOARDS = os.path.join(CHART, "files", "dashboards")
 ALERTS = os.path.join(CHART, "files", "prometheus", "alerts.yaml")
@@ -47,8 +50,8 @@ class Prometheus:
             ["/usr/bin/prometheus", "--config.file", path, "--storage.tsdb.path", os.path.join(self.dir, "data"),
              "--web.listen-address", "127.0.0.1:%d" % self.port, "--storage.tsdb.retention.time", "1h"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        wait_port(self.port, timeout=30, proc=self.proc)
-        deadline = time.time() + 30
+        wait_port(self.port, proc=self.proc)
+        deadline = time.time() + PATIENCE
         while self.get("/-/ready", raw=True) != 200:
             if time.time() > deadline:
                 raise RuntimeError("prometheus not ready:\n" + self.output())
@@ -59,7 +62,7 @@ class Prometheus:
         if params:
             url += "?" + urllib.parse.urlencode(params)
         try:
-            with urllib.request.urlopen(url, timeout=10) as r:
+            with urllib.request.urlopen(url, timeout=PATIENCE) as r:
                 return r.status if raw else json.loads(r.read().decode())
         except urllib.error.HTTPError as e:
             return e.code if raw else json.loads(e.read().decode())
@@ -78,7 +81,7 @@ class Prometheus:
         assert r["status"] == "success", (expr, r)
         return sum(float(s["value"][1]) for s in r["data"]["result"])
 
-    def wait_for(self, expr, predicate, timeout=20):
+    def wait_for(self, expr, predicate, timeout=PATIENCE):
         deadline = time.time() + timeout
         while True:
             v = self.value(expr)
@@ -96,7 +99,7 @@ class Prometheus:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(15)
+                self.proc.wait(PATIENCE)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -3,10 +3,17 @@ docker/demo/tenants.yaml's tenants alice and bob, with keyguard's own upstream c
 real Prometheus that scrapes both every second and evaluates the chart's alert rules. The compose
 demo's workload (docker/demo/workload.py, redis-py) runs through each keyguard (through the first
 one without end, as in the demo, so that the hot-key gauge, which shows only the last complete
-interval, is there while the dashboards are read), a bad config is loaded and fixed, the upstream password is rotated in Redis behind the tenants' keyguard, and
-then every PromQL expression of both Grafana dashboards (variables substituted as Grafana would)
-and every alert rule is asked of Prometheus: each must parse, and each must return what this
-workload makes. The exceptions are listed below with the reason."""
+interval, is there while the dashboards are read; through the tenants' one until the alerts it
+drives are active), a bad config is loaded and fixed, the upstream password is rotated in Redis
+behind the tenants' keyguard, and then every PromQL expression of both Grafana dashboards
+(variables substituted as Grafana would) and every alert rule is asked of Prometheus: each must
+parse and evaluate, and each must return what this workload makes. The exceptions are listed
+below with the reason.
+
+Nothing here depends on how fast the machine is: the alerts asserted to fire are the ones whose
+inputs are counters the workload drives (each waited for, with a generous bound); alerts on
+latency or on rates of the workload are only checked to evaluate, and their firing and not firing
+is tested by promtool on synthetic series (helm/keyguard/files/prometheus/alerts_test.yaml)."""
 import json
 import os
 import re
@@ -17,7 +24,7 @@ import pytest
 import redis
 import yaml
 
-from stack import ALERTS, DASHBOARDS, ROOT, SYSTEM_PYTHON, Keyguard, Prometheus, Redis
+from stack import ALERTS, DASHBOARDS, PATIENCE, ROOT, SYSTEM_PYTHON, Keyguard, Prometheus, Redis
 
 DEMO_CONFIG = os.path.join(ROOT, "docker", "demo", "keyguard.yaml")
 TENANTS_CONFIG = os.path.join(ROOT, "docker", "demo", "tenants.yaml")
@@ -34,14 +41,22 @@ ZERO_TARGETS = {
         "unexpected replies count replies that match no command: a keyguard bug, never in a healthy run",
     ("keyguard-proxy", "Draining", "A"): "nothing drains while the test queries; the gauge is present at 0",
 }
-# Alerts whose expression returns nothing after this workload, and why. Every other alert's
-# expression must return series, and Prometheus must hold the alert as pending or firing.
+# Alerts that must never fire in a healthy run, and why.
 QUIET_ALERTS = {
-    "KeyguardLatencyOverBudget": "redis-server on loopback answers in microseconds, far under the 10 ms budget",
     "KeyguardUnexpectedReplies": "a healthy keyguard never sees a reply that matches no command",
 }
-# Grafana's built-in interval variables, as they would be for the last few minutes.
-INTERVALS = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "15s"}
+# Alerts whose outcome depends on how fast the machine runs the workload, and why: here they must
+# parse and evaluate (health ok) and, if they fire, carry the right labels; whether they fire is
+# tested on synthetic series with promtool (test_alert_rules.py), firing and not firing.
+TIMING_ALERTS = {
+    "KeyguardLatencyOverBudget": "p99 latency: on a loaded machine the demo's big reads can take over 10 ms",
+    "KeyguardSerializedRMWHotPattern": "a rate threshold (> 1 a second): a slow machine runs fewer rounds a second",
+    "KeyguardHotKeyPattern": "accesses per hot-key interval (>= 100 in 5 s): a slow machine makes fewer",
+}
+# Grafana's built-in interval variables, as they would be for the last quarter hour: wide enough
+# that the tenants' workload, which ends before the dashboards are read, still shows in rates
+# however slowly the setup ran.
+INTERVALS = {"$__rate_interval": "15m", "$__range": "15m", "$__interval": "15s"}
 # The variable selections tried: All (Grafana's allValue ".*"), and a namespace with both pods and
 # one or both tenants picked (Grafana writes a multi-value pick as (a|b) in a regex matcher).
 SELECTIONS = [
@@ -86,9 +101,16 @@ def workload(port, *extra, rounds=5):
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(proc):
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
+def driven_alerts():
+    """The alerts this workload drives through counters: each must be pending or firing."""
+    return {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS) - set(TIMING_ALERTS)
+
+
+def stop(proc):
+    """Ends a workload that runs without end; it must not have failed before."""
+    assert proc.poll() is None, proc.communicate()[0]
+    proc.terminate()
+    proc.communicate(timeout=PATIENCE)
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +129,17 @@ def stack():
     kt = Keyguard(server.port, config=tenants_config, threads=1)
     prom = Prometheus({"127.0.0.1:%d" % kg.admin_port: LABELS, "127.0.0.1:%d" % kt.admin_port: TENANTS_LABELS},
                       rule_files=[ALERTS])
-    demo = None
+    demo = tenants = None
     try:
         prom.wait_for('up{job="keyguard"}', lambda v: v == 2)
         # The demo's workload runs until the end (its connection is the idle-between-rounds client the
-        # Connections panel shows); the tenants' workload runs its rounds and ends.
-        demo, tenants = workload(kg.port, "--rmw", "150", rounds=0), workload(kt.port, "--tenants", TENANT_USERS)
-        finish(tenants)
+        # Connections panel shows); the tenants' workload runs until Prometheus holds the alert its
+        # refusals drive for both tenants (a counter is born at its first increment, so its increase
+        # shows only once a later round has added to it), then ends before the password rotation.
+        demo, tenants = workload(kg.port, "--rmw", "150", rounds=0), workload(kt.port, "--tenants", TENANT_USERS, rounds=0)
+        wait_alerts(prom, lambda active: "KeyguardTenantRejectionsRising" in active and
+                    len(alerts_named(prom, "KeyguardTenantRejectionsRising")) == 2)
+        stop(tenants)
         # A bad config is refused (the old one stays live), then the fixed one is loaded.
         with open(kg.config_path, "w") as f:
             f.write("key_policy:\n  default_action: sideways\n")
@@ -131,19 +157,17 @@ def stack():
         late.close()
         prom.wait_for('keyguard_upstream_errors_total{reason="auth"}', lambda v: v >= 1)
         prom.wait_for('keyguard_hot_key_pattern_accesses{pod="keyguard-0"}', lambda v: v > 0)
-        # Rules are evaluated every second; wait until every alert that should has become active.
-        expected = {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS)
-        deadline = time.time() + 20
-        while active_alerts(prom) != expected and time.time() < deadline:
-            time.sleep(0.2)
+        # Rules are evaluated every second; wait until every alert the workload drives is active.
+        wait_alerts(prom, lambda active: driven_alerts() <= active)
         print("e2e stack ready in %.1fs" % (time.time() - started))
         assert demo.poll() is None, demo.communicate()[0]
         yield kg, prom
         assert demo.poll() is None, demo.communicate()[0]  # no workload round failed while the tests ran
     finally:
-        if demo is not None and demo.poll() is None:
-            demo.terminate()
-            demo.communicate(timeout=10)
+        for proc in (demo, tenants):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.communicate(timeout=PATIENCE)
         direct.close()
         prom.stop()
         assert kt.stop() == 0, kt.output()
@@ -154,6 +178,20 @@ def stack():
 def active_alerts(prom):
     r = prom.get("/api/v1/alerts")
     return {a["labels"]["alertname"] for a in r["data"]["alerts"] if a["state"] in ("pending", "firing")}
+
+
+def alerts_named(prom, name):
+    return [a for a in prom.get("/api/v1/alerts")["data"]["alerts"] if a["labels"]["alertname"] == name]
+
+
+def wait_alerts(prom, ok):
+    """Waits until ok(the set of pending or firing alert names) holds, with a generous bound."""
+    deadline = time.time() + PATIENCE
+    while not ok(active := active_alerts(prom)):
+        if time.time() > deadline:
+            raise AssertionError("alerts active after %.0f s: %s; expected: %s"
+                                 % (PATIENCE, sorted(active), sorted(driven_alerts())))
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("uid", ["keyguard-hygiene", "keyguard-proxy"])
@@ -208,7 +246,8 @@ def test_every_alert_expression_parses_and_the_workload_fires_the_expected_ones(
         elif r["data"]["result"]:
             fired.add(rule["alert"])
     assert not failures, failures
-    assert fired == {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS)
+    assert driven_alerts() <= fired, sorted(driven_alerts() - fired)
+    assert not fired & set(QUIET_ALERTS), sorted(fired & set(QUIET_ALERTS))
 
 
 def test_prometheus_evaluates_every_rule_and_holds_the_expected_alerts(stack):
@@ -216,11 +255,12 @@ def test_prometheus_evaluates_every_rule_and_holds_the_expected_alerts(stack):
     rules = [r for g in prom.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
     assert sorted(r["name"] for r in rules) == sorted(r["alert"] for r in alert_rules())
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
-    assert active_alerts(prom) == {r["alert"] for r in alert_rules()} - set(QUIET_ALERTS)
+    active = active_alerts(prom)
+    assert driven_alerts() <= active and not active & set(QUIET_ALERTS), sorted(active)
     # The labels the alerts carry come from the scrape (namespace, pod) and the series.
     alerts = prom.get("/api/v1/alerts")["data"]["alerts"]
     rmw = [a for a in alerts if a["labels"]["alertname"] == "KeyguardSerializedRMWHotPattern"]
-    assert [a["labels"]["key_pattern"] for a in rmw] == ["user:{id}:profile"]
+    assert [a["labels"]["key_pattern"] for a in rmw] in ([], ["user:{id}:profile"])  # a rate: may not fire
     assert all(a["labels"]["namespace"] == "e2e" for a in alerts)
     # SWAPDB from both tenants; the rotated password on the tenants' keyguard only.
     tenants = [a for a in alerts if a["labels"]["alertname"] == "KeyguardTenantRejectionsRising"]
@@ -234,7 +274,20 @@ def test_prometheus_evaluates_every_rule_and_holds_the_expected_alerts(stack):
     assert patterns("KeyguardMissingTtlOnCachePattern") == ["cache:page:{id}"]  # session:<n> gets its EXPIRE
     assert patterns("KeyguardDelOfBigKeys") == ["feed:{id}", "report:{id}:blob"]
     hot = [a for a in alerts if a["labels"]["alertname"] == "KeyguardHotKeyPattern"]
-    assert [(a["labels"]["pod"], a["labels"]["key_pattern"]) for a in hot] == [("keyguard-0", "user:{id}:profile")]
+    assert [(a["labels"]["pod"], a["labels"]["key_pattern"]) for a in hot] in ([], [("keyguard-0", "user:{id}:profile")])
+
+
+def test_alerts_are_classified():
+    """Every alert is either driven by this workload's counters, never expected, or timing-bound
+    (each of those has a promtool test that fires it and one that does not)."""
+    names = {r["alert"] for r in alert_rules()}
+    assert set(QUIET_ALERTS) <= names and set(TIMING_ALERTS) <= names
+    assert not set(QUIET_ALERTS) & set(TIMING_ALERTS)
+    with open(ALERTS.replace("alerts.yaml", "alerts_test.yaml")) as f:
+        cases = [c for t in yaml.safe_load(f)["tests"] for c in t["alert_rule_test"]]
+    for name in TIMING_ALERTS:
+        assert any(c["alertname"] == name and c.get("exp_alerts") for c in cases), name
+        assert any(c["alertname"] == name and not c.get("exp_alerts") for c in cases), name
 
 
 def test_every_metric_the_dashboards_and_alerts_use_is_exposed(stack):

@@ -9,6 +9,8 @@ import urllib.request
 
 import pytest
 
+from resp import PATIENCE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYGUARD = os.environ.get("KEYGUARD_BIN", os.path.join(ROOT, "build", "keyguard"))
 # The ASan build keeps freed memory in quarantine, so RSS bounds are checked on release only.
@@ -23,7 +25,37 @@ def free_port():
     return port
 
 
-def wait_port(port, timeout=10.0, proc=None):
+def wait_until(predicate, what="the condition", timeout=PATIENCE, interval=0.02):
+    """Polls predicate() until it returns something truthy and returns that; fails after `timeout`
+    (generous: a passing run returns as soon as the condition holds, however slow the machine).
+    Tests wait on the condition itself with this, never on a sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = predicate()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.0f s waiting for %s (last value %r)" % (timeout, what, v))
+        time.sleep(interval)
+
+
+def blocked_clients(port):
+    """INFO clients' blocked_clients of the redis-server on `port`, read on a direct connection."""
+    import redis
+    c = redis.Redis(port=port)
+    try:
+        return c.info("clients")["blocked_clients"]
+    finally:
+        c.close()
+
+
+def wait_blocked(port, n=1):
+    """Waits until at least `n` clients are blocked in the redis-server on `port` (a BLPOP has
+    arrived there)."""
+    wait_until(lambda: blocked_clients(port) >= n, "%d blocked client(s) on redis port %d" % (n, port))
+
+
+def wait_port(port, timeout=PATIENCE, proc=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -49,13 +81,14 @@ class Redis:
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-            self.proc.wait(10)
+            self.proc.wait(PATIENCE)
 
 
 class Keyguard:
     def __init__(self, upstream_port, config=None, threads=2, extra=()):
         self.port = free_port()
         self.admin_port = free_port()
+        self.upstream_port = upstream_port
         args = [KEYGUARD]
         self.config_path = None
         if config is not None:
@@ -73,7 +106,7 @@ class Keyguard:
 
     def http(self, path):
         try:
-            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin_port, path), timeout=5) as r:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin_port, path), timeout=PATIENCE) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
@@ -95,7 +128,7 @@ class Keyguard:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
-    def stop(self, sig=signal.SIGTERM, timeout=15):
+    def stop(self, sig=signal.SIGTERM, timeout=PATIENCE):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             return self.proc.wait(timeout)

@@ -2,6 +2,12 @@
 and protocol errors (things redis-py 4.3, which speaks RESP2 only, cannot show)."""
 import socket
 
+# The bound on anything a test waits for: generous, because a loaded machine is slow, and never
+# reached by a passing run, which returns as soon as what it waits for has arrived.
+PATIENCE = 60.0
+# How long a test watches for something that must NOT arrive (an extra reply, a leaked message).
+EXTRA_WINDOW = 0.3
+
 
 class Push(list):
     """A RESP3 push frame ('>')."""
@@ -27,7 +33,7 @@ class Closed(Exception):
 
 
 class RespConn:
-    def __init__(self, port, host="127.0.0.1", timeout=5.0):
+    def __init__(self, port, host="127.0.0.1", timeout=PATIENCE):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.buf = b""
 
@@ -125,7 +131,7 @@ class RespConn:
         self.send(*args)
         return self.value()
 
-    def read_until_closed(self, timeout=5.0):
+    def read_until_closed(self, timeout=PATIENCE):
         """Everything the server sends until it closes the connection."""
         self.sock.settimeout(timeout)
         data = self.buf
@@ -136,12 +142,32 @@ class RespConn:
                 return data
             data += d
 
-    def exchange(self, data, timeout=1.0):
-        """Sends raw bytes and returns what arrives until the server closes or stays quiet."""
+    def exchange(self, data, replies=0, closed=False, timeout=PATIENCE):
+        """Sends raw bytes, reads exactly `replies` complete replies (a push, a pub/sub message and
+        an attribute with its value each count as one), with closed=True then everything until the
+        server closes, and returns their exact bytes, with b"<closed>" appended when the server
+        closed. Nothing here waits for a quiet connection: whatever a test expects is read however
+        slowly it comes (up to `timeout`), and anything beyond it that arrives within EXTRA_WINDOW
+        is appended so that an extra reply fails the comparison; one arriving later only goes
+        unseen, so a slow machine can hide a bug here but never fail a good run."""
         self.sock.sendall(data)
         self.sock.settimeout(timeout)
-        out = self.buf
-        self.buf = b""
+        out = b""
+        try:
+            for _ in range(replies):
+                out += self.read()[1]
+            if closed:
+                return out + self.read_until_closed(timeout) + b"<closed>"
+        except Closed:
+            out, self.buf = out + self.buf, b""
+            return out + b"<closed>"
+        return out + self.quiet()
+
+    def quiet(self, window=EXTRA_WINDOW):
+        """Whatever arrives within `window`: for asserting that nothing (more) arrives. A slow
+        machine can only make this miss a late byte, never invent one."""
+        self.sock.settimeout(window)
+        out, self.buf = self.buf, b""
         try:
             while True:
                 d = self.sock.recv(1 << 20)
@@ -150,3 +176,5 @@ class RespConn:
                 out += d
         except socket.timeout:
             return out
+        finally:
+            self.sock.settimeout(PATIENCE)

@@ -9,6 +9,11 @@ import redis
 from conftest import Keyguard
 
 
+# Read-modify-write and one-attribute-per-key look back over rmw_window_ms (10 s by default): a
+# window no stalled test run can overrun, so the outcome never depends on the machine's speed.
+WIDE = "hygiene: {rmw_window_ms: 600000}\n"
+
+
 def findings(kg):
     status, body = kg.http("/debug/findings")
     assert status == 200
@@ -16,7 +21,7 @@ def findings(kg):
 
 
 def test_json_profile_rmw_is_one_finding_and_hash_version_none(fresh):
-    kg = Keyguard(fresh.port, threads=1)
+    kg = Keyguard(fresh.port, config=WIDE, threads=1)
     try:
         r = redis.Redis(port=kg.port, client_name="profile-svc")
         profile = {"name": "ada", "age": 36, "city": "Paris", "langs": ["en", "fr"], "plan": "pro", "score": 10,
@@ -44,7 +49,7 @@ def test_json_profile_rmw_is_one_finding_and_hash_version_none(fresh):
 
 
 def test_two_racing_writers_are_a_lost_update_risk(fresh):
-    kg = Keyguard(fresh.port, threads=1)  # detector state is per worker thread
+    kg = Keyguard(fresh.port, config=WIDE, threads=1)  # detector state is per worker thread
     try:
         a, b = redis.Redis(port=kg.port), redis.Redis(port=kg.port)
         a.set("cart:7", json.dumps({"items": 1}))
@@ -113,7 +118,7 @@ def test_detectors_off(fresh):
 
 
 def test_one_attribute_per_key_is_a_hash_candidate(fresh):
-    kg = Keyguard(fresh.port, threads=1)
+    kg = Keyguard(fresh.port, config=WIDE, threads=1)
     try:
         r = redis.Redis(port=kg.port)
         r.set("user:1:name", "ada")

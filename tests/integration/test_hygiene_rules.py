@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from conftest import Keyguard
+from conftest import Keyguard, wait_until
 from resp import RespConn
 
 
@@ -20,14 +20,20 @@ def findings(kg, kind=None):
     return [f for f in fs if kind is None or f["kind"] == kind]
 
 
-def wait_for(pred, timeout=5.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    return pred()
+def wait_for(pred):
+    return wait_until(pred, "the finding")
+
+
+def server_time(direct):
+    """The server's clock in seconds, to the millisecond."""
+    s, us = direct.time()
+    return s + us // 1000 / 1000
+
+
+def expire_times(direct, keys):
+    """The keys' absolute expiry in seconds (PEXPIRETIME, to the millisecond): unlike TTL it does
+    not shrink while a slow test runs, so a bound on it holds however long the test takes."""
+    return [direct.execute_command("PEXPIRETIME", k) / 1000 for k in keys]
 
 
 def counted_and_logged(kg, kind, key_pattern, n=1):
@@ -155,8 +161,11 @@ def test_flush_without_async_is_rewritten(fresh, direct):
         assert kg.stop() == 0
 
 
+# A window no slow machine overruns: an EXPIRE right after its write always falls inside it, and
+# the writes still waiting are reported when their connection ends (the window's own end is
+# tested apart, with a short window and only a lower bound on time).
 TTL_CONFIG = """hygiene:
-  missing_ttl_window_ms: 300
+  missing_ttl_window_ms: 600000
   ttl_patterns:
     - {pattern: "cache:*", kind: cache, default_ttl_s: 600}
     - {pattern: "session:*", kind: session}
@@ -173,22 +182,30 @@ def test_missing_ttl_on_cache_and_session_patterns(fresh, direct):
         r.set("cache:3", "v", ex=60)              # TTL with the write: fine
         r.set("user:1", "v")                      # not a cache pattern: fine
         r.mset({"session:9": "s", "other": "o"})  # MSET without TTL on a session key: a finding
-        time.sleep(0.4)
-        r.ping()                                  # the next command flushes what waited
-        fs = findings(kg, "missing_ttl")
+        assert findings(kg, "missing_ttl") == []  # still inside the window
+        r.connection_pool.disconnect()            # the connection's end reports what waited
+        fs = wait_for(lambda: len(findings(kg, "missing_ttl")) == 2 and findings(kg, "missing_ttl"))
         assert sorted(f["key"] for f in fs) == ["cache:1", "session:9"], fs
         s = [f for f in fs if f["key"] == "session:9"][0]
         assert s["suggestion"].startswith("session key (session:*) written without a TTL") and s["command"] == "mset"
         assert kg.metric('keyguard_findings_total{kind="missing_ttl",key_pattern="cache:{id}"}') == 1
-        # A connection that ends with a write still pending reports it.
-        q = RespConn(kg.port)
-        assert q.call("SET", "cache:4", "v") == "OK"
-        q.close()
-        assert wait_for(lambda: len(findings(kg, "missing_ttl")) == 3)
     finally:
         assert kg.stop() == 0
     log = kg.output()
     assert '"event":"finding"' in log and '"kind":"missing_ttl"' in log
+
+
+def test_missing_ttl_reported_by_the_next_command_after_the_window(fresh, direct):
+    kg = start(fresh, TTL_CONFIG.replace("missing_ttl_window_ms: 600000", "missing_ttl_window_ms: 300"))
+    try:
+        q = RespConn(kg.port)
+        assert q.call("SET", "cache:4", "v") == "OK"
+        time.sleep(0.4)  # not a synchronisation: at least the window passes, a slow machine only adds to it
+        assert q.call("PING") == "PONG"  # the next command on the connection reports what waited
+        [f] = findings(kg, "missing_ttl")
+        assert f["key"] == "cache:4" and f["command"] == "set"
+    finally:
+        assert kg.stop() == 0
 
 
 def test_missing_ttl_rewrite_adds_the_default_ttl(fresh, direct):
@@ -196,9 +213,11 @@ def test_missing_ttl_rewrite_adds_the_default_ttl(fresh, direct):
                "  rules:\n    missing_ttl: {action: rewrite}\n")
     try:
         r = redis.Redis(port=kg.port)
+        before = server_time(direct)
         r.set("cache:1", "v")
         r.set("user:1", "v")
-        assert direct.ttl("cache:1") == 600 and direct.ttl("user:1") == -1
+        assert before + 600 <= expire_times(direct, ["cache:1"])[0] <= server_time(direct) + 600
+        assert direct.ttl("user:1") == -1
         [f] = findings(kg, "missing_ttl")
         assert f["action"] == "rewrite" and f["ttl_s"] == 600
     finally:
@@ -226,26 +245,35 @@ def test_expiry_clustering_found_once_and_jitter_spreads_ttls(fresh, direct):
     kg = start(fresh, "hygiene:\n  expiry_cluster_keys: 50\n")
     try:
         r = redis.Redis(port=kg.port)
+        # One absolute expiry second for all of them (EXAT): with EX a slow pipeline could straddle
+        # a second boundary and split them over two seconds.
+        at = int(server_time(direct)) + 3600
+        t0 = time.monotonic()
         p = r.pipeline(transaction=False)
         for i in range(80):
-            p.set("tok:%d" % i, "v", ex=3600)
+            p.set("tok:%d" % i, "v", exat=at)
         p.execute()
+        elapsed = time.monotonic() - t0
         [f] = findings(kg, "expiry_clustering")
-        assert f["keys"] == 50 and f["ttl_s"] == 3600 and f["key"].startswith("tok:")
+        assert f["keys"] == 50 and f["key"].startswith("tok:")
+        assert 3600 - elapsed - 2 <= f["ttl_s"] <= 3600, (f["ttl_s"], elapsed)
         counted_and_logged(kg, "expiry_clustering", "tok:{id}")
-        assert {direct.ttl("tok:%d" % i) for i in range(80)} <= {3599, 3600}  # observe only: unchanged
+        assert set(expire_times(direct, ["tok:%d" % i for i in range(80)])) == {at}  # observe only: unchanged
     finally:
         assert kg.stop() == 0
     kg = start(fresh, "hygiene:\n  jitter_percent: 50\n  rules:\n    expiry_clustering: {action: rewrite}\n")
     try:
         r = redis.Redis(port=kg.port)
+        before = server_time(direct)
         for i in range(40):
             r.set("j:%d" % i, "v", ex=1000)
         r.expire("j:0", 2000)
-        ttls = [direct.ttl("j:%d" % i) for i in range(1, 40)]
-        assert all(999 <= t <= 1500 for t in ttls), ttls
-        assert len(set(ttls)) > 5  # spread, not all in one second
-        assert 1999 <= direct.ttl("j:0") <= 3000
+        after = server_time(direct)
+        expiry = expire_times(direct, ["j:%d" % i for i in range(1, 40)])
+        assert all(before + 1000 <= t <= after + 1500 for t in expiry), (before, after, expiry)
+        assert len(set(expiry)) > 5  # spread, not all in one second
+        [j0] = expire_times(direct, ["j:0"])
+        assert before + 2000 <= j0 <= after + 3000
     finally:
         assert kg.stop() == 0
 

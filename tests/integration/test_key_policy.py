@@ -4,11 +4,10 @@ stores), warn log lines, and exact violation metrics."""
 import json
 import os
 import subprocess
-import time
 
 import redis
 
-from conftest import KEYGUARD, ROOT, Keyguard
+from conftest import KEYGUARD, ROOT, Keyguard, wait_until
 from resp import RespConn, encode
 
 
@@ -26,7 +25,7 @@ def test_strict_example_rejects_with_rule_and_suggestion(fresh):
     try:
         c = RespConn(kg.port)
         out = c.exchange(encode("SET", "user:1001:profile", "x") + encode("SET", "User_1001_Profile", "x") +
-                         encode("GET", "user:1001:profile") + encode("SET", "cart items", "1"))
+                         encode("GET", "user:1001:profile") + encode("SET", "cart items", "1"), replies=4)
         assert out == b"+OK\r\n" \
                       b"-ERR keyguard: key 'User_1001_Profile' violates rule 'lowercase': use user:1001:profile\r\n" \
                       b"$1\r\nx\r\n" \
@@ -37,7 +36,8 @@ def test_strict_example_rejects_with_rule_and_suggestion(fresh):
         assert kg.metric('keyguard_commands_rejected_total{reason="key_policy"}') == 2
         assert kg.metric('keyguard_commands_total{command="set",outcome="rejected"}') == 2
         # A refused key inside MULTI fails the transaction as Redis fails a bad queued command.
-        out = c.exchange(encode("MULTI") + encode("SET", "user:1:a", "1") + encode("SET", "BAD", "1") + encode("EXEC"))
+        out = c.exchange(encode("MULTI") + encode("SET", "user:1:a", "1") + encode("SET", "BAD", "1") + encode("EXEC"),
+                         replies=4)
         assert out == b"+OK\r\n+QUEUED\r\n-ERR keyguard: key 'BAD' violates rule 'lowercase': use bad\r\n" \
                       b"-EXECABORT Transaction discarded because of previous errors.\r\n"
         assert direct(fresh).get("user:1:a") is None
@@ -79,8 +79,9 @@ def test_warn_logs_a_json_line(fresh):
         c = RespConn(kg.port)
         assert c.call("CLIENT", "SETNAME", "checkout") == "OK"
         assert c.call("SET", "Cart:7", "1") == "OK"
-        time.sleep(0.2)
-        lines = [json.loads(line) for line in kg.output().splitlines() if line.startswith("{")]
+        def json_lines():
+            return [json.loads(line) for line in kg.output().splitlines() if line.startswith("{")]
+        lines = wait_until(json_lines, "the warn line")
         assert len(lines) == 1, kg.output()
         line = lines[0]
         client = line.pop("client")
@@ -128,7 +129,7 @@ def test_unknown_commands_rejected_and_policy_off(fresh):
     kg = Keyguard(fresh.port, config="unknown_commands: reject_unknown\nkey_policy: {enabled: false}\n")
     try:
         c = RespConn(kg.port)
-        assert c.exchange(encode("NOSUCHCMD", "x") + encode("SET", "Bad Key", "1")) == \
+        assert c.exchange(encode("NOSUCHCMD", "x") + encode("SET", "Bad Key", "1"), replies=2) == \
             b"-ERR keyguard: unknown command 'NOSUCHCMD'\r\n+OK\r\n"
         assert kg.metric('keyguard_commands_rejected_total{reason="unknown_command"}') == 1
         assert "keyguard_key_violations_total{" not in kg.metrics()

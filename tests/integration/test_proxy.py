@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from conftest import SANITIZED, Keyguard, Redis
+from conftest import SANITIZED, Keyguard, Redis, wait_blocked, wait_until
 from resp import Closed, Push, RespConn, encode
 
 
@@ -20,11 +20,13 @@ def split_first(raw):
     return v, c.buf
 
 
-def direct_and_proxied(redis_server, keyguard, data, timeout=0.4):
+def direct_and_proxied(redis_server, keyguard, data, replies=0, closed=False):
+    """The same bytes sent directly and through keyguard; each side reads `replies` replies (and
+    until closed with closed=True), see RespConn.exchange."""
     a = RespConn(redis_server.port)
     b = RespConn(keyguard.port)
     try:
-        return a.exchange(data, timeout), b.exchange(data, timeout)
+        return a.exchange(data, replies, closed), b.exchange(data, replies, closed)
     finally:
         a.close()
         b.close()
@@ -71,7 +73,8 @@ def test_redis_cli_through_keyguard(fresh, keyguard):
 
 
 def test_inline_commands(fresh, keyguard):
-    d, p = direct_and_proxied(fresh, keyguard, b'PING\r\nSET k "a b"\r\nGET k\r\n\r\nECHO \'x y\'\n')
+    d, p = direct_and_proxied(fresh, keyguard, b'PING\r\nSET k "a b"\r\nGET k\r\n\r\nECHO \'x y\'\n',
+                              replies=4)
     assert p == b"+PONG\r\n+OK\r\n$3\r\na b\r\n$3\r\nx y\r\n"
     assert p == d
 
@@ -120,7 +123,7 @@ def test_multi_exec_and_aborted_watch(fresh, keyguard):
     # The same bytes give the same replies directly and through keyguard, EXECABORT included.
     data = encode("MULTI") + encode("SET", "a", "1") + encode("INCR", "a", "extra") + encode("EXEC") + \
         encode("MULTI") + encode("NOSUCHCMD") + encode("EXEC") + encode("EXEC") + encode("DISCARD")
-    d, p = direct_and_proxied(fresh, keyguard, data)
+    d, p = direct_and_proxied(fresh, keyguard, data, replies=9)
     assert p == d
     assert b"-EXECABORT" in p
 
@@ -133,10 +136,10 @@ def test_blpop_served_by_later_lpush(fresh, keyguard):
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.3)
+    wait_blocked(fresh.port)  # the BLPOP has reached the server and blocks there
     assert "v" not in result
     redis.Redis(port=keyguard.port).lpush("jobs", "job-1")
-    t.join(5)
+    t.join(60)
     assert result["v"] == (b"jobs", b"job-1")
 
 
@@ -165,7 +168,7 @@ def test_subscribe_resp2(fresh, keyguard):
     # The same subscribe-mode conversation, byte for byte.
     data = encode("SUBSCRIBE", "a", "b") + encode("PING") + encode("PING", "x") + encode("UNSUBSCRIBE", "a") + \
         encode("UNSUBSCRIBE") + encode("UNSUBSCRIBE") + encode("GET", "l")
-    d, p = direct_and_proxied(fresh, keyguard, data)
+    d, p = direct_and_proxied(fresh, keyguard, data, replies=8)
     assert p == d
 
 
@@ -188,7 +191,8 @@ def test_hello3_every_resp3_type_byte_for_byte(fresh, keyguard):
     data = encode("HELLO", "3") + b"".join(encode("DEBUG", "PROTOCOL", t) for t in [
         "string", "integer", "double", "bignum", "null", "array", "set", "map", "attrib", "push", "verbatim",
         "true", "false"]) + encode("PING")
-    d, p = direct_and_proxied(fresh, keyguard, data)
+    # HELLO, 13 DEBUG PROTOCOL replies (push is a push frame and then a reply), PING.
+    d, p = direct_and_proxied(fresh, keyguard, data, replies=16)
     # The HELLO map holds each connection's client id; compare everything after it exactly.
     hello_d, rest_d = split_first(d)
     hello_p, rest_p = split_first(p)
@@ -203,7 +207,7 @@ def test_hello3_every_resp3_type_byte_for_byte(fresh, keyguard):
 def test_sharded_pubsub_and_local_reply_after_subscribe(fresh, keyguard):
     c = RespConn(keyguard.port)
     # The refused FLUSHALL's error must come after SUBSCRIBE's confirmations, not before.
-    out = c.exchange(encode("SSUBSCRIBE", "s1") + encode("SUBSCRIBE", "c1", "c2") + encode("FLUSHALL"))
+    out = c.exchange(encode("SSUBSCRIBE", "s1") + encode("SUBSCRIBE", "c1", "c2") + encode("FLUSHALL"), replies=4)
     assert out == b"*3\r\n$10\r\nssubscribe\r\n$2\r\ns1\r\n:1\r\n" \
                   b"*3\r\n$9\r\nsubscribe\r\n$2\r\nc1\r\n:1\r\n*3\r\n$9\r\nsubscribe\r\n$2\r\nc2\r\n:2\r\n" \
                   b"-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n"
@@ -266,7 +270,7 @@ def test_client_reply_off_and_skip(fresh, keyguard):
     data = encode("CLIENT", "REPLY", "OFF") + encode("SET", "a", "1") + encode("CLIENT", "REPLY", "ON") + \
         encode("GET", "a") + encode("CLIENT", "REPLY", "SKIP") + encode("SET", "b", "2") + encode("GET", "b") + \
         encode("CLIENT", "REPLY", "SKIP") + encode("FLUSHALL") + encode("GET", "a")
-    p = RespConn(keyguard.port).exchange(data)
+    p = RespConn(keyguard.port).exchange(data, replies=4)
     # FLUSHALL is denied by keyguard here; under SKIP even its error is suppressed, as Redis would.
     assert p == b"+OK\r\n$1\r\n1\r\n$1\r\n2\r\n$1\r\n1\r\n"
 
@@ -285,14 +289,14 @@ def test_reset_leaves_subscribe_mode_and_resp3(fresh, keyguard):
 
 def test_quit(fresh, keyguard):
     c = RespConn(keyguard.port)
-    assert c.exchange(encode("SET", "q", "1") + encode("QUIT") + encode("SET", "q", "2"), timeout=3) == \
+    assert c.exchange(encode("SET", "q", "1") + encode("QUIT") + encode("SET", "q", "2"), closed=True) == \
         b"+OK\r\n+OK\r\n<closed>"
     assert redis.Redis(port=fresh.port).get("q") == b"1"
 
 
 def test_quit_and_reset_inside_multi(fresh, keyguard):
     d, p = direct_and_proxied(fresh, keyguard, encode("MULTI") + encode("SET", "t", "1") + encode("RESET") +
-                              encode("EXEC") + encode("MULTI") + encode("QUIT") + encode("PING"), timeout=2)
+                              encode("EXEC") + encode("MULTI") + encode("QUIT") + encode("PING"), closed=True)
     assert p == d
     assert p == b"+OK\r\n+QUEUED\r\n+RESET\r\n-ERR EXEC without MULTI\r\n+OK\r\n+OK\r\n<closed>"
 
@@ -307,7 +311,7 @@ def test_auth_with_acl_user(fresh, keyguard):
             r.set("other:1", "v")
         data = encode("AUTH", "app", "wrong") + encode("AUTH", "app", "app-pw") + encode("SET", "other:2", "x") + \
             encode("ACL", "WHOAMI")
-        d, p = direct_and_proxied(fresh, keyguard, data)
+        d, p = direct_and_proxied(fresh, keyguard, data, replies=4)
         assert p == d
         assert p.startswith(b"-WRONGPASS")
         assert b"$3\r\napp\r\n" in p
@@ -320,7 +324,8 @@ def test_auth_with_acl_user(fresh, keyguard):
 def test_denied_command_mid_pipeline_gets_its_error_in_place(fresh, keyguard):
     before = keyguard.metric('keyguard_commands_total{command="flushall",outcome="rejected"}')
     c = RespConn(keyguard.port)
-    out = c.exchange(encode("SET", "a", "1") + encode("FLUSHALL") + encode("GET", "a") + encode("flushall", "async"))
+    out = c.exchange(encode("SET", "a", "1") + encode("FLUSHALL") + encode("GET", "a") + encode("flushall", "async"),
+                     replies=4)
     assert out == b"+OK\r\n-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n$1\r\n1\r\n" \
                   b"-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n"
     assert redis.Redis(port=fresh.port).get("a") == b"1"
@@ -330,7 +335,7 @@ def test_denied_command_mid_pipeline_gets_its_error_in_place(fresh, keyguard):
 def test_denied_command_inside_multi_aborts_exec(fresh, keyguard):
     c = RespConn(keyguard.port)
     out = c.exchange(encode("MULTI") + encode("SET", "m", "1") + encode("FLUSHALL") + encode("EXEC") +
-                     encode("GET", "m"))
+                     encode("GET", "m"), replies=5)
     assert out == b"+OK\r\n+QUEUED\r\n-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n" \
                   b"-EXECABORT Transaction discarded because of previous errors.\r\n$-1\r\n"
     assert redis.Redis(port=fresh.port).get("m") is None
@@ -357,7 +362,7 @@ MALFORMED = [
 @pytest.mark.parametrize("data", MALFORMED, ids=range(len(MALFORMED)))
 def test_malformed_input_gets_redis_error_then_close(fresh, keyguard, data):
     before = keyguard.metric("keyguard_client_protocol_errors_total")
-    d, p = direct_and_proxied(fresh, keyguard, data, timeout=3)
+    d, p = direct_and_proxied(fresh, keyguard, data, closed=True)
     assert p == d
     assert b"-ERR Protocol error: " in p and p.endswith(b"<closed>")
     assert keyguard.metric("keyguard_client_protocol_errors_total") == before + 1
@@ -371,10 +376,7 @@ def test_client_killed_mid_pipeline(redis_server):
         c = RespConn(kg.port)
         c.send_raw(b"".join(encode("SET", "kill:%d" % i, "x" * 100) for i in range(20000)))
         c.sock.close()  # gone without reading a reply
-        deadline = time.time() + 10
-        while time.time() < deadline and kg.metric("keyguard_client_connections") != 0:
-            time.sleep(0.05)
-        assert kg.metric("keyguard_client_connections") == 0
+        wait_until(lambda: kg.metric("keyguard_client_connections") == 0, "the client connection to close")
         assert kg.metric("keyguard_upstream_connections") == 0
         assert redis.Redis(port=kg.port).ping()
     finally:
@@ -388,7 +390,7 @@ def test_upstream_killed_mid_pipeline():
         c = RespConn(kg.port)
         assert c.call("SET", "a", "1") == "OK"
         c.send_raw(encode("BLPOP", "never", "0") + encode("GET", "a") + encode("PING"))
-        time.sleep(0.3)
+        wait_blocked(r.port)  # BLPOP blocks in the server, GET and PING wait behind it
         r.stop(sig=9)
         assert c.read_until_closed() == b"-ERR keyguard: upstream unavailable\r\n" * 3
         assert kg.metric('keyguard_upstream_errors_total{reason="closed"}') + \
@@ -406,13 +408,12 @@ def test_upstream_down_at_connect():
     try:
         # The fixture's readiness probe was one connection too, and fails to connect upstream
         # once: wait for that before counting ours.
-        deadline = time.time() + 5
-        while kg.metric('keyguard_upstream_errors_total{reason="connect"}') < 1 and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: kg.metric('keyguard_upstream_errors_total{reason="connect"}') >= 1,
+                   "the readiness probe's connect failure")
         before = kg.metric('keyguard_upstream_errors_total{reason="connect"}')
         assert before == 1
         c = RespConn(kg.port)
-        assert c.exchange(encode("PING"), timeout=5) == b"-ERR keyguard: upstream unavailable\r\n<closed>"
+        assert c.exchange(encode("PING"), closed=True) == b"-ERR keyguard: upstream unavailable\r\n<closed>"
         assert kg.metric('keyguard_upstream_errors_total{reason="connect"}') == before + 1
         assert kg.http("/healthz") == (200, "ok\n")
         assert kg.http("/readyz")[0] == 503
@@ -421,29 +422,37 @@ def test_upstream_down_at_connect():
 
 
 def test_sigterm_drains_in_flight_replies(redis_server):
-    kg = Keyguard(redis_server.port, config="drain_timeout_ms: 5000\n")
+    # A drain timeout no slow machine reaches: the pending reply, not the clock, ends the drain.
+    kg = Keyguard(redis_server.port, config="drain_timeout_ms: 600000\n")
     c = RespConn(kg.port)
-    c.send("BLPOP", "drain-q", "4")
-    time.sleep(0.2)
+    c.send("BLPOP", "drain-q", "0")
+    wait_blocked(redis_server.port)
     kg.proc.send_signal(15)
-    time.sleep(0.3)
+    wait_until(lambda: "draining" in kg.output(), "keyguard to log that it drains")
+
+    def refused():
+        try:
+            RespConn(kg.port, timeout=5).close()
+            return False
+        except OSError:
+            return True
+    wait_until(refused, "the listener to close")  # no longer accepting
     assert kg.proc.poll() is None  # still draining: a reply is pending
-    with pytest.raises(OSError):
-        RespConn(kg.port, timeout=1).call("PING")  # no longer accepting
     redis.Redis(port=redis_server.port).rpush("drain-q", "last")
     assert c.value() == [b"drain-q", b"last"]
-    assert kg.proc.wait(5) == 0
-    assert "draining" in kg.output()
+    assert kg.proc.wait(60) == 0
 
 
 def test_sigterm_drain_timeout_closes_stuck_clients(redis_server):
-    kg = Keyguard(redis_server.port, config="drain_timeout_ms: 300\n")
+    kg = Keyguard(redis_server.port, config="drain_timeout_ms: 1000\n")
     c = RespConn(kg.port)
     c.send("BLPOP", "never-q", "0")
-    time.sleep(0.2)
-    start = time.time()
+    wait_blocked(redis_server.port)
+    start = time.monotonic()
+    # A stuck client holds the exit for the drain timeout (a lower bound no slow machine breaks),
+    # then is closed; stop() fails if keyguard is still there after a generous bound.
     assert kg.stop() == 0
-    assert time.time() - start < 3
+    assert time.monotonic() - start >= 1.0
     with pytest.raises((Closed, ConnectionResetError)):
         c.value()
 

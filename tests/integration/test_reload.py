@@ -4,20 +4,15 @@ import os
 import signal
 import time
 
-from conftest import Keyguard
+from conftest import Keyguard, wait_until
 from resp import RespConn, encode
 
 OBSERVE = "key_policy:\n  default_action: observe\n"
 REJECT = "key_policy:\n  default_action: reject\n"
 
 
-def wait_for(fn, timeout=5.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if fn():
-            return True
-        time.sleep(0.05)
-    return False
+def wait_for(fn):
+    return wait_until(fn, "the reload")
 
 
 def test_reload_on_file_change_and_bad_file_keeps_old_config(fresh):
@@ -29,7 +24,8 @@ def test_reload_on_file_change_and_bad_file_keeps_old_config(fresh):
             f.write(REJECT + "deny_commands: [FLUSHALL]\n")
         assert wait_for(lambda: kg.metric("keyguard_config_reloads_total") == 1)
         assert kg.metric("keyguard_config_version") == 2
-        assert c.exchange(encode("SET", "Bad_Key", "2") + encode("FLUSHALL") + encode("SET", "good:key", "3")) == \
+        assert c.exchange(encode("SET", "Bad_Key", "2") + encode("FLUSHALL") + encode("SET", "good:key", "3"),
+                          replies=3) == \
             b"-ERR keyguard: key 'Bad_Key' violates rule 'lowercase': use bad:key\r\n" \
             b"-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n+OK\r\n"
         # A broken file: reported, and the last good config stays.

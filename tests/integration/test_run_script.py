@@ -3,11 +3,10 @@ redis-server when no upstream is given."""
 import os
 import signal
 import subprocess
-import time
 
 import redis
 
-from conftest import ROOT, free_port, wait_port
+from conftest import PATIENCE, ROOT, free_port, wait_port, wait_until
 
 
 def test_run_script_starts_private_redis_and_proxies():
@@ -22,15 +21,16 @@ def test_run_script_starts_private_redis_and_proxies():
         assert r.get("hello") == b"world"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=PATIENCE)
     assert "started a private redis-server on 127.0.0.1:" in out
     assert "listening on 127.0.0.1:%d" % port in out
     assert "admin http://127.0.0.1:%d/metrics" % admin in out
     private = int(out.split("started a private redis-server on 127.0.0.1:")[1].split()[0])
-    time.sleep(0.5)
-    try:
-        redis.Redis(port=private, socket_connect_timeout=1).ping()
-        alive = True
-    except redis.exceptions.ConnectionError:
-        alive = False
-    assert not alive, "the private redis-server outlived run.sh"
+
+    def gone():
+        try:
+            redis.Redis(port=private, socket_connect_timeout=5).ping()
+            return False
+        except redis.exceptions.ConnectionError:
+            return True
+    wait_until(gone, "the private redis-server to stop after run.sh")

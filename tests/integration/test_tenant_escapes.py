@@ -1,18 +1,18 @@
 """Escapes found in review of tenancy (issue #4): each test is a way tenant alice (tenant:a:) reached
 or observed bob's (tenant:b:) keys before the fix. Same fixtures as test_tenants.py: one
 redis-server with keyspace notifications, keyguard with examples/tenants.yaml."""
-import time
-
 import pytest
 
-from conftest import Keyguard
+from conftest import Keyguard, wait_blocked
 from resp import RespConn, encode
 from test_tenants import CONFIG, as_user, direct, kg, raw, server  # noqa: F401 (fixtures)
 
 
-def quiet_bytes(c, data=b"", wait=0.5):
-    """Sends raw bytes and returns everything that arrives until the connection stays quiet."""
-    return c.exchange(data, timeout=wait)
+def replies(c, data, n):
+    """Sends raw bytes and returns the exact bytes of the `n` replies they get (and anything more
+    that follows at once). A leak of another tenant's event that the server sent before these
+    replies arrives before them, so it is in what this returns however slow the machine."""
+    return c.exchange(data, replies=n)
 
 
 def pipeline(*commands):
@@ -36,10 +36,10 @@ def test_subscribe_inside_multi_never_passes_messages_as_replies(kg, direct):
     # Confirmations inside EXEC are not tracked, so RESP2 messages arrived as the reply of the
     # next command, unfiltered.
     c = raw(kg, "alice")
-    out = quiet_bytes(c, pipeline(("MULTI",), ("SUBSCRIBE", "__keyevent@0__:set"), ("EXEC",)))
+    out = replies(c, pipeline(("MULTI",), ("SUBSCRIBE", "__keyevent@0__:set"), ("EXEC",)), 3)
     assert b"EXECABORT" in out
     as_user(kg, "bob").set("secret", 1)
-    out += quiet_bytes(c, pipeline(("PING",)))
+    out += replies(c, pipeline(("PING",)), 1)
     assert b"tenant:b" not in out and b"secret" not in out, out
 
 
@@ -48,10 +48,10 @@ def test_subscribe_without_replies_never_passes_messages_as_replies(kg, direct, 
     # Under CLIENT REPLY OFF/SKIP Redis still sends the confirmations; keyguard did not expect
     # them, so it never learnt the connection was subscribed.
     c = raw(kg, "alice")
-    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", mode), ("SUBSCRIBE", "__keyevent@0__:set"),
-                                  ("CLIENT", "REPLY", "ON")))
+    out = replies(c, pipeline(("CLIENT", "REPLY", mode), ("SUBSCRIBE", "__keyevent@0__:set"),
+                              ("CLIENT", "REPLY", "ON")), 1)
     as_user(kg, "bob").set("secret", 1)
-    out += quiet_bytes(c, pipeline(("PING",)))
+    out += replies(c, pipeline(("PING",)), 1)
     assert b"tenant:b" not in out and b"secret" not in out, out
 
 
@@ -59,12 +59,12 @@ def test_reset_after_client_reply_skip_keeps_replies_in_step(kg, direct):
     # Redis skips RESET's reply after CLIENT REPLY SKIP; keyguard waited for it, and every later
     # reply (subscribe confirmations among them) went to the command before.
     c = raw(kg, "alice")
-    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", "SKIP"), ("RESET",), ("AUTH", "alice", "alice-secret"),
-                                  ("SUBSCRIBE", "__keyevent@0__:set")))
+    out = replies(c, pipeline(("CLIENT", "REPLY", "SKIP"), ("RESET",), ("AUTH", "alice", "alice-secret"),
+                              ("SUBSCRIBE", "__keyevent@0__:set")), 2)
     assert out == b"+OK\r\n*3\r\n$9\r\nsubscribe\r\n$18\r\n__keyevent@0__:set\r\n:1\r\n", out
     as_user(kg, "bob").set("secret", 1)
     as_user(kg, "alice").set("mine", 1)
-    out = quiet_bytes(c, pipeline(("PING",)))
+    out = replies(c, pipeline(("PING",)), 2)
     assert out == (b"*3\r\n$7\r\nmessage\r\n$18\r\n__keyevent@0__:set\r\n$4\r\nmine\r\n"
                    b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"), out
 
@@ -73,10 +73,10 @@ def test_hello_without_replies_cannot_hide_the_protocol(kg, direct):
     # HELLO under CLIENT REPLY OFF switched the server to RESP2 while keyguard kept RESP3, so
     # RESP2 messages were not recognised as messages.
     c = raw(kg, "alice", resp3=True)
-    out = quiet_bytes(c, pipeline(("CLIENT", "REPLY", "OFF"), ("HELLO", "2"), ("CLIENT", "REPLY", "ON"),
-                                  ("SUBSCRIBE", "__keyevent@0__:set")))
+    out = replies(c, pipeline(("CLIENT", "REPLY", "OFF"), ("HELLO", "2"), ("CLIENT", "REPLY", "ON"),
+                              ("SUBSCRIBE", "__keyevent@0__:set")), 2)
     as_user(kg, "bob").set("secret", 1)
-    out += quiet_bytes(c, pipeline(("PING",)))
+    out += replies(c, pipeline(("PING",)), 1)
     assert b"tenant:b" not in out and b"secret" not in out, out
 
 
@@ -87,9 +87,9 @@ def test_reset_keeps_filtering_until_the_server_has_reset(kg, direct):
     c.send("SUBSCRIBE", "__keyevent@0__:set")
     c.value()
     c.send_raw(pipeline(("BLPOP", "l", "1"), ("RESET",)))
-    time.sleep(0.2)
+    wait_blocked(kg.upstream_port)  # BLPOP blocks in the server, RESET waits behind it
     as_user(kg, "bob").set("secret", 1)
-    out = quiet_bytes(c, wait=1.5)
+    out = replies(c, b"", 2)  # BLPOP's timeout, then RESET's reply
     assert b"+RESET" in out
     assert b"tenant:b" not in out and b"secret" not in out, out
 

@@ -5,12 +5,11 @@ replies and the server's real state (through a direct connection that bypasses k
 import hashlib
 import os
 import subprocess
-import time
 
 import pytest
 import redis
 
-from conftest import ROOT, Keyguard, Redis
+from conftest import ROOT, Keyguard, Redis, wait_blocked
 from resp import Push, RespConn
 
 GET_SCRIPT = "return redis.call('GET', KEYS[1])"
@@ -68,7 +67,7 @@ def test_shipped_example_alice_and_bob(kg, direct):
     assert alice.get("k") == "v"
     # redis-cli (hiredis) with --user/--pass sees the same.
     cli = subprocess.run(["redis-cli", "-p", str(kg.port), "--user", "bob", "--pass", "bob-secret", "--no-auth-warning",
-                          "SET", "k", "b"], capture_output=True, text=True, timeout=10)
+                          "SET", "k", "b"], capture_output=True, text=True, timeout=300)
     assert cli.stdout.strip() == "OK"
     assert sorted(direct.keys("*")) == ["tenant:a:k", "tenant:b:k"]
     assert alice.get("k") == "v" and bob.get("k") == "b"
@@ -166,8 +165,8 @@ def test_blocking_pops_return_unprefixed_keys(kg, direct):
     # A tenant's blocking pop is never woken by the other tenant's push to the same name.
     bob = as_user(kg, "bob")
     c = raw(kg, "alice")
-    c.send("BRPOP", "shared", 2)
-    time.sleep(0.2)
+    c.send("BRPOP", "shared", 0)
+    wait_blocked(kg.upstream_port)
     bob.rpush("shared", "bobs")
     alice.rpush("shared", "alices")
     assert c.value() == [b"shared", b"alices"]
@@ -227,9 +226,9 @@ def test_keyspace_and_keyevent_notifications_are_confined(kg, direct):
     alice.set("mine", 1)
     assert sub.value() == [b"pmessage", b"__keyspace@0__:*", b"__keyspace@0__:mine", b"set"]
     assert sub.value() == [b"message", b"__keyevent@0__:set", b"mine"]
-    sub.sock.settimeout(0.3)
-    with pytest.raises(OSError):
-        sub.value()  # nothing about bob's key or the unprefixed one ever arrives
+    # Nothing about bob's key or the unprefixed one arrives: the server sent their events first,
+    # so a leak would have come before alice's own above; and nothing comes after them either.
+    assert sub.quiet() == b""
 
 
 def test_tracking_invalidations_are_confined(kg, direct):
