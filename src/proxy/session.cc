@@ -1007,8 +1007,8 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
       if (sizes.Get(h, hygiene::UnixMs()) == nullptr) {
         hygiene::ProbeRequest r;
         r.hash = h;
-        r.upstream_key = tenant_ != nullptr ? absl::StrCat(tenant_->prefix, absl::string_view(args[1].data(), args[1].size()))
-                                            : std::string(args[1]);
+        // The name the server stores: after the key policy's rewrite and the tenant prefix.
+        r.upstream_key = std::string(verdict_out_[1]);
         r.finding = NewFinding(hygiene::Kind::kBigKeyAccess, args[1], id);
         if (worker_.probe_queue.Push(std::move(r))) worker_.probe->Wake();
       }

@@ -110,6 +110,23 @@ def test_probe_sizes_keys_whose_replies_do_not_show_it(fresh, direct):
         assert kg.stop() == 0
 
 
+def test_probe_asks_about_the_name_the_server_stores(fresh, direct):
+    # Under a key-policy rewrite (and a tenant prefix) the probe asked about the client's old
+    # name, found nothing, and big_key_access never fired for rewritten keys.
+    direct.hset("t:feed:1", mapping={"f%d" % i: i for i in range(6000)})
+    kg = start(fresh, 'tenancy: {prefix: "t:", name: svc}\n'
+                      "key_policy:\n  default_action: observe\n  rules:\n"
+                      "    - {name: legacy-feed, pattern: '^Feed_(\\d+)$', rewrite: 'feed:$1', action: rewrite}\n")
+    try:
+        r = redis.Redis(port=kg.port, decode_responses=True)
+        assert r.hget("Feed_1", "f7") == "7"  # stored as t:feed:1
+        [f] = wait_for(lambda: findings(kg, "big_key_access"))
+        assert f["key"] == "Feed_1" and f["elements"] == 6000 and f["tenant"] == "svc"
+        assert wait_for(lambda: kg.metric("keyguard_probed_keys_total") == 1)
+    finally:
+        assert kg.stop() == 0
+
+
 def test_set_ex_of_a_big_value_is_expire_big_key(fresh, direct):
     kg = start(fresh)
     try:
