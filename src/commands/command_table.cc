@@ -454,7 +454,8 @@ const KnownCommands& Known() {
       LookupCommand("unsubscribe"),  LookupCommand("punsubscribe"), LookupCommand("sunsubscribe"),
       LookupCommand("hello"),        LookupCommand("monitor"),      LookupCommand("reset"),
       LookupCommand("quit"),         LookupCommand("client"),       LookupCommand("watch"),
-      LookupCommand("unwatch"),      LookupCommand("auth")};
+      LookupCommand("unwatch"),      LookupCommand("auth"),         LookupCommand("sync"),
+      LookupCommand("psync")};
   return known;
 }
 

@@ -291,9 +291,11 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const bool subscribe = id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
                          id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
 
-  // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP.
+  // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP. After SYNC/PSYNC the
+  // server treats the connection as a replica and answers nothing (REPLCONF ACK): whatever
+  // keyguard would say (a refusal) would corrupt the stream, so it says nothing either.
   const bool skipped = skip_next_reply_;
-  bool silent = reply_off_ || skipped;
+  bool silent = reply_off_ || skipped || replication_stream_;
   skip_next_reply_ = false;
 
   const tenant::Tenancy* tenancy = worker_.config.tenancy.get();
@@ -476,6 +478,12 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) p.hello_version = static_cast<int8_t>(v);
   } else if (id == known.monitor) {
     p.kind = Kind::kMonitor;
+  } else if ((id == known.sync || id == known.psync) && !silent) {
+    // The server answers with newline keep-alives, then $<len>\r\n<RDB> without a CRLF (or a
+    // diskless EOF-marked payload), then commands that answer no request, for the connection's
+    // life: no reply framing fits, so from this reply on the upstream side is a byte tunnel.
+    p.kind = Kind::kReplicationStream;
+    replication_stream_ = true;
   } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "setname")) {
     client_name_.assign(args[2].data(), args[2].size());
   } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
@@ -1253,6 +1261,16 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
   const int64_t now = NowNs();
   bool ok = true;
   for (;;) {
+    if (!replication_tunnel_ && !queue_.empty() && queue_.front().kind == Kind::kReplicationStream) {
+      worker_.shard->CountCommand(queue_.front().command, metrics::Outcome::kOk);
+      queue_.pop_front();
+      replication_tunnel_ = true;
+    }
+    if (replication_tunnel_) {
+      AppendOut(std::string_view(base + pos, len - pos));
+      pos = len;
+      break;
+    }
     const resp::Status st = reply_framer_.Next(base + pos, len - pos);
     if (st == resp::Status::kNeedMore) {
       *hint = reply_framer_.hint();

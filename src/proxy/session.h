@@ -34,6 +34,7 @@ struct Pending {
     kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
     kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
     kInternal,   // keyguard's own command (upstream AUTH): the reply is not the client's
+    kReplicationStream,  // SYNC/PSYNC: from its reply on, upstream bytes are a stream passed as they are
   };
   Kind kind = Kind::kForward;
   commands::CommandId command = commands::kUnknownCommand;
@@ -205,6 +206,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool reply_off_ = false;
   bool skip_next_reply_ = false;
   bool quit_sent_ = false;
+  bool replication_stream_ = false;  // SYNC/PSYNC was sent: nothing after it gets a reply
+  bool replication_tunnel_ = false;  // its reply has begun: upstream bytes pass as they are
   absl::flat_hash_set<std::string> subscriptions_[3];  // channels, patterns, shard channels
 
   bool upstream_ready_ = false;

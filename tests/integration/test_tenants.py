@@ -259,6 +259,8 @@ ESCAPES = [
     ("FUNCTION", "FLUSH"), ("FUNCTION", "LIST"), ("CLUSTER", "INFO"), ("SHUTDOWN",), ("REPLICAOF", "NO", "ONE"),
     ("EVAL", "return redis.call('KEYS', '*')", "0"), ("EVALSHA", "a" * 40, "0"), ("FCALL", "f", "0"),
     ("SCRIPT", "LOAD", "return 1"), ("BGSAVE",), ("SAVE",), ("LATENCY", "RESET"), ("FAILOVER",),
+    # The replication stream hands out every tenant's data.
+    ("SYNC",), ("PSYNC", "?", "-1"), ("REPLCONF", "rdb-only", "1"),
 ]
 
 
