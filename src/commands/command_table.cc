@@ -123,23 +123,11 @@ bool KeysFromSpecs(const CommandSpec& cmd, std::span<const std::string_view> arg
   return true;
 }
 
-// sortGetKeys / sortROGetKeys: the sort key, and for SORT the last STORE destination. BY and
-// GET take patterns, not keys.
+// The sort key, and for SORT the destination it really writes. BY and GET take patterns, not keys.
 void SortKeys(bool read_only, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
   out->push_back(KeyRef{1, kKeyRo | kKeyAccess});
-  if (read_only) return;
-  int store = -1;
-  const int argc = static_cast<int>(args.size());
-  for (int i = 2; i < argc; ++i) {
-    if (EqualsIgnoreCase(args[i], "limit")) {
-      i += 2;
-    } else if (EqualsIgnoreCase(args[i], "get") || EqualsIgnoreCase(args[i], "by")) {
-      i += 1;
-    } else if (EqualsIgnoreCase(args[i], "store") && i + 1 < argc) {
-      store = i + 1;  // like Redis, the next argument is looked at again as an option
-    }
-  }
-  if (store > 0) out->push_back(KeyRef{static_cast<uint32_t>(store), kKeyOw | kKeyUpdate});
+  const SortOptions o = ParseSort(read_only, args);
+  if (o.store > 0) out->push_back(KeyRef{static_cast<uint32_t>(o.store), kKeyOw | kKeyUpdate});
 }
 
 // migrateGetKeys: argv[3], or with an empty argv[3] everything after KEYS.
@@ -169,18 +157,21 @@ void MigrateKeys(std::span<const std::string_view> args, std::vector<KeyRef>* ou
   }
 }
 
-// GEORADIUS and GEORADIUSBYMEMBER store into the last STORE/STOREDIST (georadiusGeneric), while
-// their key specs name only the first of each: every argument after either word is a
-// destination Redis may write, so all of them are keys. `from` is where the options start.
-void GeoStoreKeys(int from, std::span<const std::string_view> args, std::vector<KeyRef>* out, size_t before) {
-  const int argc = static_cast<int>(args.size());
-  for (int i = from; i + 1 < argc; ++i) {
-    if (!EqualsIgnoreCase(args[i], "store") && !EqualsIgnoreCase(args[i], "storedist")) continue;
-    const auto pos = static_cast<uint32_t>(i + 1);
-    if (std::none_of(out->begin() + static_cast<std::ptrdiff_t>(before), out->end(),
-                     [&](const KeyRef& k) { return k.pos == pos; })) {
-      out->push_back(KeyRef{pos, kKeyOw | kKeyUpdate});
-    }
+// GEORADIUS and GEORADIUSBYMEMBER: what their key specs name (the source, the first STORE and the
+// first STOREDIST word wherever it stands: COMMAND GETKEYS, ACL and cluster checks see those) and
+// the destination georadiusGeneric really writes, the last STORE/STOREDIST, which the specs miss
+// (`... STORE d1 STORE d2`) or cannot place (`... STOREDIST STORE`: the specs' STORE is the
+// argument, the key past the end). `specs_ok` says whether the specs placed their keys.
+void GeoRadiusKeys(int base, std::span<const std::string_view> args, bool specs_ok, std::vector<KeyRef>* out,
+                   size_t before) {
+  if (!specs_ok) {
+    out->resize(before);
+    out->push_back(KeyRef{1, kKeyRo | kKeyAccess});
+  }
+  const int store = GeoRadiusStore(args, base);
+  if (store > 0 && std::none_of(out->begin() + static_cast<std::ptrdiff_t>(before), out->end(),
+                                [&](const KeyRef& k) { return k.pos == static_cast<uint32_t>(store); })) {
+    out->push_back(KeyRef{static_cast<uint32_t>(store), kKeyOw | kKeyUpdate});
   }
 }
 
@@ -266,6 +257,66 @@ uint32_t AclCategoryMask(std::string_view name) {
   return 0;
 }
 
+SortOptions ParseSort(bool read_only, std::span<const std::string_view> args) {
+  SortOptions o;
+  const int argc = static_cast<int>(args.size());
+  for (int j = 2; j < argc; ++j) {
+    const int left = argc - j - 1;
+    const std::string_view a = args[j];
+    int64_t n;
+    if (EqualsIgnoreCase(a, "asc") || EqualsIgnoreCase(a, "desc") || EqualsIgnoreCase(a, "alpha")) {
+      continue;
+    } else if (EqualsIgnoreCase(a, "limit") && left >= 2) {
+      if (!resp::ParseRedisInt(args[j + 1], &n) || !resp::ParseRedisInt(args[j + 2], &n)) {
+        o.error = "ERR value is not an integer or out of range";
+        break;
+      }
+      j += 2;
+    } else if (!read_only && EqualsIgnoreCase(a, "store") && left >= 1) {
+      o.store = ++j;
+    } else if ((EqualsIgnoreCase(a, "by") || EqualsIgnoreCase(a, "get")) && left >= 1) {
+      o.patterns.push_back(static_cast<uint32_t>(++j));
+    } else {
+      o.error = "ERR syntax error";
+      break;
+    }
+  }
+  if (!o.error.empty()) {
+    o.store = -1;  // the server runs nothing
+    o.patterns.clear();
+  }
+  return o;
+}
+
+int GeoRadiusStore(std::span<const std::string_view> args, int base) {
+  const int argc = static_cast<int>(args.size());
+  int store = -1;
+  bool with = false, any = false, count = false;
+  for (int i = base; i < argc; ++i) {
+    const std::string_view a = args[i];
+    const bool has_arg = i + 1 < argc;
+    int64_t n;
+    if (EqualsIgnoreCase(a, "withdist") || EqualsIgnoreCase(a, "withhash") || EqualsIgnoreCase(a, "withcoord")) {
+      with = true;
+    } else if (EqualsIgnoreCase(a, "any")) {
+      any = true;
+    } else if (EqualsIgnoreCase(a, "asc") || EqualsIgnoreCase(a, "desc")) {
+      continue;
+    } else if (EqualsIgnoreCase(a, "count") && has_arg) {
+      if (!resp::ParseRedisInt(args[i + 1], &n) || n <= 0) return -1;
+      count = true;
+      ++i;
+    } else if ((EqualsIgnoreCase(a, "store") || EqualsIgnoreCase(a, "storedist")) && has_arg) {
+      store = ++i;
+    } else {
+      return -1;  // a syntax error: nothing runs
+    }
+  }
+  // Refused after the options are read: STORE with WITH*, ANY without COUNT.
+  if ((store > 0 && with) || (any && !count)) return -1;
+  return store;
+}
+
 bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
   const size_t before = out->size();
   if (spec.spec_count == 1) {
@@ -287,10 +338,12 @@ bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, s
   const bool variable_flags = (all & kKeyVariableFlags) != 0;
   const std::string_view name(spec.name);
   if (has_keyspec && !variable_flags) {
-    if (KeysFromSpecs(spec, args, out)) {
-      if (name == "georadius" || name == "georadiusbymember") GeoStoreKeys(name == "georadius" ? 6 : 5, args, out, before);
+    if (name == "georadius" || name == "georadiusbymember") {
+      const bool specs_ok = KeysFromSpecs(spec, args, out);
+      GeoRadiusKeys(name == "georadius" ? 6 : 5, args, specs_ok, out, before);
       return true;
     }
+    if (KeysFromSpecs(spec, args, out)) return true;
     out->resize(before);
     // Redis falls back to the command's own parser; only these differ from "no keys".
     if (name == "sort" || name == "sort_ro") {

@@ -223,26 +223,24 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       r.reply = ReplyRewrite::kScan;
       break;
     }
-    case kSort:
+    case kSort: {
       // BY and GET patterns name keys (the '*' takes each element); they are not globs. Redis
       // puts the element at the pattern's first '*': one in the prefix would let the element
-      // choose the key, so such a tenant's patterns are refused.
-      for (size_t i = 2; i < args.size(); ++i) {
-        if (EqualsIgnoreCase(args[i], "limit")) {
-          i += 2;
-        } else if (EqualsIgnoreCase(args[i], "store")) {
-          ++i;
-        } else if ((EqualsIgnoreCase(args[i], "by") || EqualsIgnoreCase(args[i], "get")) && i + 1 < args.size()) {
-          ++i;
-          if (args[i] == "#") continue;
-          if (tenant.prefix.find('*') != std::string::npos) {
-            return refuse(absl::StrCat("ERR keyguard: ", display(), " BY/GET patterns are not allowed for a tenant whose "
-                                       "prefix holds '*'"));
-          }
-          set(i, Joined(tenant.prefix, args[i]));
+      // choose the key, so such a tenant's patterns are refused. Positions are those the server
+      // executes (ParseSort); options it refuses are refused here with its own error, so that
+      // nothing keyguard reads differently can run.
+      const commands::SortOptions o = commands::ParseSort(std::string_view(spec->name) == "sort_ro", args);
+      if (!o.error.empty()) return refuse(std::string(o.error));
+      for (uint32_t i : o.patterns) {
+        if (args[i] == "#") continue;
+        if (tenant.prefix.find('*') != std::string::npos) {
+          return refuse(absl::StrCat("ERR keyguard: ", display(), " BY/GET patterns are not allowed for a tenant whose "
+                                     "prefix holds '*'"));
         }
+        set(i, Joined(tenant.prefix, args[i]));
       }
       break;
+    }
     case kSelect:
       if (args.size() == 2 && args[1] == "0") break;
       return refuse("ERR keyguard: a tenant has one database: only SELECT 0 is allowed");

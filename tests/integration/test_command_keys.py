@@ -119,3 +119,68 @@ def test_keys_match_command_getkeys_for_every_command():
         assert len(keyed & with_keys) >= 0.95 * len(keyed), missing
     finally:
         r.stop()
+
+
+# Words SORT and GEORADIUS take as options, put where an option's argument goes: the destination
+# must be the one the server writes, whatever COMMAND GETKEYS says (for SORT it is known to be
+# approximate: `SORT k STORE GET STORE x` answers `k GET`).
+DECOYS = ["STORE", "GET", "BY", "LIMIT", "ASC", "DESC", "ALPHA", "STOREDIST", "COUNT", "ANY", "WITHDIST",
+          "WITHHASH", "#", "0", "1", "2", "o_*", "d", "Bad Key*"]
+
+
+def executed_cases(rng, n):
+    """Option clauses with decoy words as their arguments, now and then a stray decoy."""
+    def word():
+        return rng.choice(DECOYS)
+    sort = [lambda: ["BY", word()], lambda: ["GET", word()], lambda: ["LIMIT", "0", rng.choice(["5", word()])],
+            lambda: ["STORE", word()], lambda: [rng.choice(["ASC", "DESC", "ALPHA"])]]
+    geo = [lambda: ["STORE", word()], lambda: ["STOREDIST", word()], lambda: ["COUNT", rng.choice(["2", word()])],
+           lambda: [rng.choice(["ASC", "DESC", "ANY", "WITHDIST"])]]
+    for i in range(n):
+        clauses = sort if i % 2 == 0 else geo
+        tail = []
+        for _ in range(rng.randint(1, 4)):
+            tail += rng.choice(clauses)()
+            if rng.random() < 0.1:
+                tail.append(word())
+        if i % 2 == 0:
+            yield [rng.choice(["SORT", "sort"]), "src"] + tail
+        else:
+            yield ["GEORADIUS", "geo", "13", "38", "500", "km"] + tail
+
+
+def test_sort_and_georadius_keys_are_what_the_server_writes():
+    """Every decoy word starts as a string key; after the command, the one whose value changed
+    (or that is gone: a STORE of an empty result deletes) is the destination the server wrote."""
+    r = Redis()
+    rng = random.Random(7)
+    try:
+        c = RespConn(r.port)
+        lines, stored, refused = [], 0, 0
+        for args in executed_cases(rng, 600):
+            c.call("FLUSHDB")
+            c.call("RPUSH", "src", "3", "1", "2")
+            c.call("GEOADD", "geo", "13.36", "38.11", "m")
+            names = sorted(set(args[2:]) - {"src", "geo"})
+            for name in names:
+                c.call("SET", name, "sentinel")
+            # GEORADIUS's keys are what its specs name (COMMAND GETKEYS) and the destination it
+            # writes; SORT's are its source and the destination (its GETKEYS is the known-wrong guess).
+            named = c.call("COMMAND", "GETKEYS", *args) if args[0] == "GEORADIUS" else Exception()
+            named = [args[1]] if isinstance(named, Exception) else [k.decode() for k in named]
+            reply = c.call(*args)
+            written = [k for k in names if c.call("GET", k) != b"sentinel"]
+            assert len(written) <= 1, (args, written)
+            refused += isinstance(reply, Exception)
+            stored += bool(written)
+            lines.append("%s\tS %s" % (hexs(args), hexs(named + written)))
+        with tempfile.NamedTemporaryFile("w", suffix=".cases", delete=False) as f:
+            f.write("\n".join(lines) + "\n")
+        out = subprocess.run([CHECK, f.name], capture_output=True, text=True)
+        os.unlink(f.name)
+        print("\n%d SORT/GEORADIUS cases: %d wrote a destination, %d refused by the server; %s"
+              % (len(lines), stored, refused, out.stdout.strip().splitlines()[-1]))
+        assert out.returncode == 0, out.stdout[-5000:]
+        assert stored >= 100 and refused >= 100  # both kinds of outcome are exercised
+    finally:
+        r.stop()

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 
+import pytest
 import redis
 
 from conftest import KEYGUARD, ROOT, Keyguard, wait_until
@@ -41,6 +42,34 @@ def test_strict_example_rejects_with_rule_and_suggestion(fresh):
         assert out == b"+OK\r\n+QUEUED\r\n-ERR keyguard: key 'BAD' violates rule 'lowercase': use bad\r\n" \
                       b"-EXECABORT Transaction discarded because of previous errors.\r\n"
         assert direct(fresh).get("user:1:a") is None
+    finally:
+        assert kg.stop() == 0
+
+
+SORT_BYPASSES = [
+    ("STORE", "get", "STORE", "Bad_Key"),
+    ("STORE", "by", "STORE", ""),
+    ("STORE", "limit", "asc", "STORE", "Bad Key*"),
+]
+
+
+@pytest.mark.parametrize("options", SORT_BYPASSES, ids=range(len(SORT_BYPASSES)))
+def test_strict_sort_and_georadius_judge_the_destination_the_server_writes(fresh, options):
+    # #19 bypass 1 and 2: SORT's STORE followed sortGetKeys (which does not skip STORE's argument),
+    # and GEORADIUS took every argument after any STORE word for a key.
+    kg = Keyguard(fresh.port, config=example("strict.yaml"))
+    try:
+        c = RespConn(kg.port)
+        assert c.call("RPUSH", "list:a", "3", "1", "2") == 3
+        bad = c.call("SORT", "list:a", *options)
+        assert isinstance(bad, Exception) and "ERR keyguard: key '%s' violates rule" % options[-1] in str(bad), bad
+        out = c.exchange(encode("MULTI") + encode("SORT", "list:a", *options) + encode("EXEC"), replies=3)
+        assert out.endswith(b"-EXECABORT Transaction discarded because of previous errors.\r\n"), out
+        # The mirror image: a good destination after a decoy is not refused for the decoy.
+        assert c.call("SORT", "list:a", "STORE", "GET", "STORE", "list:b") == 3
+        assert c.call("GEOADD", "geo:a", "13.361389", "38.115556", "palermo") == 1
+        assert c.call("GEORADIUS", "geo:a", "13", "38", "500", "km", "STORE", "store", "ASC") == 1
+        assert sorted(direct(fresh).keys("*")) == [b"geo:a", b"list:a", b"list:b", b"store"]
     finally:
         assert kg.stop() == 0
 

@@ -131,3 +131,34 @@ def test_memory_stats_does_not_count_every_tenants_keys(kg, direct):
     c = raw(kg, "alice")
     assert "not allowed for tenants" in str(c.call("MEMORY", "STATS"))
     assert c.call("SET", "k", "v") == "OK" and isinstance(c.call("MEMORY", "USAGE", "k"), int)
+
+
+@pytest.mark.parametrize("word", ["GET", "by", "Get"])
+def test_sort_stores_only_where_the_server_stores_inside_the_prefix(kg, direct, word):
+    # #12 break 1: the key finder followed Redis's sortGetKeys, which does not skip STORE's
+    # argument, while SORT stores into the last STORE: bob's string became alice's sorted list,
+    # and an empty source deleted bob's hash.
+    direct.set("tenant:b:secret", "bob")
+    direct.hset("tenant:b:bhash", "f", "v")
+    c = raw(kg, "alice")
+    assert c.call("RPUSH", "alist", "3", "1", "2") == 3
+    assert c.call("SORT", "alist", "STORE", word, "STORE", "tenant:b:secret") == 3
+    assert c.call("SORT", "emptylist", "STORE", word, "STORE", "tenant:b:bhash") == 0
+    out = c.exchange(b"SORT alist store %s STORE tenant:b:secret\r\n" % word.encode(), replies=1)  # inline
+    assert out == b":3\r\n"
+    assert direct.get("tenant:b:secret") == "bob" and direct.hgetall("tenant:b:bhash") == {"f": "v"}
+    assert direct.lrange("tenant:a:tenant:b:secret", 0, -1) == ["1", "2", "3"]
+    assert sorted(direct.keys("*")) == ["tenant:a:alist", "tenant:a:tenant:b:secret", "tenant:b:bhash",
+                                        "tenant:b:secret"]
+
+
+def test_sort_options_the_server_refuses_are_refused_with_its_error(kg, direct):
+    c = raw(kg, "alice")
+    c.call("RPUSH", "alist", "1")
+    d = RespConn(direct.connection_pool.connection_kwargs["port"])
+    for args in (("SORT", "alist", "NOSUCH", "STORE", "x"), ("SORT", "alist", "LIMIT", "0", "STORE", "STORE", "x"),
+                 ("SORT_RO", "alist", "STORE", "x")):
+        mine, servers = c.call(*args), d.call(*args)
+        assert isinstance(mine, Exception) and str(mine) == str(servers), (args, mine, servers)
+    assert c.call("PING") == "PONG"
+    assert sorted(direct.keys("*")) == ["tenant:a:alist"]

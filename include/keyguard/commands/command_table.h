@@ -95,11 +95,27 @@ struct KeyRef {
 
 // Appends the keys of `args` (a whole request, name included) to `out`, as Redis's COMMAND
 // GETKEYS finds them: key specs first, and for commands whose specs are incomplete or carry
-// variable flags (SORT, SORT_RO, MIGRATE, SET, BITFIELD) the same parsing Redis does; for
-// GEORADIUS(BYMEMBER) every STORE/STOREDIST destination, not just the first (the specs'). Returns
+// variable flags (MIGRATE, SET, BITFIELD) the same parsing Redis does; for SORT/SORT_RO and
+// GEORADIUS(BYMEMBER) the destination the command really writes (ParseSort, GeoRadiusStore). Returns
 // false when the arguments do not fit the specs (Redis will refuse the command); `out` then
 // holds nothing for this request. Channel specs (SPUBLISH, SSUBSCRIBE: not_key) are skipped.
 bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out);
+
+// SORT/SORT_RO's options as sortCommand executes them (not as Redis's sortGetKeys guesses, which
+// takes `SORT k STORE GET STORE x` to store into GET): options start at args[2]; LIMIT takes two
+// integers, STORE one key (the last STORE wins; SORT_RO has none), BY and GET one pattern each;
+// anything else is a syntax error and the server runs nothing.
+struct SortOptions {
+  int store = -1;                  // the destination the server writes, -1 for none
+  std::vector<uint32_t> patterns;  // positions of BY and GET patterns
+  std::string_view error;          // the server's error when it refuses the options, else empty
+};
+SortOptions ParseSort(bool read_only, std::span<const std::string_view> args);
+
+// GEORADIUS(BYMEMBER)'s destination as georadiusGeneric parses its options (from args[base],
+// base 6 for GEORADIUS, 5 for GEORADIUSBYMEMBER): the last STORE or STOREDIST, whose argument is
+// skipped, as COUNT's is; -1 for none, or when the options are refused.
+int GeoRadiusStore(std::span<const std::string_view> args, int base);
 
 // Adds the commands of a COMMAND INFO reply (one RESP2 frame, as the upstream sent it) that the
 // table does not know yet: module commands (JSON.SET, FT.SEARCH) and those of newer servers,
