@@ -19,6 +19,23 @@ using Kind = Pending::Kind;
 constexpr std::string_view kConfirmNames[] = {"subscribe",  "unsubscribe",  "psubscribe",
                                               "punsubscribe", "ssubscribe", "sunsubscribe"};
 constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unavailable\r\n";
+constexpr std::string_view kDesynced =
+    "-ERR keyguard: the server's transaction state differs from keyguard's; the connection is closed\r\n";
+
+// Whether `reply` (its type and first line) is what `expect` allows.
+bool AsExpected(Pending::Expect expect, char type, std::string_view line) {
+  const bool error = type == '-' || type == '!';
+  const bool queued = type == '+' && line == "QUEUED";
+  switch (expect) {
+    case Pending::Expect::kAny: return true;
+    case Pending::Expect::kQueued: return queued || error;
+    case Pending::Expect::kNotQueued: return !queued;
+    case Pending::Expect::kMultiOk: return !error;
+    case Pending::Expect::kExecInMulti: return !(error && line.starts_with("ERR EXEC without MULTI"));
+    case Pending::Expect::kExecOutside: return error;
+  }
+  return false;
+}
 constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
@@ -290,6 +307,13 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const commands::CommandId id = commands::LookupCommand(args[0]);
   const bool subscribe = id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
                          id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
+  // Redis's arity check, which comes before anything else the server does with a command.
+  bool arity_ok = false;
+  if (id != commands::kUnknownCommand) {
+    const int arity = commands::Spec(id).arity;
+    const auto argc = static_cast<int>(args.size());
+    arity_ok = arity > 0 ? argc == arity : argc >= -arity;
+  }
 
   // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP. After SYNC/PSYNC the
   // server treats the connection as a replica and answers nothing (REPLCONF ACK): whatever
@@ -402,6 +426,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
   Pending p;
   p.rewrite = rewrite;
+  if (tenant_ != nullptr) p.expect = Pending::Expect::kNotQueued;
   p.command = id;
   p.start_ns = now;
   p.reply_check = reply_check;
@@ -415,6 +440,15 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   if (id == known.quit) {
     stop_reading_ = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
     quit_sent_ = true;
+  } else if (!arity_ok) {
+    // The server answers with an arity error and changes no state (inside MULTI the command is
+    // not queued, and EXEC will abort): `MULTI x` starts no transaction. A refused EXEC is the
+    // exception: the server answers -EXECABORT and discards the transaction (execCommandAbort).
+    if (id == known.exec) {
+      in_multi_ = multi_aborted_ = false;
+      watching_ = false;
+      multi_rewrites_.clear();
+    }
   } else if (id == known.reset) {
     // RESET is not queued by MULTI either: it discards the transaction and every mode.
     p.kind = Kind::kReset;
@@ -434,13 +468,18 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (tenancy != nullptr && tenancy->requires_auth()) BindTenant(nullptr);
   } else if (id == known.multi) {
     // A nested MULTI is an error that keeps the transaction: what was queued stays queued.
-    if (!in_multi_) multi_rewrites_.clear();
+    if (!in_multi_) {
+      multi_rewrites_.clear();
+      p.expect = Pending::Expect::kMultiOk;
+    }
     in_multi_ = true;
   } else if (id == known.watch) {
     watching_ = true;
-  } else if (id == known.unwatch) {
+  } else if (id == known.unwatch && !in_multi_) {
+    // Inside MULTI, UNWATCH is queued like any command (below).
     watching_ = false;
   } else if (id == known.exec) {
+    p.expect = in_multi_ ? Pending::Expect::kExecInMulti : Pending::Expect::kExecOutside;
     watching_ = false;
     if (in_multi_ && multi_aborted_) {
       p.kind = Kind::kExecAbort;
@@ -465,6 +504,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // whose reply carries this command's reply at this index.
     if (tenant_ != nullptr) multi_rewrites_.push_back(p.rewrite);
     p.rewrite = 0;
+    p.expect = Pending::Expect::kQueued;
   } else if (subscribe) {
     const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
     if (args.size() > 1 || unsub) {
@@ -1335,6 +1375,16 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       DeliverLocalsAtHead();
       continue;
     }
+    if (reply_tenant_ != nullptr && front->expect != Pending::Expect::kAny && !AsExpected(front->expect, type, kind)) {
+      // The server's transaction state is not the one the reply filter follows (a command the
+      // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.
+      std::fprintf(stderr, "{\"level\":\"error\",\"event\":\"transaction_state_differs\",\"command\":\"%s\"}\n",
+                   hygiene::JsonEscape(commands::Spec(front->command).name).c_str());
+      worker_.shard->unexpected_replies.Add();
+      desynced_ = true;
+      ok = false;
+      break;
+    }
     if (front->hidden) {
       // The client asked not to see it.
     } else if (front->kind == Kind::kExecAbort) {
@@ -1447,7 +1497,15 @@ void Session::NotifyQueue() {
 
 void Session::FailUpstream(metrics::UpstreamError reason) {
   if (closed_ || !upstream_ready_) return;
+  if (desynced_) {
+    AbortPending(kDesynced);
+    return;
+  }
   if (!(quit_sent_ && reason == metrics::UpstreamError::kClosed)) worker_.shard->CountUpstreamError(reason);
+  AbortPending(kUpstreamUnavailable);
+}
+
+void Session::AbortPending(std::string_view error) {
   upstream_ready_ = false;
   worker_.shard->upstream_connections.Add(-1);
   error_code ignored;
@@ -1459,7 +1517,7 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
       out += p.text;
     } else if (p.kind != Kind::kInternal) {
       worker_.shard->CountCommand(p.command, metrics::Outcome::kFailed);
-      out += kUpstreamUnavailable;
+      out += error;
     }
   }
   queue_.clear();

@@ -49,6 +49,17 @@ struct Pending {
   uint64_t key_off = 0;
   bool keyed = false;         // the key (args[1]) is in the key arena, for reply_check or hot keys
   uint32_t request_bytes = 0; // hot keys: the request's bytes; 0 when the command is not tracked
+  // Tenancy: what the reply must be if the server's transaction state is the one keyguard
+  // filters replies by; anything else means the two differ, and the connection is closed.
+  enum class Expect : uint8_t {
+    kAny,
+    kQueued,       // queued inside MULTI: +QUEUED or an error (then EXEC aborts)
+    kNotQueued,    // outside MULTI: anything but +QUEUED
+    kMultiOk,      // the MULTI that starts a transaction: not an error
+    kExecInMulti,  // EXEC inside MULTI: not "EXEC without MULTI"
+    kExecOutside,  // EXEC outside MULTI: an error
+  };
+  Expect expect = Expect::kAny;
   uint8_t rewrite = 0;        // tenancy: tenant::ReplyRewrite of the reply
   std::vector<uint8_t> exec_rewrites;  // tenancy, EXEC: the rewrite of each queued command
   std::string text;           // kLocal: the reply
@@ -134,6 +145,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
   void TrackConfirmation(std::string_view kind, std::string_view channel);
   void FailUpstream(metrics::UpstreamError reason);
+  // Every command still waiting gets `error`, and the connection closes once it is delivered.
+  void AbortPending(std::string_view error);
   void NotifyQueue();
   void AppendOut(std::string_view bytes);
 
@@ -197,6 +210,7 @@ class Session : public std::enable_shared_from_this<Session> {
   metrics::Counter* tenant_received_ = nullptr;
   metrics::Counter* tenant_sent_ = nullptr;
   bool upstream_auth_failed_ = false;
+  bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
 
   // Connection state as the client and the server see it.
   int protocol_ = 2;

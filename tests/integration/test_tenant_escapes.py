@@ -1,6 +1,9 @@
 """Escapes found in review of tenancy (issue #4): each test is a way tenant alice (tenant:a:) reached
 or observed bob's (tenant:b:) keys before the fix. Same fixtures as test_tenants.py: one
 redis-server with keyspace notifications, keyguard with examples/tenants.yaml."""
+import os
+import tempfile
+
 import pytest
 
 from conftest import Keyguard, wait_blocked
@@ -162,3 +165,62 @@ def test_sort_options_the_server_refuses_are_refused_with_its_error(kg, direct):
         assert isinstance(mine, Exception) and str(mine) == str(servers), (args, mine, servers)
     assert c.call("PING") == "PONG"
     assert sorted(direct.keys("*")) == ["tenant:a:alist"]
+
+
+def test_unwatch_inside_multi_keeps_each_exec_reply_filtered(kg, direct):
+    # #12 break 2: UNWATCH inside MULTI is queued by Redis but was not recorded, so the EXEC
+    # reply filters were shifted by one and INFO's keyspace came back unfiltered.
+    direct.set("tenant:b:k", 1)
+    bob = as_user(kg, "bob")
+    bob_sub = bob.pubsub()
+    bob_sub.subscribe("bobs-channel")
+    c = raw(kg, "alice")
+    out = c.exchange(pipeline(("MULTI",), ("UNWATCH",), ("INFO", "keyspace"), ("PUBSUB", "CHANNELS", "*"), ("EXEC",)),
+                     replies=5)
+    assert out == b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n$0\r\n\r\n*0\r\n", out
+    bob_sub.close()
+
+
+def test_multi_the_server_refuses_starts_no_transaction(kg, direct):
+    # #12 break 3: 'MULTI x' (an arity error: no transaction) switched reply filtering off until
+    # EXEC/DISCARD; INFO showed the whole server's keyspace and alice's keys came back prefixed.
+    direct.set("tenant:b:k", 1)
+    c = raw(kg, "alice")
+    out = c.exchange(pipeline(("MULTI", "x"), ("SET", "k", "v"), ("INFO", "keyspace"), ("KEYS", "*"), ("EXEC", "x"),
+                              ("EXEC",)), replies=6)
+    abort = b"-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n"
+    assert out == (b"-ERR wrong number of arguments for 'multi' command\r\n+OK\r\n$0\r\n\r\n*1\r\n$1\r\nk\r\n" +
+                   abort + b"-ERR EXEC without MULTI\r\n"), out
+    # Inside a transaction a refused 'EXEC x' discards it (execCommandAbort): what follows runs.
+    out = c.exchange(pipeline(("MULTI",), ("EXEC", "x"), ("INFO", "keyspace"), ("EXEC",), ("DISCARD", "x")),
+                     replies=5)
+    assert out == (b"+OK\r\n" + abort + b"$0\r\n\r\n-ERR EXEC without MULTI\r\n"
+                   b"-ERR wrong number of arguments for 'discard' command\r\n"), out
+    # 'DISCARD x' inside a transaction ends nothing: the server keeps queueing, and EXEC aborts.
+    out = c.exchange(pipeline(("MULTI",), ("DISCARD", "x"), ("INFO", "keyspace"), ("EXEC",), ("INFO", "keyspace")),
+                     replies=5)
+    assert out == (b"+OK\r\n-ERR wrong number of arguments for 'discard' command\r\n+QUEUED\r\n"
+                   b"-EXECABORT Transaction discarded because of previous errors.\r\n$0\r\n\r\n"), out
+
+
+def test_a_transaction_state_keyguard_did_not_foresee_closes_the_connection(server, direct):
+    # Whatever makes the server refuse a MULTI keyguard took as started (here: keyguard's own
+    # upstream user may not run MULTI), no reply may then pass with the wrong filter: the
+    # connection is closed with an error and nothing the server sent for it is delivered.
+    direct.execute_command("ACL", "SETUSER", "kg-nomulti", "on", ">pw", "~*", "&*", "+@all", "-multi")
+    fd, pw = tempfile.mkstemp()
+    with os.fdopen(fd, "w") as f:
+        f.write("pw\n")
+    k = Keyguard(server.port, config=CONFIG + 'upstream_auth: {user: kg-nomulti, password_file: "%s"}\n' % pw)
+    try:
+        direct.set("tenant:b:k", 1)
+        c = raw(k, "alice")
+        out = c.exchange(pipeline(("MULTI",), ("INFO", "keyspace"), ("EXEC",)), closed=True)
+        desync = b"-ERR keyguard: the server's transaction state differs from keyguard's; the connection is closed\r\n"
+        assert out == desync * 3 + b"<closed>", out
+        assert k.metric("keyguard_unexpected_replies_total") == 1
+        assert '"event":"transaction_state_differs","command":"multi"' in k.output()
+    finally:
+        assert k.stop() == 0, k.output()
+        direct.execute_command("ACL", "DELUSER", "kg-nomulti")
+        os.unlink(pw)
