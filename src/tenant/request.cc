@@ -62,6 +62,10 @@ constexpr std::string_view kRandomkeyScript =
 
 std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(std::string(s)); }
 
+constexpr std::string_view kUnconfinedPattern =
+    "ERR keyguard: this pattern may match other tenants' channels; keyspace patterns must start with "
+    "__keyspace@<db>__: literally";
+
 std::string NotAllowed(std::string_view what) {
   return absl::StrCat("ERR keyguard: command '", std::string(what), "' is not allowed for tenants");
 }
@@ -128,14 +132,21 @@ std::string_view RequestRewriter::ChannelIn(const Tenant& t, std::string_view ch
   return Joined(t.prefix, channel);
 }
 
-std::string_view RequestRewriter::PatternIn(const Tenant& t, std::string_view pattern) {
-  if (const size_t head = KeyspaceHeadLength(pattern); head != 0) {
+std::optional<std::string_view> RequestRewriter::PatternIn(const Tenant& t, std::string_view pattern) {
+  // A keyspace pattern gets the prefix after its head, which is only sound when the head is
+  // literal: in `__keyspace@[^__:]*` the "head" ends inside a class, and `__keyspace@*__:` lets
+  // the '*' run into any tenant's key.
+  if (const size_t head = LiteralKeyspaceHead(pattern); head != 0) {
     return Own(absl::StrCat(absl::string_view(pattern.data(), head), t.glob_prefix,
                             absl::string_view(pattern.data() + head, pattern.size() - head)));
   }
-  if (pattern.substr(0, 11) == "__keyevent@") return pattern;
-  if (tenancy_.channels == ChannelMode::kShared) return pattern;
-  return Joined(t.glob_prefix, pattern);
+  if (pattern.starts_with("__keyspace@")) return std::nullopt;
+  if (pattern.starts_with("__keyevent@")) return pattern;  // shared; payloads are confined on the way back
+  if (tenancy_.channels == ChannelMode::kShared) {
+    if (GlobMayMatchPrefix(pattern, "__keyspace@")) return std::nullopt;
+    return pattern;
+  }
+  return Joined(t.glob_prefix, pattern);  // matches only what starts with the literal prefix
 }
 
 RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId id, const commands::CommandSpec* spec,
@@ -325,7 +336,9 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     case kPubsub:
       if (EqualsIgnoreCase(sub, "channels") || EqualsIgnoreCase(sub, "shardchannels")) {
         if (args.size() == 3) {
-          set(2, PatternIn(tenant, args[2]));
+          const auto p = PatternIn(tenant, args[2]);
+          if (!p) return refuse(std::string(kUnconfinedPattern));
+          set(2, *p);
         } else if (args.size() == 2 && tenancy_.channels == ChannelMode::kPrefix) {
           append(Joined(tenant.glob_prefix, "*"));
         }
@@ -341,7 +354,11 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       for (size_t i = 1; i < args.size(); ++i) set(i, ChannelIn(tenant, args[i]));
       return r;
     case kPsubscribe:
-      for (size_t i = 1; i < args.size(); ++i) set(i, PatternIn(tenant, args[i]));
+      for (size_t i = 1; i < args.size(); ++i) {
+        const auto p = PatternIn(tenant, args[i]);
+        if (!p) return refuse(std::string(kUnconfinedPattern));
+        set(i, *p);
+      }
       return r;
     case kPublish:
       if (args.size() < 2) break;

@@ -95,6 +95,37 @@ size_t KeyspaceHeadLength(std::string_view channel) {
   return end == std::string_view::npos ? 0 : end + 3;
 }
 
+size_t LiteralKeyspaceHead(std::string_view pattern) {
+  constexpr std::string_view kHead = "__keyspace@";
+  if (!pattern.starts_with(kHead)) return 0;
+  size_t i = kHead.size();
+  while (i < pattern.size() && pattern[i] >= '0' && pattern[i] <= '9') ++i;
+  if (i == kHead.size() || pattern.substr(i, 3) != "__:") return 0;
+  return i + 3;
+}
+
+bool GlobMayMatchPrefix(std::string_view pattern, std::string_view prefix) {
+  size_t p = 0;
+  for (const char c : prefix) {
+    if (p >= pattern.size()) return false;  // the match ends before the prefix does
+    switch (pattern[p]) {
+      case '*':
+      case '[':
+        return true;
+      case '?':
+        ++p;
+        break;
+      case '\\':
+        if (p + 1 < pattern.size()) ++p;  // an escaped character; a trailing '\\' is itself
+        [[fallthrough]];
+      default:
+        if (pattern[p] != c) return false;
+        ++p;
+    }
+  }
+  return true;
+}
+
 ChannelKind ClassifyChannel(std::string_view channel) {
   if (KeyspaceHeadLength(channel) != 0) return ChannelKind::kKeyspace;
   if (channel.substr(0, 11) == "__keyevent@") return ChannelKind::kKeyevent;

@@ -224,3 +224,19 @@ def test_a_transaction_state_keyguard_did_not_foresee_closes_the_connection(serv
         assert k.stop() == 0, k.output()
         direct.execute_command("ACL", "DELUSER", "kg-nomulti")
         os.unlink(pw)
+
+
+@pytest.mark.parametrize("pattern", ["__keyspace@[^__:]*", "__keyspace@*__:*"])
+def test_keyspace_patterns_not_provably_confined_are_refused(kg, direct, pattern):
+    # #12 break 4: the prefix went in after the first "__:", inside the class of
+    # `__keyspace@[^__:]*`, which then matched every tenant's keyspace channels.
+    bob = as_user(kg, "bob").pubsub()
+    bob.subscribe("__keyspace@0__:bobs")  # a channel of bob's that such a pattern would list
+    c = raw(kg, "alice")
+    for args in (("PSUBSCRIBE", pattern), ("PUBSUB", "CHANNELS", pattern)):
+        err = c.call(*args)
+        assert isinstance(err, Exception) and str(err).startswith(
+            "ERR keyguard: this pattern may match other tenants' channels"), (args, err)
+    assert c.call("PUBSUB", "CHANNELS", "__keyspace@0__:*") == []  # alice's own: none
+    assert c.call("PING") == "PONG"
+    bob.close()

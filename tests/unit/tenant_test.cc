@@ -121,10 +121,47 @@ TEST_F(TenantTest, GlobCharactersInThePrefixAreEscaped) {
 TEST_F(TenantTest, ChannelsAndNotifications) {
   EXPECT_EQ(Req({"SUBSCRIBE", "news", "__keyspace@0__:k", "__keyevent@0__:set"}),
             "SUBSCRIBE tenant:a:news __keyspace@0__:tenant:a:k __keyevent@0__:set");
-  EXPECT_EQ(Req({"PSUBSCRIBE", "n*", "__keyspace@*__:*"}), "PSUBSCRIBE tenant:a:n* __keyspace@*__:tenant:a:*");
+  EXPECT_EQ(Req({"PSUBSCRIBE", "n*", "__keyspace@0__:*"}), "PSUBSCRIBE tenant:a:n* __keyspace@0__:tenant:a:*");
   EXPECT_EQ(Req({"PUBLISH", "__keyevent@0__:set", "tenant:b:x"}), "PUBLISH tenant:a:__keyevent@0__:set tenant:b:x");
   EXPECT_EQ(Req({"PUBSUB", "CHANNELS"}), "PUBSUB CHANNELS tenant:a:*");
   EXPECT_EQ(Req({"PUBSUB", "NUMSUB", "c"}), "PUBSUB NUMSUB tenant:a:c");
+}
+
+// #12 break 4: the prefix went in after the first "__:" of a keyspace pattern, inside a class in
+// `__keyspace@[^__:]*` (which then matched every tenant's keyspace channels), and after a '*' that
+// can run into any key in `__keyspace@*__:*`.
+TEST_F(TenantTest, PatternsThatCannotBeProvenConfinedAreRefused) {
+  for (const char* p : {"__keyspace@[^__:]*", "__keyspace@*__:*", "__keyspace@?__:*", "__keyspace@0_[_]:*",
+                        "__keyspace@__:*", "__keyspace@"}) {
+    EXPECT_EQ(Req({"PSUBSCRIBE", p}).substr(0, 54), "REFUSE: ERR keyguard: this pattern may match other ten") << p;
+    EXPECT_EQ(Req({"PUBSUB", "CHANNELS", p}).substr(0, 7), "REFUSE:") << p;
+  }
+  EXPECT_EQ(Req({"PSUBSCRIBE", "__keyspace@12__:u[:]*"}), "PSUBSCRIBE __keyspace@12__:tenant:a:u[:]*");
+  EXPECT_EQ(Req({"PUBSUB", "CHANNELS", "[_]_keyspace@0__:*"}), "PUBSUB CHANNELS tenant:a:[_]_keyspace@0__:*");
+  EXPECT_EQ(LiteralKeyspaceHead("__keyspace@0__:k"), 15u);
+  EXPECT_EQ(LiteralKeyspaceHead("__keyspace@*__:k"), 0u);
+  EXPECT_TRUE(GlobMayMatchPrefix("__key*", "__keyspace@"));
+  EXPECT_TRUE(GlobMayMatchPrefix("[_]_keyspace@0__:*", "__keyspace@"));
+  EXPECT_TRUE(GlobMayMatchPrefix("?_keyspace@", "__keyspace@"));
+  EXPECT_TRUE(GlobMayMatchPrefix("\\_\\_keyspace@x", "__keyspace@"));
+  EXPECT_FALSE(GlobMayMatchPrefix("news*", "__keyspace@"));
+  EXPECT_FALSE(GlobMayMatchPrefix("__keyevent@*", "__keyspace@"));
+  EXPECT_FALSE(GlobMayMatchPrefix("__keys", "__keyspace@"));  // matches only shorter strings
+  // Shared channels: a pattern that may reach keyspace channels is refused, others pass as they are.
+  v1::Tenancy p;
+  p.set_prefix("tenant:s:");
+  p.set_channels(v1::SHARED);
+  auto t = Make(p);
+  RequestRewriter rw(*t);
+  auto run = [&](std::vector<std::string_view> a) {
+    std::vector<std::string_view> out;
+    const commands::CommandId id = commands::LookupCommand(a[0]);
+    return rw.Rewrite(*t->static_tenant(), id, commands::ResolveSpec(id, a), a, {}, true, &out).kind;
+  };
+  EXPECT_EQ(run({"PSUBSCRIBE", "*"}), RequestResult::Kind::kRefuse);
+  EXPECT_EQ(run({"PSUBSCRIBE", "__k?yspace@0__:x"}), RequestResult::Kind::kRefuse);
+  EXPECT_EQ(run({"PSUBSCRIBE", "news.*"}), RequestResult::Kind::kForward);
+  EXPECT_EQ(run({"PSUBSCRIBE", "__keyevent@0__:*"}), RequestResult::Kind::kForward);
 }
 
 TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -57,7 +58,10 @@ class RequestRewriter {
   // `a` followed by `b`, owned here.
   std::string_view Joined(std::string_view a, std::string_view b);
   std::string_view ChannelIn(const Tenant& t, std::string_view channel);
-  std::string_view PatternIn(const Tenant& t, std::string_view pattern);
+  // The pattern confined to the tenant, or nullopt when its structure cannot be proven confined
+  // (a keyspace pattern whose head is not literal, or in shared-channel mode a pattern that may
+  // match keyspace channels): the command is then refused.
+  std::optional<std::string_view> PatternIn(const Tenant& t, std::string_view pattern);
 
   const Tenancy& tenancy_;
   std::deque<std::string> owned_;

@@ -93,5 +93,11 @@ enum class ChannelKind : uint8_t { kOrdinary, kKeyspace, kKeyevent, kInvalidate 
 ChannelKind ClassifyChannel(std::string_view channel);
 // Length of "__keyspace@<db>__:" at the start of `channel`, 0 when it has none.
 size_t KeyspaceHeadLength(std::string_view channel);
+// For a glob pattern: the length of a literal "__keyspace@<digits>__:" head, 0 when the pattern
+// has none (no head, or one with glob characters, whose matches need not start with it).
+size_t LiteralKeyspaceHead(std::string_view pattern);
+// Whether some string matched by `pattern` (as Redis's stringmatchlen matches) may start with
+// `prefix`; a character class counts as possibly matching.
+bool GlobMayMatchPrefix(std::string_view pattern, std::string_view prefix);
 
 }  // namespace keyguard::tenant
