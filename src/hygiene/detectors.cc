@@ -172,12 +172,13 @@ void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_vie
     Result rmw{Kind::kSerializedRmw, e.format};
     if (json) {
       int64_t changed = 0;
-      for (const auto& [name, hash] : fields) {
-        auto old = std::find_if(e.fields.begin(), e.fields.end(), [&](const auto& f) { return f.first == name; });
-        if (old == e.fields.end() || old->second != hash) ++changed;
+      // Plain pairs, not structured bindings: clang 14 (the fuzz build) cannot capture those.
+      for (const auto& field : fields) {
+        auto old = std::find_if(e.fields.begin(), e.fields.end(), [&](const auto& f) { return f.first == field.first; });
+        if (old == e.fields.end() || old->second != field.second) ++changed;
       }
-      for (const auto& [name, hash] : e.fields) {
-        if (std::none_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == name; })) ++changed;
+      for (const auto& field : e.fields) {
+        if (std::none_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == field.first; })) ++changed;
       }
       rmw.fields_changed = changed;
       rmw.fields_total = static_cast<int64_t>(std::max(fields.size(), e.fields.size()));

@@ -266,6 +266,10 @@ TEST(ConfigLoadTest, EmptyAndCommentOnlyFilesGiveDefaults) {
     EXPECT_EQ(c->listen.ToString(), "127.0.0.1:6380") << yaml;
   }
   EXPECT_EQ(ParseError("threads: 1\n---\nthreads: 2\n"), "line 2, column 1: a second YAML document; a config file holds one");
+  EXPECT_EQ(ParseError("threads: 1\n...\nthreads: 2\n"), "line 3, column 1: a second YAML document; a config file holds one");
+  // yaml-cpp 0.7 reports endless empty documents at a ',' outside a flow collection (config_fuzz).
+  EXPECT_EQ(ParseError(","), "line 1, column 1: unexpected ','");
+  EXPECT_EQ(ParseError("- a\n,\n"), "line 2, column 1: unexpected ','");
 }
 
 TEST(ConfigLoadTest, TooManyNodesAreRefusedBeforeTheTreeIsBuilt) {
