@@ -341,6 +341,21 @@ TEST_F(ConfigFileTest, UsersFileGoesThroughTheSameChecks) {
             ": line 1, column 10: control character 0x00 is not allowed in YAML text (in a double-quoted string write it as \\x00)");
 }
 
+TEST_F(ConfigFileTest, UpstreamPasswordFileGoesThroughTheSameChecks) {
+  const std::string config = "upstream_auth:\n  user: keyguard\n  password_file: ";
+  const std::string fifo = dir_ + "/password";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(ParseError(config + fifo), "upstream_auth.password_file: " + fifo + ": is not a regular file (a FIFO)");
+  EXPECT_EQ(ParseError(config + "/dev/zero"), "upstream_auth.password_file: /dev/zero: is not a regular file (a device)");
+  EXPECT_EQ(ParseError(config + dir_), "upstream_auth.password_file: " + dir_ + ": is a directory, not a file");
+  const std::string empty = Write("empty", "\n");
+  EXPECT_EQ(ParseError(config + empty), "upstream_auth.password_file: " + empty + " is empty");
+  auto c = ParseConfig(config + Write("pw", "s3cret\n"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->upstream_auth.user, "keyguard");
+  EXPECT_EQ(c->upstream_auth.password, "s3cret");
+}
+
 // What ConfigStore logs for a failed reload: one JSON line on stderr.
 nlohmann::json ReloadFailureLine(ConfigStore& store) {
   testing::internal::CaptureStderr();
