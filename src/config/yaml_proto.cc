@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "yaml-cpp/anchor.h"
+#include "yaml-cpp/depthguard.h"
 #include "yaml-cpp/eventhandler.h"
 
 namespace keyguard::config {
@@ -345,6 +346,11 @@ class Census : public YAML::EventHandler {
 
 absl::Status FromYamlException(const YAML::Exception& e) {
   if (e.mark.is_null()) return absl::InvalidArgumentError(e.msg);
+  if (const auto* deep = dynamic_cast<const YAML::DeepRecursion*>(&e); deep != nullptr) {
+    // yaml-cpp's own recursion limit, which it reports as "bad file".
+    return absl::InvalidArgumentError(absl::StrCat(Position(e.mark.line + 1, e.mark.column + 1),
+                                                   "nested deeper than yaml-cpp's limit (", deep->depth() - 1, " levels)"));
+  }
   return absl::InvalidArgumentError(absl::StrCat(Position(e.mark.line + 1, e.mark.column + 1), e.msg));
 }
 

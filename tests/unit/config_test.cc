@@ -144,6 +144,14 @@ TEST(ConfigLoadTest, AliasBombsStopAtTheExpansionBudget) {
   EXPECT_EQ(ProtoError("&a {values: [{list_value: *a}]}", &list), want + ": nested deeper than 32 levels");
 }
 
+TEST(ConfigLoadTest, DeepNestingStopsInTheParser) {
+  // yaml-cpp has a recursion limit of its own (it calls it "bad file"); ours (32) comes later.
+  EXPECT_EQ(ParseError(std::string(100000, '[')), "line 1, column 1: nested deeper than yaml-cpp's limit (499 levels)");
+  std::string yaml;
+  for (int i = 0; i < 600; ++i) yaml += std::string(i, ' ') + "a:\n";
+  EXPECT_EQ(ParseError(yaml), "line 499, column 501: nested deeper than yaml-cpp's limit (499 levels)");
+}
+
 TEST(ConfigLoadTest, TagsAreRefused) {
   EXPECT_EQ(ParseError("threads: !!int 3\n"), "threads: tags are not supported (!!int); write the plain value");
   EXPECT_EQ(ParseError("listen: !!str 127.0.0.1:1\n"), "listen: tags are not supported (!!str); write the plain value");
