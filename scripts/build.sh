@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds keyguard. usage: scripts/build.sh [release|asan|fuzz]   (default release, into build/)
 # asan is GCC with ASan+UBSan (clang 14 + Boost 1.74 Asio lack C++20 coroutine support together);
-# fuzz is clang with libFuzzer, for the protocol layer only (no Asio there).
+# fuzz is clang with libFuzzer: the framers (framer_fuzz) and the config load path (config_fuzz);
+# no Asio in either.
 # KEYGUARD_TESTS=OFF builds only the binary (build/keyguard), with just `install-deps.sh build`
 # installed: the container image does that.
 set -euo pipefail
@@ -16,6 +17,6 @@ case "$kind" in
           -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DKEYGUARD_SANITIZE=ON >/dev/null &&
         ninja -C build-asan keyguard unit_tests hiredis_client_test command_keys_check ;;
   fuzz) CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-          -DKEYGUARD_TESTS=OFF -DKEYGUARD_FUZZ=ON >/dev/null && ninja -C build-fuzz framer_fuzz ;;
+          -DKEYGUARD_TESTS=OFF -DKEYGUARD_FUZZ=ON >/dev/null && ninja -C build-fuzz framer_fuzz config_fuzz ;;
   *) echo "usage: $0 [release|asan|fuzz]" >&2; exit 2 ;;
 esac

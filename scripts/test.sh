@@ -5,7 +5,8 @@
 #   raw RESP), promtool on real /metrics, the packaging e2e tests (a real Prometheus scraping
 #   keyguard under the demo workload answers every dashboard query and alert expression; promtool
 #   rule tests; the Helm chart rendered and checked; Dockerfile and compose checked statically;
-#   yamllint), the same suites against an ASan+UBSan build, and a short libFuzzer run of the framers.
+#   yamllint), the same suites against an ASan+UBSan build, and a short libFuzzer run of the framers
+#   and of the config load path.
 # Env: FUZZ_SECONDS (default 30), SKIP_ASAN=1 to skip the sanitizer pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,12 +39,19 @@ if [ "${SKIP_ASAN:-0}" != 1 ]; then
   KEYGUARD_BIN=$PWD/build-asan/keyguard /usr/bin/python3 -m pytest -q tests/integration
 fi
 
-step "fuzz the framers (${FUZZ_SECONDS:-30}s)"
+step "fuzz the framers and the config load path (${FUZZ_SECONDS:-30}s each)"
 bash scripts/build.sh fuzz
 mkdir -p build-fuzz/corpus
 ./build-fuzz/framer_fuzz tests/fuzz/regressions/* >/dev/null 2>&1 || { echo "fuzz regression input fails"; exit 1; }
 ./build-fuzz/framer_fuzz -max_total_time="${FUZZ_SECONDS:-30}" -dict=tests/fuzz/resp.dict \
   -max_len=4096 build-fuzz/corpus tests/fuzz/corpus 2>&1 | tail -3
+# Seeds: the shipped configs (examples/, the compose demo's) and tests/fuzz/config_corpus (a users
+# file after "#@users"). -timeout: one input taking 10 s is a hang; -rss_limit_mb: a blow-up.
+mkdir -p build-fuzz/config-corpus build-fuzz/config-seeds
+for f in examples/*.yaml docker/demo/*.yaml; do cp "$f" "build-fuzz/config-seeds/${f//\//_}"; done
+./build-fuzz/config_fuzz tests/fuzz/config_regressions/* >/dev/null 2>&1 || { echo "config fuzz regression input fails"; exit 1; }
+./build-fuzz/config_fuzz -max_total_time="${FUZZ_SECONDS:-30}" -dict=tests/fuzz/config.dict -max_len=16384 \
+  -timeout=10 -rss_limit_mb=2048 build-fuzz/config-corpus build-fuzz/config-seeds tests/fuzz/config_corpus 2>&1 | tail -3
 
 step "framer throughput (informational)"
 ./build/framer_bench --benchmark_min_time=0.2 2>/dev/null | grep -E "BM_"

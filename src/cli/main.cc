@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
+#include "keyguard/hygiene/detectors.h"
 #include "keyguard/maintenance/maintenance.h"
 #include "keyguard/proxy/server.h"
 
@@ -35,8 +36,17 @@ constexpr char kUsage[] =
     "  --threads N           worker threads (default: one per hardware thread)\n"
     "  --help, --version\n";
 
+// The subcommands (check-config, audit, migrate) write for people: "keyguard: PATH: field: what".
 int Fail(const std::string& message) {
   std::fprintf(stderr, "keyguard: %s\n", message.c_str());
+  return 2;
+}
+
+// The proxy logs JSON lines only, start-up failures included (a log pipeline parses every line).
+int FailToStart(const std::string& message) {
+  const std::string line = absl::StrCat("{\"level\":\"error\",\"event\":\"startup_failed\",\"error\":",
+                                        keyguard::hygiene::JsonString(message), "}\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
   return 2;
 }
 
@@ -76,9 +86,9 @@ int main(int argc, char** argv) {
       name = a.substr(0, eq);
       value = a.substr(eq + 1);
     }
-    if (std::find(valued.begin(), valued.end(), name) == valued.end()) return Fail(absl::StrCat("unknown flag '", name, "'\n", kUsage));
+    if (std::find(valued.begin(), valued.end(), name) == valued.end()) return FailToStart(absl::StrCat("unknown flag '", name, "' (keyguard --help lists them)"));
     if (eq == std::string::npos) {
-      if (i + 1 >= args.size()) return Fail(absl::StrCat(name, " needs a value"));
+      if (i + 1 >= args.size()) return FailToStart(absl::StrCat(name, " needs a value"));
       value = args[++i];
     }
     flags[name] = value;
@@ -87,23 +97,23 @@ int main(int argc, char** argv) {
   ProxyConfig config;
   if (flags.count("--config")) {
     auto c = keyguard::config::LoadConfigFile(flags["--config"]);
-    if (!c.ok()) return Fail(std::string(c.status().message()));
+    if (!c.ok()) return FailToStart(std::string(c.status().message()));
     config = *c;
   }
   for (auto [flag, target] : {std::pair{"--listen", &config.listen}, std::pair{"--upstream", &config.upstream},
                               std::pair{"--admin", &config.admin}}) {
     if (!flags.count(flag)) continue;
     auto hp = keyguard::config::ParseHostPort(flags[flag], flag);
-    if (!hp.ok()) return Fail(std::string(hp.status().message()));
+    if (!hp.ok()) return FailToStart(std::string(hp.status().message()));
     *target = *hp;
   }
   if (flags.count("--threads")) {
     int n;
-    if (!absl::SimpleAtoi(flags["--threads"], &n) || n < 0 || n > 256) return Fail("--threads: expected 0..256");
+    if (!absl::SimpleAtoi(flags["--threads"], &n) || n < 0 || n > 256) return FailToStart("--threads: expected 0..256");
     config.threads = n;
   }
-  if (auto s = keyguard::config::Validate(config); !s.ok()) return Fail(std::string(s.message()));
+  if (auto s = keyguard::config::Validate(config); !s.ok()) return FailToStart(std::string(s.message()));
   auto status = keyguard::proxy::RunServer(config, flags.count("--config") ? flags["--config"] : "");
-  if (!status.ok()) return Fail(std::string(status.message()));
+  if (!status.ok()) return FailToStart(std::string(status.message()));
   return 0;
 }

@@ -242,7 +242,14 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
   auto tenancy = tenant::Tenancy::Compile(p.tenancy(), file_users);
   if (!tenancy.ok()) return tenancy.status();
   c.tenancy = *std::move(tenancy);
-  auto auth = tenant::CompileUpstreamAuth(p.upstream_auth());
+  // Read here, like users_file, so a FIFO, a directory or /dev/zero is refused, not read forever.
+  std::string password_text;
+  if (const std::string& path = p.upstream_auth().password_file(); !path.empty()) {
+    auto text = ReadConfigText(path);
+    if (!text.ok()) return FieldError("upstream_auth.password_file", text.status().message());
+    password_text = *std::move(text);
+  }
+  auto auth = tenant::CompileUpstreamAuth(p.upstream_auth(), password_text);
   if (!auth.ok()) return auth.status();
   c.upstream_auth = *std::move(auth);
   if (auto s = Validate(c); !s.ok()) return s;

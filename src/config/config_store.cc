@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_join.h"
+#include "keyguard/hygiene/detectors.h"
 
 namespace keyguard::config {
 
@@ -38,8 +38,10 @@ absl::Status ConfigStore::Reload(const char* trigger) {
   if (!loaded.ok()) {
     failures_.fetch_add(1);
     last_error_ = std::string(loaded.status().message());
-    std::fprintf(stderr, "{\"level\":\"error\",\"event\":\"config_reload_failed\",\"trigger\":\"%s\",\"error\":\"%s\"}\n",
-                 trigger, absl::CHexEscape(last_error_).c_str());
+    const std::string line = absl::StrCat(
+        "{\"level\":\"error\",\"event\":\"config_reload_failed\",\"trigger\":\"", hygiene::JsonEscape(trigger),
+        "\",\"version\":", version_.load(), ",\"error\":\"", hygiene::JsonEscape(last_error_), "\"}\n");
+    std::fwrite(line.data(), 1, line.size(), stderr);
     return loaded.status();
   }
   // Only the reloadable settings change; listen, upstream, admin, threads and limits stay as
@@ -52,8 +54,9 @@ absl::Status ConfigStore::Reload(const char* trigger) {
   last_error_.clear();
   reloads_.fetch_add(1);
   const uint64_t v = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  std::fprintf(stderr, "{\"level\":\"info\",\"event\":\"config_reloaded\",\"trigger\":\"%s\",\"version\":%llu}\n",
-               trigger, static_cast<unsigned long long>(v));
+  const std::string line = absl::StrCat("{\"level\":\"info\",\"event\":\"config_reloaded\",\"trigger\":\"",
+                                        hygiene::JsonEscape(trigger), "\",\"version\":", v, "}\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
   return absl::OkStatus();
 }
 

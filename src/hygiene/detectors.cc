@@ -7,11 +7,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace keyguard::hygiene {
-namespace {
-
-std::string Json(std::string_view in) { return absl::StrCat("\"", JsonEscape(in), "\""); }
-
-}  // namespace
 
 std::string JsonEscape(std::string_view in) {
   std::string out;
@@ -28,6 +23,8 @@ std::string JsonEscape(std::string_view in) {
   }
   return out;
 }
+
+std::string JsonString(std::string_view in) { return absl::StrCat("\"", JsonEscape(in), "\""); }
 
 int64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -80,19 +77,19 @@ std::string ShownKey(std::string_view key, KeyMode mode) {
 }
 
 std::string FindingJson(const Finding& f, int64_t unix_ms) {
-  std::string out = absl::StrCat("{\"time_ms\":", unix_ms, ",\"kind\":", Json(KindName(f.kind)), ",\"rule\":",
-                                 Json(KindName(f.kind)), ",\"action\":", Json(ActionName(f.action)), ",\"key\":", Json(f.key),
-                                 ",\"key_pattern\":", Json(f.key_pattern), ",\"command\":", Json(f.command),
-                                 ",\"client\":", Json(f.client), ",\"client_name\":", Json(f.client_name));
-  if (!f.tenant.empty()) absl::StrAppend(&out, ",\"tenant\":", Json(f.tenant));
-  if (!f.format.empty()) absl::StrAppend(&out, ",\"format\":", Json(f.format));
+  std::string out = absl::StrCat("{\"time_ms\":", unix_ms, ",\"kind\":", JsonString(KindName(f.kind)), ",\"rule\":",
+                                 JsonString(KindName(f.kind)), ",\"action\":", JsonString(ActionName(f.action)), ",\"key\":", JsonString(f.key),
+                                 ",\"key_pattern\":", JsonString(f.key_pattern), ",\"command\":", JsonString(f.command),
+                                 ",\"client\":", JsonString(f.client), ",\"client_name\":", JsonString(f.client_name));
+  if (!f.tenant.empty()) absl::StrAppend(&out, ",\"tenant\":", JsonString(f.tenant));
+  if (!f.format.empty()) absl::StrAppend(&out, ",\"format\":", JsonString(f.format));
   if (f.bytes >= 0) absl::StrAppend(&out, ",\"bytes\":", f.bytes);
   if (f.elements >= 0) absl::StrAppend(&out, ",\"elements\":", f.elements);
   if (f.fields_changed >= 0) absl::StrAppend(&out, ",\"fields_changed\":", f.fields_changed);
   if (f.fields_total >= 0) absl::StrAppend(&out, ",\"fields_total\":", f.fields_total);
   if (f.keys >= 0) absl::StrAppend(&out, ",\"keys\":", f.keys);
   if (f.ttl_s >= 0) absl::StrAppend(&out, ",\"ttl_s\":", f.ttl_s);
-  absl::StrAppend(&out, ",\"suggestion\":", Json(f.suggestion), "}");
+  absl::StrAppend(&out, ",\"suggestion\":", JsonString(f.suggestion), "}");
   return out;
 }
 
@@ -175,12 +172,13 @@ void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_vie
     Result rmw{Kind::kSerializedRmw, e.format};
     if (json) {
       int64_t changed = 0;
-      for (const auto& [name, hash] : fields) {
-        auto old = std::find_if(e.fields.begin(), e.fields.end(), [&](const auto& f) { return f.first == name; });
-        if (old == e.fields.end() || old->second != hash) ++changed;
+      // Plain pairs, not structured bindings: clang 14 (the fuzz build) cannot capture those.
+      for (const auto& field : fields) {
+        auto old = std::find_if(e.fields.begin(), e.fields.end(), [&](const auto& f) { return f.first == field.first; });
+        if (old == e.fields.end() || old->second != field.second) ++changed;
       }
-      for (const auto& [name, hash] : e.fields) {
-        if (std::none_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == name; })) ++changed;
+      for (const auto& field : e.fields) {
+        if (std::none_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == field.first; })) ++changed;
       }
       rmw.fields_changed = changed;
       rmw.fields_total = static_cast<int64_t>(std::max(fields.size(), e.fields.size()));

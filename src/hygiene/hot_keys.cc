@@ -239,8 +239,8 @@ void HotKeysBoard::Publish(size_t slot, Published p) {
 
 namespace {
 
-std::string Quoted(absl::string_view s) { return absl::StrCat("\"", JsonEscape(std::string_view(s.data(), s.size())), "\""); }
-std::string Quoted(std::string_view s) { return Quoted(absl::string_view(s.data(), s.size())); }
+std::string Quoted(absl::string_view s) { return JsonString(std::string_view(s.data(), s.size())); }
+std::string Quoted(std::string_view s) { return JsonString(s); }
 
 // "key":..,"tenant":..,"key_pattern":.. of an item.
 std::string KeyFields(absl::string_view item, HotKeysBoard::PatternFn pattern) {

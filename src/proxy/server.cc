@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "admin/admin_server.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/hygiene/detectors.h"
 #include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/framer.h"
@@ -24,6 +25,14 @@
 
 namespace keyguard::proxy {
 namespace {
+
+// Lifecycle events, one JSON object per line on stdout (warnings and errors from sessions and
+// reloads go to stderr, also as JSON lines).
+void LogLine(const std::string& json) {
+  const std::string line = json + "\n";
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
+}
 
 awaitable<void> Accept(Worker& worker, tcp::acceptor& acceptor) {
   for (;;) {
@@ -126,10 +135,12 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   const size_t builtin = commands::CommandCount();
   auto added = ExtendCommandTable(*upstream, config.upstream_connect_timeout_ms + 3000);
   if (added.ok()) {
-    std::printf("keyguard: command table: %zu built-in, %d added from the upstream's COMMAND INFO\n", builtin - 1, *added);
+    LogLine(absl::StrCat("{\"level\":\"info\",\"event\":\"command_table\",\"builtin\":", builtin - 1,
+                         ",\"added_from_upstream\":", *added, "}"));
   } else {
-    std::printf("keyguard: command table: %zu built-in; upstream COMMAND INFO unavailable (%s)\n", builtin - 1,
-                std::string(added.status().message()).c_str());
+    LogLine(absl::StrCat("{\"level\":\"warn\",\"event\":\"command_table\",\"builtin\":", builtin - 1,
+                         ",\"added_from_upstream\":0,\"error\":",
+                         hygiene::JsonString(absl::StrCat("upstream COMMAND INFO unavailable: ", added.status().message())), "}"));
   }
 
   int nthreads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -173,11 +184,14 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   admin::AdminServer admin(control, registry, config, store, findings, hot_keys, *upstream, draining);
   if (auto s = admin.Listen(); !s.ok()) return s;
 
-  std::printf("keyguard %s listening on %s:%u, upstream %s, admin http://%s:%u/metrics, %d worker threads\n",
-              KEYGUARD_VERSION, bound.address().to_string().c_str(), bound.port(),
-              config.upstream.ToString().c_str(), admin.endpoint().address().to_string().c_str(),
-              admin.endpoint().port(), nthreads);
-  std::fflush(stdout);
+  const auto address = [](const tcp::endpoint& e) {
+    return config::HostPort{e.address().to_string(), e.port()}.ToString();
+  };
+  LogLine(absl::StrCat("{\"level\":\"info\",\"event\":\"listening\",\"version\":", hygiene::JsonString(KEYGUARD_VERSION),
+                       ",\"listen\":", hygiene::JsonString(address(bound)),
+                       ",\"upstream\":", hygiene::JsonString(config.upstream.ToString()),
+                       ",\"admin\":", hygiene::JsonString(absl::StrCat("http://", address(admin.endpoint()), "/metrics")),
+                       ",\"worker_threads\":", nthreads, "}"));
 
   for (int i = 0; i < nthreads; ++i) {
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
@@ -211,8 +225,8 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   };
   signals.async_wait([&](error_code ec, int signo) {
     if (ec) return;
-    std::printf("keyguard: signal %d, draining (up to %d ms)\n", signo, config.drain_timeout_ms);
-    std::fflush(stdout);
+    LogLine(absl::StrCat("{\"level\":\"info\",\"event\":\"draining\",\"signal\":", signo,
+                         ",\"drain_timeout_ms\":", config.drain_timeout_ms, "}"));
     draining = true;
     registry.draining().Add(1);
     deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config.drain_timeout_ms);
@@ -264,8 +278,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     w->io.restart();
     w->io.poll();
   }
-  std::printf("keyguard: stopped\n");
-  std::fflush(stdout);
+  LogLine("{\"level\":\"info\",\"event\":\"stopped\"}");
   return absl::OkStatus();
 }
 

@@ -3,8 +3,6 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -224,7 +222,7 @@ const User* Tenancy::Authenticate(std::string_view user, std::string_view passwo
   return nullptr;
 }
 
-absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const v1::UpstreamAuth& p) {
+absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const v1::UpstreamAuth& p, std::string_view password_file_text) {
   UpstreamAuth a;
   a.user = p.user();
   if (!p.password().empty() && !p.password_file().empty()) {
@@ -232,11 +230,7 @@ absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const v1::UpstreamAuth& p) {
   }
   a.password = p.password();
   if (!p.password_file().empty()) {
-    std::ifstream in(p.password_file());
-    if (!in) return FieldError("upstream_auth.password_file", absl::StrCat("cannot open ", p.password_file()));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    a.password = ss.str();
+    a.password = std::string(password_file_text);
     while (!a.password.empty() && (a.password.back() == '\n' || a.password.back() == '\r')) a.password.pop_back();
     if (a.password.empty()) return FieldError("upstream_auth.password_file", absl::StrCat(p.password_file(), " is empty"));
   }

@@ -1,4 +1,5 @@
 """Fixtures: a real redis-server and real keyguard processes on free ports."""
+import json
 import os
 import signal
 import socket
@@ -84,6 +85,10 @@ class Redis:
             self.proc.wait(PATIENCE)
 
 
+# Every keyguard a test started; after the test, each one's output must be JSON lines only.
+_started = []
+
+
 class Keyguard:
     def __init__(self, upstream_port, config=None, threads=2, extra=()):
         self.port = free_port()
@@ -101,6 +106,7 @@ class Keyguard:
                  "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        _started.append(self)
         wait_port(self.port, proc=self.proc)
         wait_port(self.admin_port, proc=self.proc)
 
@@ -128,6 +134,19 @@ class Keyguard:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
+    def log_lines(self):
+        """Every line keyguard wrote (stdout and stderr), each parsed as a JSON object; fails the
+        test on a line that is not one (keyguard's log is JSON lines only, for log pipelines)."""
+        return parse_log_lines(self.log_bytes())
+
+    def log_bytes(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def events(self, name):
+        """The log lines whose "event" is `name`, in order."""
+        return [line for line in self.log_lines() if line.get("event") == name]
+
     def stop(self, sig=signal.SIGTERM, timeout=PATIENCE):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -140,6 +159,32 @@ class Keyguard:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1])
         return 0
+
+
+def parse_log_lines(raw):
+    """`raw` (bytes) as JSON objects, one a line; pytest.fail names the first line that is not."""
+    lines = []
+    for n, line in enumerate(raw.split(b"\n"), 1):
+        if not line:
+            continue
+        try:
+            value = json.loads(line.decode("utf-8"))
+        except ValueError as e:
+            pytest.fail("keyguard output line %d is not JSON (%s): %r" % (n, e, line))
+        if not isinstance(value, dict):
+            pytest.fail("keyguard output line %d is not a JSON object: %r" % (n, line))
+        lines.append(value)
+    return lines
+
+
+@pytest.fixture(autouse=True)
+def keyguard_logs_are_json():
+    """After each test, everything the keyguard processes it started wrote must be JSON lines."""
+    yield
+    started = list(_started)
+    del _started[:]
+    for kg in started:
+        kg.log_lines()
 
 
 @pytest.fixture(scope="session")

@@ -108,9 +108,9 @@ def test_warn_logs_a_json_line(fresh):
         c = RespConn(kg.port)
         assert c.call("CLIENT", "SETNAME", "checkout") == "OK"
         assert c.call("SET", "Cart:7", "1") == "OK"
-        def json_lines():
-            return [json.loads(line) for line in kg.output().splitlines() if line.startswith("{")]
-        lines = wait_until(json_lines, "the warn line")
+        def warn_lines():
+            return [line for line in kg.log_lines() if line["level"] == "warn"]
+        lines = wait_until(warn_lines, "the warn line")
         assert len(lines) == 1, kg.output()
         line = lines[0]
         client = line.pop("client")

@@ -441,6 +441,7 @@ def test_sigterm_drains_in_flight_replies(redis_server):
     redis.Redis(port=redis_server.port).rpush("drain-q", "last")
     assert c.value() == [b"drain-q", b"last"]
     assert kg.proc.wait(60) == 0
+    assert kg.events("draining") == [{"level": "info", "event": "draining", "signal": 15, "drain_timeout_ms": 600000}]
 
 
 def test_sigterm_drain_timeout_closes_stuck_clients(redis_server):

@@ -11,7 +11,7 @@ import tempfile
 import pytest
 import redis
 
-from conftest import PATIENCE, ROOT, Redis, free_port, wait_port, wait_until
+from conftest import PATIENCE, ROOT, Redis, free_port, parse_log_lines, wait_port, wait_until
 
 EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "examples", "*.yaml")))
 
@@ -37,6 +37,13 @@ class RunScript:
         os.killpg(self.proc.pid, sig)
         self.out, _ = self.proc.communicate(timeout=PATIENCE)
         return self.out
+
+    def keyguard_events(self, name):
+        """keyguard's log lines (JSON) with this event; run.sh's own lines (and install-deps.sh's
+        when it installs something) are text and left out."""
+        ours = ("started a private redis-server", "connect with:", "installing:")
+        lines = [line for line in self.out.splitlines(True) if not line.startswith(ours) and " names upstream " not in line]
+        return [e for e in parse_log_lines("".join(lines).encode()) if e["event"] == name]
 
     def private_port(self):
         marker = "started a private redis-server on 127.0.0.1:"
@@ -72,8 +79,9 @@ def test_run_script_starts_private_redis_proxies_and_leaves_nothing(sig):
     finally:
         out = run.stop(sig)
     assert "started a private redis-server on 127.0.0.1:" in out
-    assert "listening on 127.0.0.1:%d" % run.port in out
-    assert "admin http://127.0.0.1:%d/metrics" % run.admin in out
+    [listening] = run.keyguard_events("listening")
+    assert listening["listen"] == "127.0.0.1:%d" % run.port
+    assert listening["admin"] == "http://127.0.0.1:%d/metrics" % run.admin
     assert_nothing_left(run)
 
 

@@ -394,7 +394,8 @@ def test_static_tenant_and_upstream_credentials():
         try:
             assert error(RespConn(bad.port), "PING") == "ERR keyguard: upstream unavailable"
             assert bad.metric('keyguard_upstream_errors_total{reason="auth"}') == 1
-            assert '"event":"upstream_auth_failed"' in bad.output()
+            assert [e["error"] for e in bad.events("upstream_auth_failed")] == [
+                "WRONGPASS invalid username-password pair or user is disabled."]
         finally:
             bad.stop()
     finally:

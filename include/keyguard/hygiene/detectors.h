@@ -111,8 +111,12 @@ struct Finding {
 };
 
 // The body of a JSON string for `in` (quotes and backslashes escaped, other bytes outside
-// printable ASCII as \u00XX), for the JSON lines keyguard logs.
+// printable ASCII as \u00XX), for the JSON lines keyguard logs: always valid JSON, whatever the
+// bytes (control characters, invalid UTF-8), and reversible (the decoded string's code points are
+// the original bytes: Python's `s.encode("latin-1")`). The one JSON escaper of the code base.
 std::string JsonEscape(std::string_view in);
+// The same in double quotes: a whole JSON string value.
+std::string JsonString(std::string_view in);
 // Wall-clock milliseconds since the epoch.
 int64_t UnixMs();
 

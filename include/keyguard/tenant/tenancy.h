@@ -76,7 +76,10 @@ struct UpstreamAuth {
   std::string user;      // empty: AUTH <password>
   std::string password;  // empty: no AUTH
 };
-absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const config::v1::UpstreamAuth& proto);
+// `password_file_text` is the text of proto.password_file when that is set (the config loader
+// reads it, with the same checks as the config file itself); one trailing newline is dropped.
+absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const config::v1::UpstreamAuth& proto,
+                                                 std::string_view password_file_text = "");
 
 Digest Sha256(std::string_view data);
 std::string Sha1Hex(std::string_view data);
