@@ -1,7 +1,6 @@
 """Key-name policy through keyguard against a real redis-server: the shipped examples, rejects in
 pipelines and MULTI, rewrites of multi-key commands (checked against the keys Redis really
 stores), warn log lines, and exact violation metrics."""
-import json
 import os
 import subprocess
 
