@@ -1,7 +1,8 @@
 // Framing throughput on redis-benchmark-shaped traffic (pipelined SET/GET with 3-byte values and
 // key:NNNNNNNNNNNN keys), for requests and for replies. Target: >= 1 GB/s per core. Also replies
 // that take the framer's aggregate path: a flat LRANGE-shaped array, an array of pairs
-// (ZRANGE WITHSCORES in RESP3: one nested aggregate per element), and nesting 100 levels deep.
+// (ZRANGE WITHSCORES in RESP3: one nested aggregate per element), and nesting 100 and 10000 levels
+// deep.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -98,6 +99,7 @@ void BM_ReplyFramerShape(benchmark::State& state, std::string (*make)()) { Frame
 BENCHMARK_CAPTURE(BM_ReplyFramerShape, flat_array, FlatArray);
 BENCHMARK_CAPTURE(BM_ReplyFramerShape, array_of_pairs, ArrayOfPairs);
 BENCHMARK_CAPTURE(BM_ReplyFramerShape, nested_100, [] { return Nested(100); });
+BENCHMARK_CAPTURE(BM_ReplyFramerShape, nested_10000, [] { return Nested(10000); });
 
 }  // namespace
 
