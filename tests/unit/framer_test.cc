@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "keyguard/resp/encoder.h"
 #include "keyguard/resp/value.h"
 
 namespace keyguard::resp {
@@ -287,6 +288,36 @@ TEST(ReplyFramer, MillionLevelsDeep) {
   const std::string next = "*2\r\n:1\r\n*1\r\n+a\r\n";
   ASSERT_EQ(f.Next(next.data(), next.size()), Status::kOk);
   EXPECT_EQ(f.consumed(), next.size());
+}
+
+// ParseValue parses the levels a reply rewrite looks at and keeps deeper aggregates as the bytes
+// they came as: no recursion without bound, and the value encodes back to the same bytes.
+TEST(ParseValue, DeepValuesKeepTheirBytesBelowTheParsedLevels) {
+  for (int depth : {1000, 10000, 1000000}) {
+    SCOPED_TRACE("depth " + std::to_string(depth));
+    const std::string frame = DeepReply(depth);
+    const std::optional<Value> v = ParseValue(frame);
+    ASSERT_TRUE(v.has_value());
+    std::string out;
+    AppendValue(&out, *v);
+    EXPECT_TRUE(out == frame);
+    // Follow the nesting (the one element that is an aggregate, or an attribute's) down to where
+    // ParseValue stopped.
+    int parsed = 0;
+    const Value* at = &*v;
+    while (!at->unparsed) {
+      const Value* next = nullptr;
+      for (const auto* list : {&at->attributes, &at->elements}) {
+        for (const Value& e : *list) {
+          if (e.unparsed || !e.elements.empty() || !e.attributes.empty()) next = &e;
+        }
+      }
+      ASSERT_NE(next, nullptr) << "parsed " << parsed;
+      at = next;
+      ++parsed;
+    }
+    EXPECT_EQ(parsed, kMaxParseDepth);
+  }
 }
 
 TEST(ReplyFramer, LargeBulkHint) {
