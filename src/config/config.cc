@@ -182,10 +182,7 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("limits.max_inline_len", l.max_inline_len(), 16, int64_t{1} << 30); !s.ok()) return s;
     c.limits.max_inline_len = static_cast<size_t>(l.max_inline_len());
   }
-  if (l.has_max_depth()) {
-    if (auto s = range("limits.max_depth", l.max_depth(), 1, 4096); !s.ok()) return s;
-    c.limits.max_depth = l.max_depth();
-  }
+  // limits.max_depth is accepted and ignored: replies nest as deep as the server sends them.
   if (l.has_max_pending_commands()) {
     if (auto s = range("limits.max_pending_commands", l.max_pending_commands(), 1, int64_t{1} << 30); !s.ok()) return s;
     c.max_pending_commands = l.max_pending_commands();

@@ -82,7 +82,7 @@ std::string DescribeConfig(const ProxyConfig& c) {
                                  "\ndrain_timeout_ms: ", c.drain_timeout_ms, "\ndeny_commands: [",
                                  absl::StrJoin(c.deny_commands, ", "), "]\nlimits:\n  max_bulk_len: ",
                                  c.limits.max_bulk_len, "\n  max_multibulk_len: ", c.limits.max_multibulk_len,
-                                 "\n  max_inline_len: ", c.limits.max_inline_len, "\n  max_depth: ", c.limits.max_depth,
+                                 "\n  max_inline_len: ", c.limits.max_inline_len,
                                  "\n  max_pending_commands: ", c.max_pending_commands, "\n  max_output_buffer: ",
                                  c.max_output_buffer, "\n  read_buffer_size: ", c.read_buffer_size,
                                  "\nunknown_commands: ", c.reject_unknown_commands ? "reject" : "forward",

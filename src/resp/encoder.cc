@@ -47,6 +47,10 @@ void AppendCommand(std::string* out, std::span<const std::string_view> args) {
 }
 
 void AppendValue(std::string* out, const Value& v) {
+  if (v.unparsed) {
+    out->append(v.text);
+    return;
+  }
   if (!v.attributes.empty()) {
     AppendHeader(out, '|', static_cast<int64_t>(v.attributes.size() / 2));
     for (const Value& a : v.attributes) AppendValue(out, a);

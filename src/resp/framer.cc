@@ -214,7 +214,13 @@ void ReplyFramer::Reset() {
   pos_ = 0;
   scan_pos_ = 0;
   pending_bulk_ = -1;
-  stack_.clear();
+  depth_ = 0;
+  outer_size_ = 0;
+  if (outer_capacity_ > kOuterKept) {
+    outer_heap_.reset();
+    outer_ = outer_inline_;
+    outer_capacity_ = kOuterInline;
+  }
 }
 
 Status ReplyFramer::Fail(std::string text) {
@@ -225,7 +231,7 @@ Status ReplyFramer::Fail(std::string text) {
 
 void ReplyFramer::RecordScalar(char type, size_t off, size_t len) {
   if (head_closed_) return;
-  if (stack_.empty()) {
+  if (depth_ == 0) {
     // The top-level value is a scalar.
     head_types_[0] = type;
     head_off_[0] = {off, len};
@@ -233,24 +239,77 @@ void ReplyFramer::RecordScalar(char type, size_t off, size_t len) {
     head_closed_ = true;
     return;
   }
-  if (stack_.size() == 1 && !stack_[0].attribute && head_count_ < kHeadElements) {
+  if (depth_ == 1 && !attribute_ && head_count_ < kHeadElements) {
     head_types_[head_count_] = type;
     head_off_[head_count_] = {off, len};
     ++head_count_;
   }
 }
 
-bool ReplyFramer::ElementDone() {
-  while (!stack_.empty()) {
-    Level& top = stack_.back();
-    ++top.index;
-    if (--top.remaining > 0) return false;
-    const bool attribute = top.attribute;
-    stack_.pop_back();
-    // A finished attribute is not an element of its parent: the value it annotates follows.
-    if (attribute) return false;
+void ReplyFramer::GrowOuter() {
+  auto bigger = std::make_unique<uint8_t[]>(outer_capacity_ * 2);
+  std::memcpy(bigger.get(), outer_, outer_size_);
+  outer_heap_ = std::move(bigger);
+  outer_ = outer_heap_.get();
+  outer_capacity_ *= 2;
+}
+
+inline void ReplyFramer::Open(int64_t elements, bool attribute) {
+  if (depth_ > 0) {
+    // Save the enclosing level: 5 bytes at most with Redis's limits (a count below 2^33 and the
+    // attribute bit), 10 for any uint64.
+    if (outer_capacity_ - outer_size_ < 10) GrowOuter();
+    uint64_t v = static_cast<uint64_t>(remaining_) << 1 | (attribute_ ? 1 : 0);
+    uint8_t* out = outer_ + outer_size_;
+    *out++ = static_cast<uint8_t>(0x80 | (v & 0x7f));
+    while ((v >>= 7) != 0) *out++ = static_cast<uint8_t>(v & 0x7f);
+    outer_size_ = out - outer_;
   }
-  return true;
+  ++depth_;
+  remaining_ = elements;
+  attribute_ = attribute;
+}
+
+inline bool ReplyFramer::ElementDone() {
+  if (depth_ == 0) return true;
+  if (--remaining_ > 0) return false;
+  return CloseLevels();
+}
+
+bool ReplyFramer::CloseLevels() {
+  // On locals: the loop may close many levels, and members would be stored on every one.
+  size_t depth = depth_;
+  int64_t remaining;
+  bool attribute = attribute_;
+  const uint8_t* in = outer_ + outer_size_;
+  bool done;
+  for (;;) {
+    const bool closed_attribute = attribute;
+    if (--depth == 0) {
+      done = !closed_attribute;  // a top-level attribute: the value it annotates follows
+      remaining = 0;
+      break;
+    }
+    // Back to the enclosing level: read its count from the end of `outer_`.
+    uint8_t b = *--in;
+    uint64_t v = b & 0x7f;
+    while ((b & 0x80) == 0) {
+      b = *--in;
+      v = v << 7 | (b & 0x7f);
+    }
+    remaining = static_cast<int64_t>(v >> 1);
+    attribute = (v & 1) != 0;
+    // A finished attribute is not an element of its parent: the value it annotates follows.
+    if (closed_attribute || --remaining > 0) {
+      done = false;
+      break;
+    }
+  }
+  depth_ = depth;
+  remaining_ = remaining;
+  attribute_ = attribute;
+  outer_size_ = in - outer_;
+  return done;
 }
 
 Status ReplyFramer::Next(const char* data, size_t len) {
@@ -312,7 +371,7 @@ Status ReplyFramer::Next(const char* data, size_t len) {
       RecordScalar(pending_type_, pos_, static_cast<size_t>(pending_bulk_));
       pos_ = need;
       pending_bulk_ = -1;
-      if (ElementDone() && stack_.empty()) break;
+      if (ElementDone()) break;
       continue;
     }
     const char* p = data + pos_;
@@ -348,7 +407,7 @@ Status ReplyFramer::Next(const char* data, size_t len) {
     const std::string_view line(p + 1, cr - p - 1);
     const size_t line_off = pos_ + 1;
     pos_ = cr + 2 - data;
-    if (stack_.empty() && t != '|') top_type_ = t;
+    if (depth_ == 0 && t != '|') top_type_ = t;
     switch (t) {
       case '+':
       case '-':
@@ -373,7 +432,7 @@ Status ReplyFramer::Next(const char* data, size_t len) {
       case '=': {
         if (!have_number && !ParseRedisInt(line, &number)) return Fail("invalid bulk length");
         if (number == -1 && t == '$') {
-          if (stack_.empty()) top_size_ = -1;
+          if (depth_ == 0) top_size_ = -1;
           RecordScalar('_', line_off, 0);
           break;
         }
@@ -389,27 +448,26 @@ Status ReplyFramer::Next(const char* data, size_t len) {
       case '|': {
         if (!have_number && !ParseRedisInt(line, &number)) return Fail("invalid multibulk length");
         if (number == -1 && t == '*') {
-          if (stack_.empty()) top_size_ = -1;
+          if (depth_ == 0) top_size_ = -1;
           RecordScalar('_', line_off, 0);
           break;
         }
         if (number < 0 || number > limits_.max_multibulk_len) return Fail("invalid multibulk length");
-        if (t != '|' && stack_.size() == 1 && !stack_[0].attribute) head_closed_ = true;
-        if (stack_.empty() && t != '|') top_size_ = number;
-        if (static_cast<int>(stack_.size()) >= limits_.max_depth) return Fail("nesting too deep");
+        if (t != '|' && depth_ == 1 && !attribute_) head_closed_ = true;
+        if (depth_ == 0 && t != '|') top_size_ = number;
         const int64_t elements = (t == '%' || t == '|') ? number * 2 : number;
         if (elements > 0) {
-          stack_.push_back(Level{elements, 0, t == '|'});
+          Open(elements, t == '|');
           continue;
         }
         if (t == '|') continue;  // an empty attribute: the annotated value follows
-        if (stack_.empty()) head_closed_ = true;
+        if (depth_ == 0) head_closed_ = true;
         break;
       }
       default:
         return Fail(absl::StrCat("unexpected type byte 0x", absl::Hex(static_cast<unsigned char>(t))));
     }
-    if (ElementDone() && stack_.empty()) break;
+    if (ElementDone()) break;
   }
   consumed_ = pos_;
   for (int i = 0; i < head_count_; ++i) {

@@ -7,23 +7,42 @@
 namespace keyguard::resp {
 namespace {
 
-constexpr int kMaxDepth = 128;
+// Keeps the value at *pos, an aggregate with any attributes before it, as its bytes: the framer
+// finds where it ends without recursing.
+bool ParseUnparsed(std::string_view in, size_t* pos, Value* out) {
+  Limits limits;
+  limits.max_bulk_len = static_cast<int64_t>(in.size());  // any bulk that fits in the frame
+  ReplyFramer framer(limits);
+  if (framer.Next(in.data() + *pos, in.size() - *pos) != Status::kOk) return false;
+  out->type = in[*pos];
+  out->unparsed = true;
+  out->text = in.substr(*pos, framer.consumed());
+  *pos += framer.consumed();
+  return true;
+}
 
 bool ParseAt(std::string_view in, size_t* pos, Value* out, int depth) {
-  if (depth > kMaxDepth || *pos >= in.size()) return false;
-  const size_t crlf = in.find("\r\n", *pos);
-  if (crlf == std::string_view::npos) return false;
-  const char t = in[*pos];
-  const std::string_view line = in.substr(*pos + 1, crlf - *pos - 1);
-  *pos = crlf + 2;
-  if (t == '|') {
-    int64_t n;
-    if (!ParseRedisInt(line, &n) || n < 0) return false;
-    out->attributes.resize(static_cast<size_t>(n) * 2);
-    for (Value& v : out->attributes) {
-      if (!ParseAt(in, pos, &v, depth + 1)) return false;
+  char t;
+  std::string_view line;
+  for (;;) {
+    if (*pos >= in.size()) return false;
+    t = in[*pos];
+    if (depth >= kMaxParseDepth && (t == '*' || t == '~' || t == '%' || t == '>' || t == '|')) {
+      return ParseUnparsed(in, pos, out);
     }
-    return ParseAt(in, pos, out, depth);
+    const size_t crlf = in.find("\r\n", *pos);
+    if (crlf == std::string_view::npos) return false;
+    line = in.substr(*pos + 1, crlf - *pos - 1);
+    *pos = crlf + 2;
+    if (t != '|') break;
+    // An attribute: its pairs, then the value it annotates (or another attribute) follows.
+    int64_t n;
+    if (!ParseRedisInt(line, &n) || n < 0 || static_cast<uint64_t>(n) > in.size()) return false;
+    const size_t first = out->attributes.size();
+    out->attributes.resize(first + static_cast<size_t>(n) * 2);
+    for (size_t i = first; i < out->attributes.size(); ++i) {
+      if (!ParseAt(in, pos, &out->attributes[i], depth + 1)) return false;
+    }
   }
   out->type = t;
   switch (t) {

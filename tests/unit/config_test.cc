@@ -42,7 +42,7 @@ limits:
   max_bulk_len: 1024
   max_multibulk_len: 10
   max_inline_len: 100
-  max_depth: 8
+  max_depth: 8                  # ignored, still accepted
   max_pending_commands: 5
   max_output_buffer: 8192
   read_buffer_size: 1024
@@ -54,7 +54,6 @@ limits:
   EXPECT_EQ(c->threads, 3);
   EXPECT_EQ(c->deny_commands, (std::vector<std::string>{"flushall", "flushdb"}));
   EXPECT_EQ(c->limits.max_bulk_len, 1024);
-  EXPECT_EQ(c->limits.max_depth, 8);
   EXPECT_EQ(c->max_pending_commands, 5);
   EXPECT_EQ(c->read_buffer_size, 1024);
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "keyguard/resp/encoder.h"
 #include "keyguard/resp/value.h"
 
 namespace keyguard::resp {
@@ -227,11 +228,96 @@ TEST(ReplyFramer, RejectsMalformedReplies) {
   }
 }
 
-TEST(ReplyFramer, DepthLimit) {
-  Limits limits;
-  limits.max_depth = 3;
-  EXPECT_EQ(FeedReplies("*1\r\n*1\r\n*1\r\n:1\r\n", 0, limits).error, "");
-  EXPECT_EQ(FeedReplies("*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", 0, limits).error, "nesting too deep");
+// A reply nested `depth` aggregates deep, cycling through every aggregate type: arrays, maps
+// (the nesting as a value with a pair after it, and as a key), sets, pushes, and an attribute
+// whose value holds the rest of the nesting, so that levels still have elements to come when the
+// innermost one ends.
+std::string DeepReply(int depth) {
+  struct Level {
+    const char* open;
+    const char* close;
+  };
+  static constexpr Level kLevels[] = {
+      {"*1\r\n", ""},
+      {"%2\r\n+k\r\n", "+k2\r\n:2\r\n"},
+      {"~2\r\n:7\r\n", ""},
+      {">1\r\n", ""},
+      {"|1\r\n+a\r\n", "$1\r\nx\r\n"},
+      {"*3\r\n:1\r\n", "$-1\r\n"},
+      {"%1\r\n", ":1\r\n"},
+  };
+  constexpr int kKinds = sizeof(kLevels) / sizeof(kLevels[0]);
+  std::string out;
+  for (int i = 0; i < depth; ++i) out += kLevels[i % kKinds].open;
+  out += "_\r\n";
+  for (int i = depth - 1; i >= 0; --i) out += kLevels[i % kKinds].close;
+  return out;
+}
+
+// Replies are the server's: a Lua script returning a recursive table makes Redis nest until its
+// Lua stack runs out (7995 levels in 7.0), and the framer must pass that, and deeper, whole.
+TEST(ReplyFramer, DeepRepliesPassWhole) {
+  struct Case {
+    int depth;
+    std::vector<size_t> fragments;
+  };
+  for (const Case& c : {Case{1000, {0, 100, 10, 2, 1}}, Case{10000, {0, 100, 10, 2, 1}}, Case{100000, {0, 100, 1}}}) {
+    const std::string deep = DeepReply(c.depth);
+    for (size_t frag : c.fragments) {
+      SCOPED_TRACE("depth " + std::to_string(c.depth) + ", fragment size " + std::to_string(frag));
+      const ReplyResult r = FeedReplies(deep + "+PONG\r\n", frag);
+      EXPECT_EQ(r.error, "");
+      ASSERT_EQ(r.frames.size(), 2u);
+      EXPECT_EQ(r.frames[0].size(), deep.size());
+      EXPECT_TRUE(r.frames[0] == deep);  // (not EXPECT_EQ: a failure would print megabytes)
+      EXPECT_EQ(r.frames[1], "+PONG\r\n");
+      EXPECT_EQ(r.types, (std::vector<char>{'*', '+'}));
+    }
+  }
+}
+
+TEST(ReplyFramer, MillionLevelsDeep) {
+  std::string deep;
+  for (int i = 0; i < 1000000; ++i) deep += i % 2 == 0 ? "*1\r\n" : "%1\r\n:1\r\n";
+  deep += ":1\r\n";
+  ReplyFramer f;
+  ASSERT_EQ(f.Next(deep.data(), deep.size() - 1), Status::kNeedMore);
+  ASSERT_EQ(f.Next(deep.data(), deep.size()), Status::kOk);
+  EXPECT_EQ(f.consumed(), deep.size());
+  // The framer is usable for the next frame.
+  const std::string next = "*2\r\n:1\r\n*1\r\n+a\r\n";
+  ASSERT_EQ(f.Next(next.data(), next.size()), Status::kOk);
+  EXPECT_EQ(f.consumed(), next.size());
+}
+
+// ParseValue parses the levels a reply rewrite looks at and keeps deeper aggregates as the bytes
+// they came as: no recursion without bound, and the value encodes back to the same bytes.
+TEST(ParseValue, DeepValuesKeepTheirBytesBelowTheParsedLevels) {
+  for (int depth : {1000, 10000, 1000000}) {
+    SCOPED_TRACE("depth " + std::to_string(depth));
+    const std::string frame = DeepReply(depth);
+    const std::optional<Value> v = ParseValue(frame);
+    ASSERT_TRUE(v.has_value());
+    std::string out;
+    AppendValue(&out, *v);
+    EXPECT_TRUE(out == frame);
+    // Follow the nesting (the one element that is an aggregate, or an attribute's) down to where
+    // ParseValue stopped.
+    int parsed = 0;
+    const Value* at = &*v;
+    while (!at->unparsed) {
+      const Value* next = nullptr;
+      for (const auto* list : {&at->attributes, &at->elements}) {
+        for (const Value& e : *list) {
+          if (e.unparsed || !e.elements.empty() || !e.attributes.empty()) next = &e;
+        }
+      }
+      ASSERT_NE(next, nullptr) << "parsed " << parsed;
+      at = next;
+      ++parsed;
+    }
+    EXPECT_EQ(parsed, kMaxParseDepth);
+  }
 }
 
 TEST(ReplyFramer, LargeBulkHint) {

@@ -208,6 +208,18 @@ TEST_F(TenantTest, RepliesLoseThePrefix) {
             "*2\r\n$1\r\nc\r\n:1\r\n");
 }
 
+// A reply nested deeper than ParseValue parses (an EVAL's, inside EXEC) is kept byte for byte
+// while the replies around it are rewritten.
+TEST_F(TenantTest, DeepRepliesInsideExecKeepTheirBytes) {
+  for (int depth : {1000, 1000000}) {
+    std::string deep;
+    for (int i = 0; i < depth; ++i) deep += "*1\r\n";
+    deep += "-ERR reached lua stack limit\r\n";
+    const std::string out = Rep(ReplyRewrite::kExec, "*2\r\n" + deep + "*1\r\n$10\r\ntenant:a:k\r\n", {0, 1});
+    EXPECT_TRUE(out == "*2\r\n" + deep + "*1\r\n$1\r\nk\r\n") << depth << ": " << out.substr(0, 100);
+  }
+}
+
 TEST_F(TenantTest, PushesAreConfined) {
   EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$13\r\ntenant:a:news\r\n$2\r\nhi\r\n"), "*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n");
   EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$13\r\ntenant:b:news\r\n$2\r\nhi\r\n"), "DROP");

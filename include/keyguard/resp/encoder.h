@@ -21,8 +21,9 @@ void AppendArrayHeader(std::string* out, int64_t count);
 // A command as a multibulk request: "*<n>\r\n$<len>\r\n<arg>\r\n...".
 void AppendCommand(std::string* out, std::span<const std::string_view> args);
 
-// Re-encodes a parsed value (attributes included); aggregate lengths follow `elements`, so
-// elements removed from a parsed reply are gone from the encoding too.
+// Re-encodes a parsed value (attributes included; an unparsed one as its bytes); aggregate
+// lengths follow `elements`, so elements removed from a parsed reply are gone from the encoding
+// too.
 void AppendValue(std::string* out, const Value& v);
 
 }  // namespace keyguard::resp

@@ -14,17 +14,19 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <memory>
 #include <vector>
 
 namespace keyguard::resp {
 
 // Protocol limits. Defaults are Redis's own (proto-max-bulk-len, PROTO_INLINE_MAX_SIZE, INT_MAX
-// multibulk length for an authenticated client).
+// multibulk length for an authenticated client). Replies nest without limit: they are the
+// server's, and Redis nests as deep as a Lua script's table does (a recursive one: until Lua's
+// stack runs out, 7995 levels in Redis 7.0).
 struct Limits {
   int64_t max_bulk_len = 512LL * 1024 * 1024;  // bytes in one bulk string
   int64_t max_multibulk_len = 2147483647;      // elements in one multibulk request or aggregate
   size_t max_inline_len = 64 * 1024;           // bytes of an inline request or a count line
-  int max_depth = 128;                         // nesting of aggregates in a reply
 };
 
 enum class Status { kOk, kNeedMore, kProtocolError };
@@ -76,9 +78,14 @@ class RequestFramer {
 
 // Parses what a server sends: + - : $ * and the RESP3 types _ , # ! = ( % ~ | >. An attribute
 // (`|`) belongs to the value that follows it, so a frame is the attribute plus that value.
+// Aggregates nest to any depth without recursion: the framer keeps one small count per open
+// level (1 byte for an aggregate with fewer than 64 elements left, at most 5), inline for the
+// first 64 bytes and on the heap past them; a heap part over 4 KiB is freed once the frame ends.
 class ReplyFramer {
  public:
   explicit ReplyFramer(const Limits& limits = Limits()) : limits_(limits) {}
+  ReplyFramer(const ReplyFramer&) = delete;  // outer_ may point into the object itself
+  ReplyFramer& operator=(const ReplyFramer&) = delete;
 
   // A scalar element of the top-level aggregate (or the top-level value itself).
   struct Scalar {
@@ -103,14 +110,15 @@ class ReplyFramer {
   void Reset();
 
  private:
-  struct Level {
-    int64_t remaining;
-    int64_t index;  // elements seen so far at this level
-    bool attribute;
-  };
   Status Fail(std::string text);
-  // Returns true when the whole frame is complete.
+  // Opens an aggregate (or attribute) of `elements` elements inside the current one.
+  void Open(int64_t elements, bool attribute);
+  void GrowOuter();
+  // Counts one element of the innermost aggregate; returns true when the whole frame is complete.
   bool ElementDone();
+  // ElementDone() for an element that ends the innermost aggregate: closes it, and the levels
+  // around it that end with it.
+  bool CloseLevels();
   void RecordScalar(char type, size_t off, size_t len);
 
   Limits limits_;
@@ -119,7 +127,21 @@ class ReplyFramer {
   size_t scan_pos_ = 0;     // where the search for the current line's CRLF resumes
   int64_t pending_bulk_ = -1;
   char pending_type_ = 0;
-  std::vector<Level> stack_;
+  // Open aggregates: how many, and of the innermost one the elements still to come (pairs count
+  // twice) and whether it is an attribute. The enclosing ones are saved in `outer_` as
+  // (remaining << 1 | attribute), 7 bits a byte, least significant group first with bit 7 set, so
+  // that the last number can be read back from the end. `outer_` is `outer_inline_` until it
+  // needs more, then `outer_heap_`.
+  static constexpr size_t kOuterInline = 64;
+  static constexpr size_t kOuterKept = 4096;  // heap bytes kept from one frame to the next
+  size_t depth_ = 0;
+  int64_t remaining_ = 0;
+  bool attribute_ = false;
+  uint8_t* outer_ = outer_inline_;
+  size_t outer_size_ = 0;
+  size_t outer_capacity_ = kOuterInline;
+  uint8_t outer_inline_[kOuterInline];
+  std::unique_ptr<uint8_t[]> outer_heap_;
   size_t consumed_ = 0;
   size_t hint_ = 0;
   char top_type_ = 0;
