@@ -206,7 +206,8 @@ TEST(ConfigLoadTest, IntegersOutsideTheFieldTypeAreRangeErrors) {
   }
   // After the type, the compiled config checks its own ranges.
   EXPECT_EQ(ParseError("threads: 4294967295"), "threads: must be between 0 and 256");
-  EXPECT_EQ(ParseError("limits: {max_depth: -2147483648}"), "limits.max_depth: must be between 1 and 4096");
+  EXPECT_EQ(ParseError("hygiene: {jitter_percent: 4294967295}"), "hygiene.jitter_percent: must be between 1 and 100");
+  EXPECT_EQ(ParseError("limits: {max_depth: -2147483648}"), "ok");  // deprecated: accepted and ignored
 }
 
 TEST(ConfigLoadTest, EveryNumericTypeKeepsItsRange) {
