@@ -133,10 +133,11 @@ std::string FindingLog::RecentJson() const {
   return out;
 }
 
-void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms) {
+void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms,
+                        uint64_t scope) {
   const Format format = DetectFormat(value);
   if (format == Format::kNone && entries_.empty()) return;  // the common case costs nothing
-  const uint64_t h = Fingerprint(key);
+  const uint64_t h = Fingerprint(key, scope);
   if (format == Format::kNone) {
     entries_.erase(h);
     return;
@@ -159,9 +160,9 @@ void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view
 }
 
 void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
-                         std::vector<Result>* out) {
+                         std::vector<Result>* out, uint64_t scope) {
   if (entries_.empty()) return;
-  auto it = entries_.find(Fingerprint(key));
+  auto it = entries_.find(Fingerprint(key, scope));
   if (it == entries_.end()) return;
   Entry& e = it->second;
   std::erase_if(e.readers, [&](const Reader& r) { return now_ms - r.at_ms > settings_.rmw_window_ms; });
@@ -194,7 +195,7 @@ void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_vie
 }
 
 bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string* parent,
-                               std::vector<std::string>* attributes) {
+                               std::vector<std::string>* attributes, uint64_t scope) {
   const size_t colon = key.rfind(':');
   // Only `parent:attribute` keys with a short attribute name that is not an id.
   if (colon == std::string_view::npos || colon == 0 || colon + 1 >= key.size() || key.size() - colon - 1 > 32) return false;
@@ -205,7 +206,7 @@ bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string
   for (char c : attribute) digits &= c >= '0' && c <= '9';
   if (digits) return false;
   if (now_ms < 0) now_ms = UnixMs();
-  const uint64_t h = Fingerprint(key.substr(0, colon));
+  const uint64_t h = Fingerprint(key.substr(0, colon), scope);
   auto it = parents_.find(h);
   if (it == parents_.end()) {
     if (parents_.size() >= settings_.tracked_keys) parents_.erase(parents_.begin());  // bounded

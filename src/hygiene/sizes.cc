@@ -114,9 +114,10 @@ size_t ProbeQueue::Take(int64_t now_ms, size_t max, std::deque<ProbeRequest>* ou
   return n;
 }
 
-int64_t ExpiryClusters::Add(int64_t second) {
-  Slot& s = slots_[static_cast<uint64_t>(second) % kSlots];
-  if (s.second != second) s = Slot{second, 0};
+int64_t ExpiryClusters::Add(int64_t second, uint64_t scope) {
+  // One second's keys of one scope share a slot; consecutive seconds of a scope never collide.
+  Slot& s = slots_[(static_cast<uint64_t>(second) ^ scope) % kSlots];
+  if (s.second != second || s.scope != scope) s = Slot{second, scope, 0};
   return ++s.count == settings_.expiry_cluster_keys ? s.count : 0;
 }
 

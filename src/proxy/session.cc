@@ -555,6 +555,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
 void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
+  detector_scope_ = t != nullptr ? hygiene::Fingerprint(t->prefix) : hygiene::kFnvBasis;
   if (t != nullptr) reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
   if (t == nullptr) {
     tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
@@ -959,7 +960,7 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
     if (value.size() < 256 && hygiene::DetectFormat(value) == hygiene::Format::kNone) {
       std::string parent;
       std::vector<std::string> names;
-      if (worker_.attributes.OnWrite(key, -1, &parent, &names)) {
+      if (worker_.attributes.OnWrite(key, -1, &parent, &names, detector_scope_)) {
         hygiene::Finding f{hygiene::Kind::kHashCandidate};
         f.elements = static_cast<int64_t>(names.size());
         f.suggestion = absl::StrCat("one attribute per key: keep them in one Hash, HSET ", parent);
@@ -969,7 +970,7 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
     }
     if (worker_.rmw.idle()) return;
     std::vector<hygiene::RmwTracker::Result> results;
-    worker_.rmw.OnWrite(key, id_, value, watching_, hygiene::UnixMs(), &results);
+    worker_.rmw.OnWrite(key, id_, value, watching_, hygiene::UnixMs(), &results, detector_scope_);
     for (const auto& r : results) {
       hygiene::Finding f{r.kind};
       f.format = hygiene::FormatName(r.format);
@@ -1105,7 +1106,7 @@ void Session::DetectTtl(commands::CommandId id, std::span<const std::string_view
     if (!pending_ttl_.empty()) {
       std::erase_if(pending_ttl_, [&](const PendingTtl& t) { return t.key == args[1]; });
     }
-    if (const int64_t n = worker_.expiries.Add(at_s); n > 0) {
+    if (const int64_t n = worker_.expiries.Add(at_s, detector_scope_); n > 0) {
       hygiene::Finding f{hygiene::Kind::kExpiryClustering};
       f.keys = n;
       f.ttl_s = ttl_s;
@@ -1193,7 +1194,8 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
       RememberSize(key, "string", static_cast<int64_t>(bulk.size()), -1);
     }
     if (!worker_.rmw.idle() || hygiene::DetectFormat(bulk) != hygiene::Format::kNone) {
-      worker_.rmw.OnRead(key, id_, bulk, hygiene::UnixMs());
+      worker_.rmw.OnRead(key, id_, bulk, hygiene::UnixMs(),
+                         reply_tenant_ != nullptr ? hygiene::Fingerprint(reply_tenant_->prefix) : hygiene::kFnvBasis);
     }
   } else if (p.reply_check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
     const HygieneInfo& info = HygieneTable()[p.command];

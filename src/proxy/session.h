@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "keyguard/hygiene/serialized.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
 #include "proxy/asio.h"
@@ -210,7 +211,8 @@ class Session : public std::enable_shared_from_this<Session> {
   metrics::Counter* tenant_received_ = nullptr;
   metrics::Counter* tenant_sent_ = nullptr;
   bool upstream_auth_failed_ = false;
-  bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
+  bool desynced_ = false;
+  uint64_t detector_scope_ = hygiene::kFnvBasis;  // the tenant's share of detector state  // a reply showed the server's transaction state differs from keyguard's
 
   // Connection state as the client and the server see it.
   int protocol_ = 2;

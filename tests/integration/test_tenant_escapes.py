@@ -240,3 +240,32 @@ def test_keyspace_patterns_not_provably_confined_are_refused(kg, direct, pattern
     assert c.call("PUBSUB", "CHANNELS", "__keyspace@0__:*") == []  # alice's own: none
     assert c.call("PING") == "PONG"
     bob.close()
+
+
+def test_detectors_keep_each_tenants_state_apart(server, direct):
+    # #12 break 5: detector state was keyed by the client's names, so with a reject rule bob's
+    # write was refused for alice's keys, and the refusal named them.
+    config = CONFIG + "hygiene:\n  expiry_cluster_keys: 4\n  rules:\n    hash_candidate: {action: reject}\n" \
+                      "    expiry_clustering: {action: reject}\n"
+    k = Keyguard(server.port, config=config, threads=1)  # one worker: one set of detector state
+    try:
+        alice, bob = raw(k, "alice"), raw(k, "bob")
+        assert alice.call("SET", "user:1:name", "ann") == "OK"
+        assert alice.call("SET", "user:1:email", "a@x") == "OK"
+        assert bob.call("SET", "user:1:phone", "1") == "OK"  # bob's first attribute, not alice's third
+        refused = alice.call("SET", "user:1:phone", "2")
+        assert isinstance(refused, Exception) and str(refused) == (
+            "ERR keyguard: hash_candidate: one attribute per key: keep them in one Hash, HSET user:1 name ... email ... "
+            "phone ..."), refused
+        at = int(direct.time()[0]) + 3600
+        for i in range(3):  # three keys each in one expiry second: under the threshold for either
+            assert alice.call("SET", "tok:%d" % i, "v", "EXAT", at) == "OK"
+            assert bob.call("SET", "tok:%d" % i, "v", "EXAT", at) == "OK"
+        refused = bob.call("SET", "tok:3", "v", "EXAT", at)  # bob's fourth
+        assert isinstance(refused, Exception) and "expiry_clustering" in str(refused), refused
+        assert direct.get("tenant:b:user:1:phone") == "1" and direct.get("tenant:a:user:1:phone") is None
+        findings = __import__("json").loads(k.http("/debug/findings")[1])["findings"]
+        assert sorted((f["kind"], f["tenant"]) for f in findings) == [("expiry_clustering", "b"),
+                                                                      ("hash_candidate", "a")], findings
+    finally:
+        assert k.stop() == 0, k.output()

@@ -68,6 +68,13 @@ TEST(ExpiryClusters, ReportsOncePerSecondAtTheThreshold) {
   EXPECT_EQ(hits, std::vector<int64_t>{5});
   // A second that reuses the slot starts from zero.
   for (int i = 0; i < 4; ++i) EXPECT_EQ(c.Add(1700000000 + ExpiryClusters::kSlots), 0);
+  // Tenants count apart: four keys each in one second make no cluster for either.
+  const uint64_t a = Fingerprint("tenant:a:"), b = Fingerprint("tenant:b:");
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.Add(1700000100, a), 0);
+    EXPECT_EQ(c.Add(1700000100, b), 0);
+  }
+  EXPECT_EQ(c.Add(1700000100, a), 5);
 }
 
 TEST(Finding, JsonIsTheEventsProto) {

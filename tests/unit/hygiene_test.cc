@@ -108,6 +108,38 @@ TEST(FindingLog, RingIsBoundedAndJson) {
 namespace keyguard::hygiene {
 namespace {
 
+// #12 break 5: two tenants' keys of the same name are different keys; state and findings are
+// per scope (Fingerprint of the tenant prefix).
+TEST(RmwTracker, TenantsNeverShareState) {
+  Settings s;
+  RmwTracker t(s);
+  std::vector<RmwTracker::Result> out;
+  const uint64_t a = Fingerprint("tenant:a:"), b = Fingerprint("tenant:b:");
+  t.OnRead("cart:1", 1, R"({"n":1})", 1000, a);
+  t.OnRead("cart:1", 2, R"({"n":1})", 1001, b);
+  t.OnWrite("cart:1", 1, R"({"n":2})", false, 1002, &out, a);
+  t.OnWrite("cart:1", 2, R"({"n":3})", false, 1003, &out, b);
+  ASSERT_EQ(out.size(), 2u);  // each its own read-modify-write, and no lost update between them
+  EXPECT_EQ(out[0].kind, Kind::kSerializedRmw);
+  EXPECT_EQ(out[1].kind, Kind::kSerializedRmw);
+  out.clear();
+  t.OnWrite("cart:1", 3, R"({"n":4})", false, 1004, &out);  // no tenant: no read was seen
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(AttributeTracker, TenantsNeverShareAParent) {
+  Settings s;
+  AttributeTracker t(s);
+  std::string parent;
+  std::vector<std::string> names;
+  const uint64_t a = Fingerprint("tenant:a:"), b = Fingerprint("tenant:b:");
+  EXPECT_FALSE(t.OnWrite("user:1:name", 0, &parent, &names, a));
+  EXPECT_FALSE(t.OnWrite("user:1:email", 1, &parent, &names, a));
+  EXPECT_FALSE(t.OnWrite("user:1:phone", 2, &parent, &names, b));  // bob's first, not alice's third
+  ASSERT_TRUE(t.OnWrite("user:1:phone", 3, &parent, &names, a));
+  EXPECT_EQ(names, (std::vector<std::string>{"name", "email", "phone"}));
+}
+
 TEST(AttributeTracker, ThreeAttributesUnderOneParentOnce) {
   Settings s;
   AttributeTracker t(s);

@@ -154,7 +154,10 @@ class RmwTracker {
  public:
   explicit RmwTracker(const Settings& s) : settings_(s) {}
 
-  void OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms);
+  // `scope` keeps apart keys of the same name that belong to different tenants:
+  // Fingerprint(tenant prefix), kFnvBasis without tenancy. Every other tracker takes it too.
+  void OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms,
+              uint64_t scope = kFnvBasis);
 
   struct Result {
     Kind kind;
@@ -165,7 +168,7 @@ class RmwTracker {
   // A write of `value` to `key` by `session`; `watched` when the session WATCHes in a transaction
   // (optimistic locking: no lost update). Appends what it finds.
   void OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
-               std::vector<Result>* out);
+               std::vector<Result>* out, uint64_t scope = kFnvBasis);
   size_t tracked() const { return entries_.size(); }
   // Nothing tracked: writes cannot find anything, and only serialized reads need a look.
   bool idle() const { return entries_.empty(); }
@@ -195,7 +198,8 @@ class AttributeTracker {
   // A plain string write of `key` at `now_ms` (-1: read the clock, only for keys that qualify).
   // Returns true the first time the key's parent reaches kThreshold distinct attributes within
   // the window; `parent` and `attributes` then name them.
-  bool OnWrite(std::string_view key, int64_t now_ms, std::string* parent, std::vector<std::string>* attributes);
+  bool OnWrite(std::string_view key, int64_t now_ms, std::string* parent, std::vector<std::string>* attributes,
+               uint64_t scope = kFnvBasis);
   size_t tracked() const { return parents_.size(); }
 
  private:

@@ -19,7 +19,9 @@ Format DetectFormat(std::string_view value);
 // top-level field. Returns false when `json` is not a well-formed top-level object.
 bool JsonTopLevelFields(std::string_view json, std::vector<std::pair<uint64_t, uint64_t>>* out);
 
+// FNV-1a 64's offset basis: the fingerprint of nothing.
+inline constexpr uint64_t kFnvBasis = 1469598103934665603ull;
 // FNV-1a 64 of `bytes`; pass a previous result as `h` to hash a concatenation in parts.
-uint64_t Fingerprint(std::string_view bytes, uint64_t h = 1469598103934665603ull);
+uint64_t Fingerprint(std::string_view bytes, uint64_t h = kFnvBasis);
 
 }  // namespace keyguard::hygiene

@@ -85,13 +85,15 @@ class ExpiryClusters {
  public:
   static constexpr size_t kSlots = 4096;
   explicit ExpiryClusters(const Settings& s) : settings_(s) {}
-  // Records one key expiring at `second` (Unix seconds). Returns the key count when it reaches
-  // Settings::expiry_cluster_keys (once per second), else 0.
-  int64_t Add(int64_t second);
+  // Records one key of `scope` (see RmwTracker::OnRead) expiring at `second` (Unix seconds).
+  // Returns the key count when it reaches Settings::expiry_cluster_keys (once per second and
+  // scope), else 0.
+  int64_t Add(int64_t second, uint64_t scope = kFnvBasis);
 
  private:
   struct Slot {
     int64_t second = -1;
+    uint64_t scope = 0;
     int64_t count = 0;
   };
   const Settings& settings_;
