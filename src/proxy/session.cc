@@ -1504,6 +1504,20 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
     return;
   }
   if (!(quit_sent_ && reason == metrics::UpstreamError::kClosed)) worker_.shard->CountUpstreamError(reason);
+  const bool client_waiting =
+      std::any_of(queue_.begin(), queue_.end(), [](const Pending& p) { return p.kind != Kind::kInternal; });
+  if (reason == metrics::UpstreamError::kAuth && !client_waiting) {
+    // The upstream refused keyguard's own credentials before the client asked anything: as when
+    // the upstream is down at connect, the client's next command gets the error, then the
+    // connection closes (rather than a close with nothing said).
+    upstream_ready_ = false;
+    worker_.shard->upstream_connections.Add(-1);
+    error_code ignored;
+    upstream_.close(ignored);
+    queue_.clear();
+    NotifyQueue();
+    return;
+  }
   AbortPending(kUpstreamUnavailable);
 }
 
