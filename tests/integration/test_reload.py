@@ -60,6 +60,8 @@ def test_reload_on_sighup(fresh):
             f.write(REJECT + "\n")  # "reject" is one byte shorter than "observe"
         assert os.path.getsize(kg.config_path) == st.st_size
         os.utime(kg.config_path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        # A negative check, not a synchronisation: give the 1 s file watch a chance to (wrongly)
+        # reload. A slow machine can only make it miss a wrong reload, never fail a good run.
         time.sleep(1.5)
         assert c.call("SET", "Bad_Key", "2") == "OK"  # not reloaded yet
         kg.proc.send_signal(signal.SIGHUP)
