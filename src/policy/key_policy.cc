@@ -74,6 +74,13 @@ bool WellFormedHashTag(std::string_view key) {
 }  // namespace
 
 
+bool MayCreateKey(uint32_t key_flags, const commands::CommandSpec& spec) {
+  if (key_flags & (commands::kKeyOw | commands::kKeyInsert)) return true;
+  if (key_flags & (commands::kKeyRo | commands::kKeyRm | commands::kKeyDelete)) return false;
+  static const uint32_t kDenyOom = commands::CommandFlagMask("denyoom");
+  return (key_flags & commands::kKeyRw) != 0 && (spec.flags & kDenyOom) != 0;
+}
+
 bool Scope::Matches(commands::CommandId id, const commands::CommandSpec& spec) const {
   if (!commands.empty() && std::find(commands.begin(), commands.end(), id) == commands.end()) return false;
   if ((flags | acl) != 0 && (spec.flags & flags) == 0 && (spec.acl & acl) == 0) return false;
@@ -232,7 +239,9 @@ void KeyPolicy::Check(std::string_view key, commands::CommandId id, const comman
   const bool bad_char = seen & kBad;
   const bool forbidden = seen & kForbidden;
   const bool braces = seen & kBrace;
-  const bool letter_first = !key.empty() && (class_[static_cast<unsigned char>(key[0])] & kLetter);
+  // A leading hash tag is allowed where tags are: `{user:1001}:profile` starts with its tag's letter.
+  const size_t first = allow_hash_tags_ && !key.empty() && key[0] == '{' ? 1 : 0;
+  const bool letter_first = key.size() > first && (class_[static_cast<unsigned char>(key[first])] & kLetter);
   // The common case: a conforming key and only built-in rules that look at its shape.
   if (!has_key_list_rules_ && !upper && !bad_char && !braces && letter_first && key.size() <= max_length_ &&
       segments <= max_segments_ && longest_segment <= max_segment_bytes_ &&

@@ -705,13 +705,18 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
     policy.Check(key, id, spec, &violations_);
     if (violations_.empty()) continue;
     const std::string& pattern = shard.PatternLabel(policy::KeyPattern(key), policy.max_key_patterns());
+    // Rules judge the names a command creates: reading, expiring, deleting or renaming away an
+    // existing bad name is observed, never refused.
+    const bool creates = policy::MayCreateKey(ref.flags, spec);
     bool rewritten = false;
     for (const policy::Violation& v : violations_) {
+      const policy::Action action =
+          v.rule->action == policy::Action::kReject && !creates ? policy::Action::kObserve : v.rule->action;
       shard.key_violations
-          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(v.rule->action),
+          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(action),
                             "\",key_pattern=\"", pattern, "\""))
           .Add();
-      switch (v.rule->action) {
+      switch (action) {
         case policy::Action::kWarn:
           Warn(v, key, id);
           break;

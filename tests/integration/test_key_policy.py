@@ -73,6 +73,35 @@ def test_strict_sort_and_georadius_judge_the_destination_the_server_writes(fresh
         assert kg.stop() == 0
 
 
+def test_strict_refuses_only_the_names_a_command_creates(fresh):
+    # #19: every rule applied to every command, so reading, expiring or deleting an existing
+    # non-conforming key was refused, and so was the fix itself (RENAME to a good name).
+    d = direct(fresh)
+    d.set("User_1001_Profile", "old")
+    d.set("User_1002_Profile", "old")
+    kg = Keyguard(fresh.port, config=example("strict.yaml"))
+    try:
+        c = RespConn(kg.port)
+        out = c.exchange(b"".join(encode(*a) for a in [
+            ("GET", "User_1001_Profile"), ("EXISTS", "User_1001_Profile"), ("TTL", "User_1001_Profile"),
+            ("WATCH", "User_1001_Profile"), ("UNWATCH",), ("EXPIRE", "User_1001_Profile", "100"),
+            ("PERSIST", "User_1001_Profile"), ("TYPE", "User_1001_Profile"),
+            ("RENAME", "User_1001_Profile", "user:1001:profile"), ("DEL", "User_1002_Profile")]), replies=10)
+        assert out == b"$3\r\nold\r\n:1\r\n:-1\r\n+OK\r\n+OK\r\n:1\r\n:1\r\n+string\r\n+OK\r\n:1\r\n", out
+        assert d.keys("*") == [b"user:1001:profile"]
+        # What creates a bad name is still refused: a write, a rename or copy to it.
+        for args in (("SET", "Bad_Key", "1"), ("RENAME", "user:1001:profile", "Bad_Key"),
+                     ("COPY", "user:1001:profile", "Bad_Key"), ("INCR", "Bad_Key")):
+            err = c.call(*args)
+            assert isinstance(err, Exception) and "key 'Bad_Key' violates rule 'lowercase'" in str(err), (args, err)
+        assert d.keys("*") == [b"user:1001:profile"]
+        # A leading hash tag is allowed as documented, and starts with its letter.
+        assert c.call("SET", "{user:1001}:cart", "x") == "OK"
+        assert kg.metric('keyguard_key_violations_total{rule="lowercase",action="observe",key_pattern="User_{id}_Profile"}') > 0
+    finally:
+        assert kg.stop() == 0
+
+
 def test_rewrite_legacy_example_stores_the_new_names(fresh):
     kg = Keyguard(fresh.port, config=example("rewrite-legacy.yaml"))
     try:

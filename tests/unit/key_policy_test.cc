@@ -67,6 +67,44 @@ TEST(KeyPolicy, EveryBuiltinRule) {
   EXPECT_EQ(Broken(*p, "User.Name"), (V{"lowercase:user:name"}));
 }
 
+TEST(KeyPolicy, ALeadingHashTagStartsWithItsLetter) {
+  auto p = KeyPolicy::Default();
+  EXPECT_EQ(Broken(*p, "{user:1001}:profile"), V{});
+  EXPECT_EQ(Broken(*p, "{1001}:profile"), V{"starts_with_letter"});
+  EXPECT_EQ(Broken(*p, "{"), (V{"starts_with_letter", "hash_tags"}));
+}
+
+// Which keys a command may create: what the key policy refuses. Reading, expiring, deleting and
+// renaming away an existing bad name is never refused.
+TEST(MayCreateKey, ByKeySpecFlagsAndDenyoom) {
+  auto creates = [](std::vector<std::string_view> args) {
+    const commands::CommandId id = commands::LookupCommand(args[0]);
+    const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
+    std::vector<commands::KeyRef> keys;
+    EXPECT_TRUE(spec != nullptr && commands::FindKeys(*spec, args, &keys));
+    std::string out;
+    for (const commands::KeyRef& k : keys) out += MayCreateKey(k.flags, *spec) ? "c" : "-";
+    return out;
+  };
+  for (auto args : std::vector<std::vector<std::string_view>>{
+           {"GET", "k"}, {"EXISTS", "k"}, {"TTL", "k"}, {"DUMP", "k"}, {"WATCH", "k"}, {"EXPIRE", "k", "1"},
+           {"PERSIST", "k"}, {"DEL", "k"}, {"UNLINK", "k"}, {"GETDEL", "k"}, {"LPOP", "k"}, {"HDEL", "k", "f"},
+           {"TYPE", "k"}, {"OBJECT", "ENCODING", "k"}, {"GETEX", "k", "EX", "1"}}) {
+    EXPECT_EQ(creates(args), "-") << args[0];
+  }
+  for (auto args : std::vector<std::vector<std::string_view>>{
+           {"SET", "k", "v"}, {"SET", "k", "v", "GET"}, {"INCR", "k"}, {"HSET", "k", "f", "v"}, {"LPUSH", "k", "v"},
+           {"APPEND", "k", "v"}, {"SETRANGE", "k", "0", "v"}, {"RESTORE", "k", "0", "x"}, {"XADD", "k", "*", "f", "v"},
+           {"PFADD", "k", "a"}}) {
+    EXPECT_EQ(creates(args), "c") << args[0];
+  }
+  EXPECT_EQ(creates({"RENAME", "old", "new"}), "-c");  // the source is renamed away
+  EXPECT_EQ(creates({"COPY", "src", "dst"}), "-c");
+  EXPECT_EQ(creates({"SMOVE", "src", "dst", "m"}), "-c");
+  EXPECT_EQ(creates({"LMOVE", "src", "dst", "LEFT", "RIGHT"}), "-c");
+  EXPECT_EQ(creates({"ZUNIONSTORE", "dst", "2", "a", "b"}), "c--");
+}
+
 TEST(KeyPolicy, TunedRulesEntitiesPrefixAndUserRules) {
   auto p = FromYaml(R"(
 key_policy:

@@ -45,6 +45,13 @@ struct Rule {
   std::string rewrite;                      // kUser: template with \1..\9
 };
 
+// Whether a command may create the key it names at a position with these key-spec flags (a
+// name the key policy refuses): keys it overwrites or inserts (OW, INSERT), and keys it updates
+// when the command may grow memory (denyoom: INCR, HSET, LPUSH create a missing key; EXPIRE and
+// PERSIST do not). Reads, deletes and renames away never create: refusing them would refuse the
+// clean-up of an existing bad name.
+bool MayCreateKey(uint32_t key_flags, const commands::CommandSpec& spec);
+
 // One broken rule for one key, with the suggested name when the rule has one.
 struct Violation {
   const Rule* rule;
