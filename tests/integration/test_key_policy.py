@@ -95,6 +95,11 @@ def test_strict_refuses_only_the_names_a_command_creates(fresh):
             err = c.call(*args)
             assert isinstance(err, Exception) and "key 'Bad_Key' violates rule 'lowercase'" in str(err), (args, err)
         assert d.keys("*") == [b"user:1001:profile"]
+        # Commands that bring in names the policy never sees are denied (#19 bypass 4).
+        for args in (("REPLICAOF", "NO", "ONE"), ("SLAVEOF", "NO", "ONE"), ("DEBUG", "POPULATE", "3"),
+                     ("MODULE", "LIST")):
+            err = c.call(*args)
+            assert isinstance(err, Exception) and "is not allowed here" in str(err), (args, err)
         # A leading hash tag is allowed as documented, and starts with its letter.
         assert c.call("SET", "{user:1001}:cart", "x") == "OK"
         assert kg.metric('keyguard_key_violations_total{rule="lowercase",action="observe",key_pattern="User_{id}_Profile"}') > 0
