@@ -22,6 +22,24 @@ constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unava
 constexpr std::string_view kDesynced =
     "-ERR keyguard: the server's transaction state differs from keyguard's; the connection is closed\r\n";
 
+// A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
+// backslash) as \xNN, at most 64 bytes of the key, then its size: an error line stays short and
+// one line whatever the key.
+std::string KeyInError(std::string_view key) {
+  constexpr size_t kShown = 64;
+  std::string out;
+  for (size_t i = 0; i < key.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  if (key.size() > kShown) absl::StrAppend(&out, "... (", key.size(), " bytes)");
+  return out;
+}
+
 // Whether `reply` (its type and first line) is what `expect` allows.
 bool AsExpected(Pending::Expect expect, char type, std::string_view line) {
   const bool error = type == '-' || type == '!';
@@ -697,7 +715,7 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
   const policy::KeyPolicy& policy = *worker_.live->key_policy;
   metrics::WorkerShard& shard = *worker_.shard;
   const policy::Violation* reject = nullptr;
-  std::string reject_key;
+  std::string reject_key, reject_rules, reject_suggestion;
   std::vector<std::pair<uint32_t, std::string>> rewrites;
   for (const commands::KeyRef& ref : key_refs_) {
     const std::string_view key = args[ref.pos];
@@ -721,9 +739,19 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
           Warn(v, key, id);
           break;
         case policy::Action::kReject:
+          // The refusal names every rule the first refused key breaks, and a suggestion only
+          // when the suggested name itself passes every rule.
           if (reject == nullptr) {
             reject = &v;
             reject_key.assign(key.data(), key.size());
+          }
+          if (key == reject_key) {
+            absl::StrAppend(&reject_rules, reject_rules.empty() ? "" : ", ", "'", v.rule->name, "'");
+            if (reject_suggestion.empty() && !v.suggestion.empty()) {
+              std::vector<policy::Violation> again;
+              policy.Check(v.suggestion, id, spec, &again);
+              if (again.empty()) reject_suggestion = v.suggestion;
+            }
           }
           break;
         case policy::Action::kRewrite:
@@ -740,8 +768,9 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
     if (reject != nullptr) break;
   }
   if (reject != nullptr) {
-    *refusal = absl::StrCat("ERR keyguard: key '", reject_key, "' violates rule '", reject->rule->name, "'");
-    if (!reject->suggestion.empty()) absl::StrAppend(refusal, ": use ", reject->suggestion);
+    *refusal = absl::StrCat("ERR keyguard: key '", KeyInError(reject_key), "' violates rule",
+                            reject_rules.find(',') == std::string::npos ? " " : "s ", reject_rules);
+    if (!reject_suggestion.empty()) absl::StrAppend(refusal, ": use ", KeyInError(reject_suggestion));
     return false;
   }
   if (!rewrites.empty()) {

@@ -29,7 +29,7 @@ def test_strict_example_rejects_with_rule_and_suggestion(fresh):
         assert out == b"+OK\r\n" \
                       b"-ERR keyguard: key 'User_1001_Profile' violates rule 'lowercase': use user:1001:profile\r\n" \
                       b"$1\r\nx\r\n" \
-                      b"-ERR keyguard: key 'cart items' violates rule 'charset'\r\n"
+                      b"-ERR keyguard: key 'cart items' violates rules 'charset', 'forbidden_characters'\r\n"
         assert direct(fresh).keys("*") == [b"user:1001:profile"]
         assert kg.metric('keyguard_key_violations_total{rule="lowercase",action="reject",'
                          'key_pattern="User_{id}_Profile"}') == 1
@@ -103,6 +103,27 @@ def test_strict_refuses_only_the_names_a_command_creates(fresh):
         # A leading hash tag is allowed as documented, and starts with its letter.
         assert c.call("SET", "{user:1001}:cart", "x") == "OK"
         assert kg.metric('keyguard_key_violations_total{rule="lowercase",action="observe",key_pattern="User_{id}_Profile"}') > 0
+    finally:
+        assert kg.stop() == 0
+
+
+def test_refusals_name_every_rule_show_the_key_escaped_and_suggest_only_good_names(fresh):
+    # #19 error texts: the first broken rule only, suggestions that break rules themselves
+    # ("use user 1"), raw bytes of the key, and a 20 MiB key made a 40 MiB error line.
+    kg = Keyguard(fresh.port, config=example("strict.yaml"))
+    try:
+        c = RespConn(kg.port)
+        assert str(c.call("SET", "User 1", "x")) == \
+            "ERR keyguard: key 'User 1' violates rules 'lowercase', 'charset', 'forbidden_characters'"
+        assert str(c.call("SET", b"Bad\x00\r\n\xffKey", "x")) == \
+            "ERR keyguard: key 'Bad\\x00\\x0d\\x0a\\xffKey' violates rules 'lowercase', 'charset', 'forbidden_characters'"
+        long = "User:" + "x" * (20 << 20)
+        err = str(c.call("SET", long, "x"))
+        assert err == "ERR keyguard: key '%s... (%d bytes)' violates rules 'lowercase', 'max_length', " \
+                      "'no_opaque_segments'" % (long[:64], len(long)), err[:300]
+        assert str(c.call("SET", "User_1001_Profile", "x")) == \
+            "ERR keyguard: key 'User_1001_Profile' violates rule 'lowercase': use user:1001:profile"
+        assert fresh and direct(fresh).keys("*") == []
     finally:
         assert kg.stop() == 0
 
