@@ -325,13 +325,25 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const commands::CommandId id = commands::LookupCommand(args[0]);
   const bool subscribe = id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
                          id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
-  // Redis's arity check, which comes before anything else the server does with a command.
-  bool arity_ok = false;
-  if (id != commands::kUnknownCommand) {
+  // Redis's arity check, which comes before anything else the server does with a command; only
+  // asked for the commands that change connection state (below), off the common path.
+  auto arity_ok = [&] {
     const int arity = commands::Spec(id).arity;
     const auto argc = static_cast<int>(args.size());
-    arity_ok = arity > 0 ? argc == arity : argc >= -arity;
-  }
+    return arity > 0 ? argc == arity : argc >= -arity;
+  };
+  // By command id: the commands whose effect on connection state keyguard follows.
+  static const std::vector<uint8_t> kChangesState = [&known] {
+    std::vector<uint8_t> t(commands::CommandCount(), 0);
+    for (commands::CommandId c : {known.reset, known.multi, known.exec, known.discard, known.watch, known.unwatch,
+                                  known.hello, known.monitor, known.client, known.sync, known.psync, known.subscribe,
+                                  known.psubscribe, known.ssubscribe, known.unsubscribe, known.punsubscribe,
+                                  known.sunsubscribe}) {
+      if (c < t.size()) t[c] = 1;
+    }
+    return t;
+  }();
+  const bool changes_state = id < kChangesState.size() && kChangesState[id] != 0;
 
   // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP. After SYNC/PSYNC the
   // server treats the connection as a replica and answers nothing (REPLCONF ACK): whatever
@@ -458,7 +470,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   if (id == known.quit) {
     stop_reading_ = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
     quit_sent_ = true;
-  } else if (!arity_ok) {
+  } else if (changes_state && !arity_ok()) {
     // The server answers with an arity error and changes no state (inside MULTI the command is
     // not queued, and EXEC will abort): `MULTI x` starts no transaction. A refused EXEC is the
     // exception: the server answers -EXECABORT and discards the transaction (execCommandAbort).
@@ -1337,15 +1349,17 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
   const int64_t now = NowNs();
   bool ok = true;
   for (;;) {
-    if (!replication_tunnel_ && !queue_.empty() && queue_.front().kind == Kind::kReplicationStream) {
-      worker_.shard->CountCommand(queue_.front().command, metrics::Outcome::kOk);
-      queue_.pop_front();
-      replication_tunnel_ = true;
-    }
-    if (replication_tunnel_) {
-      AppendOut(std::string_view(base + pos, len - pos));
-      pos = len;
-      break;
+    if (replication_stream_) {  // one predictable branch per frame on every other connection
+      if (!replication_tunnel_ && !queue_.empty() && queue_.front().kind == Kind::kReplicationStream) {
+        worker_.shard->CountCommand(queue_.front().command, metrics::Outcome::kOk);
+        queue_.pop_front();
+        replication_tunnel_ = true;
+      }
+      if (replication_tunnel_) {
+        AppendOut(std::string_view(base + pos, len - pos));
+        pos = len;
+        break;
+      }
     }
     const resp::Status st = reply_framer_.Next(base + pos, len - pos);
     if (st == resp::Status::kNeedMore) {
