@@ -193,6 +193,16 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     Action action = ToAction(b.config.action(), fallback);
     policy->rules_.push_back(Rule{b.kind, b.name, action, *std::move(scope), nullptr, ""});
   }
+  policy->scripts_.action = ToAction(p.scripts().action(), fallback);
+  for (int i = 0; i < p.scripts().allowed_scripts_size(); ++i) {
+    const std::string sha = absl::AsciiStrToLower(p.scripts().allowed_scripts(i));
+    if (sha.size() != 40 || sha.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return FieldError(absl::StrCat("key_policy.scripts.allowed_scripts[", i, "]"),
+                        "must be 40 hex digits (the SHA1 SCRIPT LOAD answers)");
+    }
+    policy->allowed_scripts_.insert(sha);
+  }
+  for (const std::string& f : p.scripts().allowed_functions()) policy->allowed_functions_.insert(f);
   policy->BuildClasses();
   return std::shared_ptr<const KeyPolicy>(std::move(policy));
 }

@@ -408,6 +408,13 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
     key_refs_.clear();
     const bool keys_ok = spec != nullptr && commands::FindKeys(*spec, args, &key_refs_);
+    if (check_policy) {
+      std::string refusal;
+      if (!ApplyScriptPolicy(args, id, &refusal)) {
+        Refuse(id, "key_policy", std::move(refusal), skipped, silent);
+        return;
+      }
+    }
     if (check_policy && !key_refs_.empty()) {
       std::string refusal;
       if (!ApplyKeyPolicy(args, id, *spec, &modified, &refusal)) {
@@ -720,6 +727,60 @@ void Session::Refuse(commands::CommandId id, const char* reason, std::string mes
   std::string text;
   resp::AppendError(&text, message);
   Reply(std::move(text), id, false);
+}
+
+bool Session::ApplyScriptPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string* refusal) {
+  enum : uint8_t { kNone, kEval, kEvalSha, kFcall, kScript, kFunction };
+  static const std::vector<uint8_t> kScriptKind = [] {
+    std::vector<uint8_t> t(commands::CommandCount(), kNone);
+    for (auto [name, kind] : {std::pair{"eval", kEval}, std::pair{"evalsha", kEvalSha}, std::pair{"fcall", kFcall},
+                              std::pair{"script", kScript}, std::pair{"function", kFunction}}) {
+      const commands::CommandId c = commands::LookupCommand(name);
+      if (c < t.size()) t[c] = kind;
+    }
+    return t;
+  }();
+  const uint8_t kind = id < kScriptKind.size() ? kScriptKind[id] : kNone;
+  if (kind == kNone || args.size() < 2) return true;
+  const policy::KeyPolicy& policy = *worker_.live->key_policy;
+  auto script = [&](std::string_view sha) {
+    return policy.ScriptReviewed(sha) ? std::string() : "script " + std::string(sha);
+  };
+  std::string unreviewed;  // what the refusal names
+  switch (kind) {
+    case kEval:
+      unreviewed = script(tenant::Sha1Hex(args[1]));
+      break;
+    case kEvalSha:
+      unreviewed = script(absl::AsciiStrToLower(std::string(args[1])));
+      break;
+    case kFcall:
+      if (!policy.FunctionReviewed(args[1])) unreviewed = absl::StrCat("function '", KeyInError(args[1]), "'");
+      break;
+    case kScript:
+      if (args.size() == 3 && EqualsIgnoreCase(args[1], "load")) unreviewed = script(tenant::Sha1Hex(args[2]));
+      break;
+    case kFunction:
+      if (args.size() >= 3 && EqualsIgnoreCase(args[1], "load")) {
+        unreviewed = script(tenant::Sha1Hex(args.back()));  // the library code comes last
+      } else if (EqualsIgnoreCase(args[1], "restore")) {
+        unreviewed = "FUNCTION RESTORE (a dump cannot be reviewed)";
+      }
+      break;
+  }
+  if (unreviewed.empty()) return true;
+  const policy::Rule& rule = policy.scripts_rule();
+  const policy::Action action = rule.action == policy::Action::kReject || rule.action == policy::Action::kWarn
+                                    ? rule.action
+                                    : policy::Action::kObserve;  // nothing to rewrite
+  worker_.shard->key_violations
+      .Get(absl::StrCat("rule=\"scripts\",action=\"", policy::ActionName(action), "\",key_pattern=\"\""))
+      .Add();
+  if (action == policy::Action::kWarn) Warn(policy::Violation{&rule, ""}, unreviewed, id);
+  if (action != policy::Action::kReject) return true;
+  *refusal = absl::StrCat("ERR keyguard: ", unreviewed,
+                          " is not reviewed (key_policy.scripts): a script may write key names the key policy never sees");
+  return false;
 }
 
 bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id,

@@ -97,6 +97,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // command) and Encode must re-encode it.
   bool Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
               std::span<const std::string_view> out, std::string_view* bytes);
+  // key_policy.scripts: false (with the refusal) when a script or function nobody reviewed is to
+  // be run or loaded and the action is reject; counts (and with warn logs) it otherwise.
+  bool ApplyScriptPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string* refusal);
   // Applies the key policy to the keys in key_refs_. Returns false with the error text in
   // `refusal` when the command is
   // refused; with a rewrite, sets `*modified` and leaves the new arguments in cmd_args_.

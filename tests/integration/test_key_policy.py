@@ -128,6 +128,47 @@ def test_refusals_name_every_rule_show_the_key_escaped_and_suggest_only_good_nam
         assert kg.stop() == 0
 
 
+SET_ARGV = "return redis.call('SET', ARGV[1], 'x')"
+LIBRARY = "#!lua name=kglib\nredis.register_function('setit', function(keys, args) return redis.call('SET', args[1], 'x') end)"
+
+
+def test_strict_refuses_unreviewed_scripts_and_runs_reviewed_ones(fresh):
+    # #19 bypass 3: scripts and functions write names keyguard never sees.
+    import hashlib
+    d = direct(fresh)
+    sha = hashlib.sha1(SET_ARGV.encode()).hexdigest()
+    d.function_load(LIBRARY)
+    kg = Keyguard(fresh.port, config=example("strict.yaml"))
+    try:
+        c = RespConn(kg.port)
+        why = " is not reviewed (key_policy.scripts): a script may write key names the key policy never sees"
+        for args, what in [
+                (("EVAL", SET_ARGV, "0", "Bad_Eval"), "script " + sha),
+                (("EVALSHA", sha.upper(), "0", "Bad_Eval"), "script " + sha),
+                (("SCRIPT", "LOAD", SET_ARGV), "script " + sha),
+                (("FCALL", "setit", "0", "Bad_Fcall"), "function 'setit'"),
+                (("FUNCTION", "LOAD", "REPLACE", LIBRARY), "script " + hashlib.sha1(LIBRARY.encode()).hexdigest()),
+                (("FUNCTION", "RESTORE", "x"), "FUNCTION RESTORE (a dump cannot be reviewed)")]:
+            assert str(c.call(*args)) == "ERR keyguard: " + what + why, args
+        # Read-only variants pass (the server refuses writes from them).
+        assert c.call("EVAL_RO", "return redis.call('GET', KEYS[1])", "1", "user:1:name") is None
+        assert d.keys("*") == []
+        assert kg.metric('keyguard_key_violations_total{rule="scripts",action="reject",key_pattern=""}') == 6
+    finally:
+        assert kg.stop() == 0
+    reviewed = example("strict.yaml").replace("allowed_scripts: []", "allowed_scripts: [%s]" % sha).replace(
+        "allowed_functions: []", "allowed_functions: [setit]")
+    kg = Keyguard(fresh.port, config=reviewed)
+    try:
+        c = RespConn(kg.port)
+        assert c.call("EVAL", SET_ARGV, "0", "user:1:name") == "OK"
+        assert c.call("SCRIPT", "LOAD", SET_ARGV) == sha.encode()
+        assert c.call("FCALL", "setit", "0", "user:2:name") == "OK"
+        assert sorted(d.keys("*")) == [b"user:1:name", b"user:2:name"]
+    finally:
+        assert kg.stop() == 0
+
+
 def test_rewrite_legacy_example_stores_the_new_names(fresh):
     kg = Keyguard(fresh.port, config=example("rewrite-legacy.yaml"))
     try:

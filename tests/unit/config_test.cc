@@ -73,6 +73,8 @@ TEST(Config, ErrorsNameTheField) {
       {"deny_commands: [FLUSHALL, NOPE]", "deny_commands[1]: 'NOPE' is not a Redis command"},
       {"deny_commands: FLUSHALL", "deny_commands: expected a list"},
       {"key_policy:\n  rules:\n    - name: a\n      pattern: \"(x\"", "key_policy.rules[0].pattern: missing )"},
+      {"key_policy: {scripts: {allowed_scripts: [abc]}}",
+       "key_policy.scripts.allowed_scripts[0]: must be 40 hex digits (the SHA1 SCRIPT LOAD answers)"},
       {"key_policy:\n  lowercase: {action: rejekt}", "key_policy.lowercase.action: 'rejekt' is not one of observe, warn, rewrite, reject"},
       {"key_policy:\n  charset: {scope: {categories: [nope]}}", "key_policy.charset.scope.categories[0]: 'nope' is neither"},
       {"listen: [a", "line 1, column"},

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "keyguard/policy/action.h"
 #include "keyguard/commands/command_table.h"
@@ -74,6 +75,11 @@ class KeyPolicy {
   static std::string Normalize(std::string_view key);
 
   const std::vector<Rule>& rules() const { return rules_; }
+  // Scripts and functions (KeyPolicy.scripts): the rule whose action applies to unreviewed ones,
+  // and whether a script (its SHA1, lowercase hex) or a function (its name) was reviewed.
+  const Rule& scripts_rule() const { return scripts_; }
+  bool ScriptReviewed(std::string_view sha1) const { return allowed_scripts_.contains(std::string(sha1)); }
+  bool FunctionReviewed(std::string_view name) const { return allowed_functions_.contains(std::string(name)); }
   size_t max_key_patterns() const { return max_key_patterns_; }
   bool empty() const { return rules_.empty(); }
 
@@ -82,6 +88,8 @@ class KeyPolicy {
   enum : uint8_t { kUpper = 1, kBad = 2, kForbidden = 4, kBrace = 8, kColon = 16, kLetter = 32 };
 
   std::vector<Rule> rules_;
+  Rule scripts_{Rule::Kind::kUser, "scripts", Action::kObserve, {}, nullptr, ""};
+  absl::flat_hash_set<std::string> allowed_scripts_, allowed_functions_;
   bool punctuation_[256] = {};
   uint8_t class_[256] = {};  // character classes per byte, from punctuation_
   bool slash_allowed_ = false;
