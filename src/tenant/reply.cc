@@ -1,5 +1,6 @@
 // Reply side of tenancy: the prefix comes off every key name a reply carries, and anything that
 // names another tenant's keys or channels is removed, never shown.
+#include <algorithm>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
@@ -109,16 +110,30 @@ class Editor {
     v.text = Own(std::move(s));
     changed_ = true;
   }
-  // INFO without the # Keyspace section, which counts every tenant's keys.
+  // INFO with only the sections that describe the server, not what other tenants do: Server,
+  // Modules and Cluster. Keyspace counts every tenant's keys; Stats (hits, misses, expiries,
+  // pub/sub and tracking counts), Commandstats, Errorstats and Latencystats, Clients (blocked and
+  // tracking clients), Memory, Persistence and Replication (bytes and writes since the last save,
+  // the replication offset) and CPU all move with other tenants' traffic.
   void Info(Value& v) {
     if (!IsString(v)) return;
+    static constexpr std::string_view kShared[] = {"Server", "Modules", "Cluster"};
     const std::string_view text = v.text;
-    size_t start = text.find("# Keyspace\r\n");
-    if (start == std::string_view::npos) return;
-    size_t end = text.find("\r\n# ", start + 1);
-    std::string s(text.substr(0, start));
-    if (end != std::string_view::npos) absl::StrAppend(&s, absl::string_view(text.data() + end + 2, text.size() - end - 2));
+    std::string s;
+    bool keep = false;
+    for (size_t pos = 0; pos < text.size();) {
+      size_t eol = text.find("\r\n", pos);
+      const size_t next = eol == std::string_view::npos ? text.size() : eol + 2;
+      const std::string_view line = text.substr(pos, next - pos);
+      if (line.starts_with("# ")) {
+        const std::string_view name = line.substr(2, line.size() - 2 - (eol == std::string_view::npos ? 0 : 2));
+        keep = std::find(std::begin(kShared), std::end(kShared), name) != std::end(kShared);
+      }
+      if (keep) s.append(line.data(), line.size());
+      pos = next;
+    }
     while (s.size() >= 4 && s.compare(s.size() - 4, 4, "\r\n\r\n") == 0) s.resize(s.size() - 2);
+    if (s.size() == text.size()) return;
     v.text = Own(std::move(s));
     changed_ = true;
   }

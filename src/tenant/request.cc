@@ -377,7 +377,9 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     case kKeyed:
       break;
     case kMemory:
-      if (EqualsIgnoreCase(sub, "stats")) return refuse(NotAllowed(display()));
+      // MEMORY USAGE of an own key; STATS counts every tenant's keys, DOCTOR, MALLOC-STATS and
+      // PURGE describe or act on the whole server.
+      if (!EqualsIgnoreCase(sub, "usage") && !EqualsIgnoreCase(sub, "help")) return refuse(NotAllowed(display()));
       handled = false;
       break;
     case kPlain:

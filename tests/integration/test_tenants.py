@@ -295,6 +295,16 @@ def test_info_hides_the_keyspace(kg, direct):
     info = c.call("INFO")
     assert b"# Server" in info and b"# Keyspace" not in info and b"db0:" not in info
     assert c.call("INFO", "keyspace") == b""
+    # #12 side channels: what moves with other tenants' traffic is not shown.
+    everything = c.call("INFO", "everything")
+    for gone in (b"# Stats", b"# Commandstats", b"# Errorstats", b"# Latencystats", b"# Clients", b"# Memory",
+                 b"# Persistence", b"# Replication", b"# CPU", b"keyspace_hits", b"blocked_clients"):
+        assert gone not in everything, gone
+    assert everything.startswith(b"# Server\r\n") and b"# Cluster\r\n" in everything
+    for sub in ("DOCTOR", "MALLOC-STATS", "PURGE", "STATS"):
+        assert str(c.call("MEMORY", sub)).startswith("ERR keyguard: command 'MEMORY %s' is not allowed" % sub)
+    alice.set("mine", "v")
+    assert c.call("MEMORY", "USAGE", "mine") > 0
     assert b"redis_version" in c.call("INFO", "server")
     assert "db0" not in alice.info() and "redis_version" in alice.info()
 

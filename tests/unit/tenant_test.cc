@@ -204,6 +204,12 @@ TEST_F(TenantTest, RepliesLoseThePrefix) {
             "*3\r\n+OK\r\n*1\r\n$1\r\nk\r\n-ERR z\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$41\r\n# Server\r\nv:1\r\n\r\n# Keyspace\r\ndb0:keys=3\r\n\r\n"),
             "$15\r\n# Server\r\nv:1\r\n\r\n");
+  // Only sections that describe the server itself stay: what moves with other tenants' traffic goes.
+  EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$130\r\n# Server\r\nv:1\r\n\r\n# Clients\r\nblocked_clients:1\r\n\r\n"
+                                     "# Stats\r\nkeyspace_hits:9\r\n\r\n# Commandstats\r\ncmdstat_get:calls=9\r\n\r\n"
+                                     "# Cluster\r\nc:0\r\n"),
+            "$31\r\n# Server\r\nv:1\r\n\r\n# Cluster\r\nc:0\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$26\r\n# Stats\r\nkeyspace_hits:9\r\n\r\n"), "$0\r\n\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kChannelCounts, "*4\r\n$10\r\ntenant:a:c\r\n:1\r\n$10\r\ntenant:b:c\r\n:1\r\n"),
             "*2\r\n$1\r\nc\r\n:1\r\n");
 }
