@@ -197,13 +197,18 @@ uint32_t BitfieldFlags(std::span<const std::string_view> args) {
 
 CommandId LookupCommand(std::string_view name) {
   const Table& t = GetTable();
-  if (name.size() > t.max_len || name.empty()) return kUnknownCommand;
+  // Redis compares command names with strcasecmp (its dict is hashed on the whole name, so
+  // "set\0x" finds SET when the hashes share a bucket): a NUL ends the name here, so such a
+  // command is judged as the command the server may run.
   char lower[128];
-  for (size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    lower[i] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
+  size_t n = 0;
+  for (; n < name.size() && name[n] != '\0'; ++n) {
+    if (n == t.max_len || n == sizeof lower) return kUnknownCommand;  // longer than any name
+    const char c = name[n];
+    lower[n] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
   }
-  const std::string_view key(lower, name.size());
+  if (n == 0) return kUnknownCommand;
+  const std::string_view key(lower, n);
   const uint64_t h = Table::Hash(key);
   for (size_t i = h & (t.slots.size() - 1);; i = (i + 1) & (t.slots.size() - 1)) {
     const Table::Slot& slot = t.slots[i];
@@ -513,6 +518,10 @@ const KnownCommands& Known() {
 }
 
 bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  // Redis matches option words with strcasecmp on C strings: a NUL ends the word, so the server
+  // reads "STORE\0x" as STORE. Reading it otherwise would let a client hide an option from keyguard.
+  if (const size_t nul = a.find('\0'); nul != std::string_view::npos) a = a.substr(0, nul);
+  if (const size_t nul = b.find('\0'); nul != std::string_view::npos) b = b.substr(0, nul);
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     char x = a[i], y = b[i];

@@ -269,3 +269,24 @@ def test_detectors_keep_each_tenants_state_apart(server, direct):
                                                                       ("hash_candidate", "a")], findings
     finally:
         assert k.stop() == 0, k.output()
+
+
+def test_a_nul_in_an_option_word_hides_nothing(kg, direct):
+    # Review of this session's changes: Redis reads option words with strcasecmp on C strings, so
+    # "STORE\0" is STORE to the server; keyguard compared whole arguments and missed it.
+    direct.set("tenant:b:secret", "bob")
+    c = raw(kg, "alice")
+    # GEORADIUS with an empty source deletes its STORE destination: bob's key, unprefixed, before.
+    assert c.call("GEORADIUS", "nosrc", "0", "0", "1", "km", b"STORE\x00", "tenant:b:secret") == 0
+    assert c.call("GEOADD", "src", "13.36", "38.11", "palermo") == 1
+    assert c.call("GEORADIUSBYMEMBER", "src", "palermo", "100", "km", b"storedist\x00x", "tenant:b:z") == 1
+    assert direct.get("tenant:b:secret") == "bob" and direct.exists("tenant:b:z") == 0
+    assert direct.type("tenant:a:tenant:b:z") == "zset"
+    # CLIENT REPLY skip\0 skips the next reply in the server: keyguard must know it, or every later
+    # reply would be filtered by an earlier command's rules (INFO keyspace leaked).
+    out = c.exchange(encode("CLIENT", "REPLY", b"skip\x00") + encode("PING") + encode("INFO", "keyspace") +
+                     encode("KEYS", "*"), replies=2)
+    assert out.startswith(b"$0\r\n\r\n*") and b"db0" not in out and b"tenant:a:" not in out, out
+    # COPY ... DB\0 1 is COPY ... DB 1 to the server: refused like it.
+    assert str(c.call("COPY", "src", "dst", b"DB\x00", "1")) == "ERR keyguard: COPY ... DB is not allowed for tenants"
+    assert c.call("PING") == "PONG"

@@ -67,6 +67,21 @@ TEST(FindKeys, IncompleteSpecsParsedLikeRedis) {
             (V{"g", "d2", "d1", "d3"}));
 }
 
+// Redis reads option words and command names as C strings (strcasecmp): a NUL ends them, so
+// "STORE\0" is STORE to the server, and must be to keyguard.
+TEST(FindKeys, ANulEndsAnOptionWordOrACommandName) {
+  using namespace std::string_view_literals;
+  EXPECT_TRUE(EqualsIgnoreCase("STORE\0x"sv, "store"));
+  EXPECT_FALSE(EqualsIgnoreCase("STOREx"sv, "store"));
+  EXPECT_EQ(LookupCommand("set\0anything"sv), LookupCommand("set"));
+  EXPECT_EQ(LookupCommand("\0set"sv), kUnknownCommand);
+  EXPECT_EQ(Keys({"GEORADIUS", "src", "0", "0", "1", "km", std::string("STORE\0", 6), "tenant:b:secret"}),
+            (V{"src", "tenant:b:secret"}));
+  EXPECT_EQ(Keys({"GEORADIUSBYMEMBER", "src", "m", "100", "km", std::string("storedist\0x", 11), "z"}),
+            (V{"src", "z"}));
+  EXPECT_EQ(Keys({"SORT", "l", std::string("STORE\0", 6), "d"}), (V{"l", "d"}));
+}
+
 // What the server executes, not what its key helpers guess (sortGetKeys does not skip STORE's
 // argument, so Redis's own COMMAND GETKEYS answers `k GET` for the first case).
 TEST(FindKeys, SortAndGeoradiusFollowTheExecutedParse) {

@@ -131,6 +131,7 @@ struct KnownCommands {
 const KnownCommands& Known();
 
 // True when two names are equal ignoring ASCII case.
+// Ends each at its first NUL first, as Redis's strcasecmp does with option words.
 bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 
 }  // namespace keyguard::commands
