@@ -523,12 +523,11 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
       bytes = kDiscard;
       splice_.clear();
     }
-    for (uint8_t r : multi_rewrites_) {
-      if (r != 0) {
-        p.rewrite = static_cast<uint8_t>(tenant::ReplyRewrite::kExec);
-        p.exec_rewrites = multi_rewrites_;
-        break;
-      }
+    if (tenant_ != nullptr && in_multi_) {
+      // Every EXEC of a tenant is checked element by element, also when no queued command needed
+      // a rewrite: its reply must hold exactly the commands keyguard saw queued, or none passes.
+      p.rewrite = static_cast<uint8_t>(tenant::ReplyRewrite::kExec);
+      p.exec_rewrites = multi_rewrites_;
     }
     multi_rewrites_.clear();
     in_multi_ = multi_aborted_ = false;

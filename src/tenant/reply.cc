@@ -190,8 +190,11 @@ class Editor {
         return true;
       case ReplyRewrite::kExec:
         if (v.null) return true;
+        // One element per command keyguard saw queued: any other count means the transaction is
+        // not the one whose filters keyguard holds.
+        if (v.elements.size() != exec.size()) return false;
         for (size_t i = 0; i < v.elements.size(); ++i) {
-          const ReplyRewrite k = i < exec.size() ? static_cast<ReplyRewrite>(exec[i]) : ReplyRewrite::kNone;
+          const ReplyRewrite k = static_cast<ReplyRewrite>(exec[i]);
           if (k == ReplyRewrite::kExec) return false;
           if (!Apply(k, v.elements[i], {})) return false;
         }

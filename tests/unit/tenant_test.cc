@@ -200,6 +200,10 @@ TEST_F(TenantTest, RepliesLoseThePrefix) {
   EXPECT_EQ(Rep(ReplyRewrite::kStreams, "%1\r\n$10\r\ntenant:a:s\r\n*0\r\n"), "%1\r\n$1\r\ns\r\n*0\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kNone, "-NOGROUP No such key 'tenant:a:s' or consumer group 'g'\r\n"),
             "-NOGROUP No such key 's' or consumer group 'g'\r\n");
+  // An EXEC reply with another count than the commands keyguard saw queued is not passed.
+  EXPECT_EQ(Rep(ReplyRewrite::kExec, "*2\r\n+OK\r\n$9\r\ndb0:keys=\r\n", {0}),
+            "-ERR keyguard: the reply could not be confined to the tenant\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kExec, "*-1\r\n", {0, 1}), "*-1\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kExec, "*3\r\n+OK\r\n*1\r\n$10\r\ntenant:a:k\r\n-ERR tenant:a:z\r\n", {0, 1, 0}),
             "*3\r\n+OK\r\n*1\r\n$1\r\nk\r\n-ERR z\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$41\r\n# Server\r\nv:1\r\n\r\n# Keyspace\r\ndb0:keys=3\r\n\r\n"),
