@@ -71,8 +71,6 @@ const char* SizeCommand(std::string_view type) {
   return nullptr;
 }
 
-uint64_t KeyHash(std::string_view prefix, std::string_view key) { return Fingerprint(key, Fingerprint(prefix)); }
-
 void SizeCache::Put(uint64_t key, KeySize size) {
   if (entries_.size() >= settings_.size_cache_keys && !entries_.contains(key)) entries_.erase(entries_.begin());
   entries_[key] = std::move(size);

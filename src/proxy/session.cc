@@ -22,6 +22,10 @@ constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unava
 constexpr std::string_view kDesynced =
     "-ERR keyguard: the server's transaction state differs from keyguard's; the connection is closed\r\n";
 
+constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
+constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
+constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+
 // A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
 // backslash) as \xNN, at most 64 bytes of the key, then its size: an error line stays short and
 // one line whatever the key.
@@ -40,6 +44,12 @@ std::string KeyInError(std::string_view key) {
   return out;
 }
 
+// Keeps one tenant's detector state and cached sizes apart from another's: the fingerprint of its
+// prefix (of "" without a tenant: hygiene::kFnvBasis), the seed of every key hash.
+uint64_t DetectorScope(const tenant::Tenant* t) {
+  return hygiene::Fingerprint(t != nullptr ? std::string_view(t->prefix) : std::string_view());
+}
+
 // Whether `reply` (its type and first line) is what `expect` allows.
 bool AsExpected(Pending::Expect expect, char type, std::string_view line) {
   const bool error = type == '-' || type == '!';
@@ -54,9 +64,6 @@ bool AsExpected(Pending::Expect expect, char type, std::string_view line) {
   }
   return false;
 }
-constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
-constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
-constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
 // Rewritten commands at least this long are spliced rather than re-encoded.
 constexpr size_t kSpliceMinBytes = 1024;
 
@@ -591,7 +598,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
 void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
-  detector_scope_ = t != nullptr ? hygiene::Fingerprint(t->prefix) : hygiene::kFnvBasis;
+  detector_scope_ = DetectorScope(t);
   if (t != nullptr) reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
   if (t == nullptr) {
     tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
@@ -1026,9 +1033,7 @@ void Session::RememberSize(std::string_view key, std::string_view type, int64_t 
   worker_.sizes.Put(SizeKey(key), std::move(s));
 }
 
-uint64_t Session::SizeKey(std::string_view key) const {
-  return hygiene::KeyHash(tenant_ != nullptr ? std::string_view(tenant_->prefix) : std::string_view(), key);
-}
+uint64_t Session::SizeKey(std::string_view key) const { return hygiene::Fingerprint(key, detector_scope_); }
 
 void Session::FlushPendingTtl(bool all) {
   const int64_t now_ms = hygiene::UnixMs();
@@ -1300,8 +1305,7 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
       RememberSize(key, "string", static_cast<int64_t>(bulk.size()), -1);
     }
     if (!worker_.rmw.idle() || hygiene::DetectFormat(bulk) != hygiene::Format::kNone) {
-      worker_.rmw.OnRead(key, id_, bulk, hygiene::UnixMs(),
-                         reply_tenant_ != nullptr ? hygiene::Fingerprint(reply_tenant_->prefix) : hygiene::kFnvBasis);
+      worker_.rmw.OnRead(key, id_, bulk, hygiene::UnixMs(), DetectorScope(reply_tenant_));
     }
   } else if (p.reply_check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
     const HygieneInfo& info = HygieneTable()[p.command];
@@ -1618,10 +1622,7 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
     // The upstream refused keyguard's own credentials before the client asked anything: as when
     // the upstream is down at connect, the client's next command gets the error, then the
     // connection closes (rather than a close with nothing said).
-    upstream_ready_ = false;
-    worker_.shard->upstream_connections.Add(-1);
-    error_code ignored;
-    upstream_.close(ignored);
+    CloseUpstream();
     queue_.clear();
     NotifyQueue();
     return;
@@ -1629,11 +1630,17 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
   AbortPending(kUpstreamUnavailable);
 }
 
-void Session::AbortPending(std::string_view error) {
-  upstream_ready_ = false;
-  worker_.shard->upstream_connections.Add(-1);
+void Session::CloseUpstream() {
+  if (upstream_ready_) {
+    upstream_ready_ = false;
+    worker_.shard->upstream_connections.Add(-1);
+  }
   error_code ignored;
   upstream_.close(ignored);
+}
+
+void Session::AbortPending(std::string_view error) {
+  CloseUpstream();
   // Every command still waiting gets an error, in order with keyguard's own replies.
   std::string out;
   for (Pending& p : queue_) {
@@ -1689,11 +1696,7 @@ void Session::Close() {
   error_code ignored;
   client_.shutdown(tcp::socket::shutdown_both, ignored);
   client_.close(ignored);
-  if (upstream_ready_) {
-    upstream_ready_ = false;
-    worker_.shard->upstream_connections.Add(-1);
-  }
-  upstream_.close(ignored);
+  CloseUpstream();
   queue_event_.cancel();
   client_out_.Wake();
   upstream_out_.Wake();

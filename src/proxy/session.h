@@ -149,6 +149,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
   void TrackConfirmation(std::string_view kind, std::string_view channel);
   void FailUpstream(metrics::UpstreamError reason);
+  // Closes the upstream connection (and counts it gone, if it was up).
+  void CloseUpstream();
   // Every command still waiting gets `error`, and the connection closes once it is delivered.
   void AbortPending(std::string_view error);
   void NotifyQueue();
@@ -214,8 +216,9 @@ class Session : public std::enable_shared_from_this<Session> {
   metrics::Counter* tenant_received_ = nullptr;
   metrics::Counter* tenant_sent_ = nullptr;
   bool upstream_auth_failed_ = false;
-  bool desynced_ = false;
-  uint64_t detector_scope_ = hygiene::kFnvBasis;  // the tenant's share of detector state  // a reply showed the server's transaction state differs from keyguard's
+  bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
+  // The tenant's share of detector state and size cache: DetectorScope(tenant_).
+  uint64_t detector_scope_ = hygiene::kFnvBasis;
 
   // Connection state as the client and the server see it.
   int protocol_ = 2;

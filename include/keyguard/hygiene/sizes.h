@@ -21,9 +21,6 @@ bool GlobMatch(std::string_view pattern, std::string_view text);
 // ZCARD, XLEN; nullptr for "none" and module types.
 const char* SizeCommand(std::string_view type);
 
-// A key as the server names it, hashed: `prefix` is the tenant's ("" without tenancy).
-uint64_t KeyHash(std::string_view prefix, std::string_view key);
-
 struct KeySize {
   std::string type;        // string, hash, list, set, zset, stream
   int64_t bytes = -1;      // string length
