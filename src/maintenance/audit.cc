@@ -18,6 +18,7 @@
 #include "maintenance/args.h"
 #include "maintenance/audit_report.h"
 #include "maintenance/redis_link.h"
+#include "maintenance/terminal.h"
 
 namespace keyguard::maintenance {
 namespace {
@@ -39,32 +40,6 @@ bool Sampled(const std::string& key, double fraction) {
 }
 
 constexpr int kTailBytes = 16;
-
-class Progress {
- public:
-  Progress(bool on, int64_t dbsize) : on_(on), dbsize_(dbsize), start_(std::chrono::steady_clock::now()) {}
-  void Show(uint64_t scanned) {
-    if (!on_) return;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const double rate = s > 0 ? scanned / s : 0;
-    std::string line = absl::StrFormat("\r\033[K%u keys, %.0f keys/s", scanned, rate);
-    if (dbsize_ > 0) {
-      const double done = std::min(1.0, static_cast<double>(scanned) / dbsize_);
-      const int bar = static_cast<int>(done * 30);
-      absl::StrAppendFormat(&line, " [%s%s] %.0f%%", std::string(bar, '#'), std::string(30 - bar, '.'), done * 100);
-      if (rate > 0) absl::StrAppendFormat(&line, " ETA %.0fs", std::max(0.0, (dbsize_ - static_cast<double>(scanned)) / rate));
-    }
-    std::fputs(line.c_str(), stderr);
-  }
-  void Done() {
-    if (on_) std::fputs("\r\033[K", stderr);
-  }
-
- private:
-  bool on_;
-  int64_t dbsize_;
-  std::chrono::steady_clock::time_point start_;
-};
 
 }  // namespace
 
@@ -148,7 +123,8 @@ int RunAudit(const std::vector<std::string>& argv) {
 
   std::signal(SIGINT, RequestStop);
   std::signal(SIGTERM, RequestStop);
-  Progress progress(isatty(STDERR_FILENO) && !args.Has("--no-progress"), info.dbsize);
+  Progress progress(isatty(STDERR_FILENO) && !args.Has("--no-progress") ? Progress::Mode::kTerminal : Progress::Mode::kOff, "",
+                    info.dbsize);
   Pacer pacer(static_cast<uint32_t>(*rate));
   const auto start = std::chrono::steady_clock::now();
   const std::string match = args.Str("--match");

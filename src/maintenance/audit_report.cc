@@ -7,10 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "keyguard/commands/command_table.h"
 #include "keyguard/hygiene/serialized.h"
 #include "keyguard/policy/key_pattern.h"
 #include "maintenance/json_fields.h"
+#include "maintenance/terminal.h"
 
 namespace keyguard::maintenance {
 namespace {
@@ -50,19 +52,6 @@ std::string Duration(int64_t s) {
 }
 
 double Share(uint64_t part, uint64_t whole) { return whole == 0 ? 0.0 : static_cast<double>(part) / whole; }
-
-// Key names may hold any bytes: printable ASCII as is, the rest as \xHH, for the terminal.
-std::string Printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      absl::StrAppendFormat(&out, "\\x%02x", c);
-    }
-  }
-  return out;
-}
 
 // Columns padded to their widest cell; the first row is the header.
 class TextTable {
@@ -139,8 +128,15 @@ void AuditReport::Add(const KeyRecord& r) {
   std::vector<policy::Violation> violations;
   const commands::CommandId writer = WriterOf(r.type);
   proxy_.key_policy->Check(r.key, writer, commands::Spec(writer), &violations);
-  for (const policy::Violation& v : violations) {
-    Note(&naming_[v.rule->name], pattern, Example{r.key, v.suggestion, 0, 0});
+  // One finding per key, under the first rule it breaks (a user rule before the built-in ones, so
+  // `User_1_Profile` is counted once, under the rule written for it, not again as `lowercase`).
+  if (!violations.empty()) {
+    Example e{r.key, violations[0].suggestion, 0, 0, {}};
+    for (size_t i = 1; i < violations.size(); ++i) {
+      const std::string& name = violations[i].rule->name;
+      if (name != violations[0].rule->name && std::find(e.also.begin(), e.also.end(), name) == e.also.end()) e.also.push_back(name);
+    }
+    Note(&naming_[violations[0].rule->name], pattern, std::move(e));
     Count(Severity::kWarning);
   }
 
@@ -239,14 +235,16 @@ std::string AuditReport::Table() const {
   };
   if (section("names breaking a rule (warning)", !naming_.empty())) {
     TextTable t;
-    t.Row({"RULE", "KEYS", "EXAMPLE", "SUGGESTED NAME"});
+    t.Row({"RULE", "KEYS", "EXAMPLE", "SUGGESTED NAME", "ALSO BREAKS"});
     for (const auto& [rule, g] : naming_) {
       for (size_t i = 0; i < g.examples.size(); ++i) {
-        t.Row({i == 0 ? rule : "", i == 0 ? absl::StrCat(g.keys) : "", Printable(g.examples[i].key),
-               g.examples[i].detail.empty() ? "-" : Printable(g.examples[i].detail)});
+        const Example& e = g.examples[i];
+        t.Row({i == 0 ? rule : "", i == 0 ? absl::StrCat(g.keys) : "", Printable(e.key),
+               e.detail.empty() ? "-" : Printable(e.detail), e.also.empty() ? "-" : absl::StrJoin(e.also, ", ")});
       }
     }
     t.AppendTo(&out);
+    absl::StrAppend(&out, "  (each key once, under the first rule it breaks: user rules before built-in ones)\n");
   }
   if (section(absl::StrFormat("big keys (strings >= %d bytes, collections >= %d members; warning, huge strings critical)",
                               proxy_.hygiene.big_string_bytes, proxy_.hygiene.big_collection_elements).c_str(),
@@ -274,12 +272,17 @@ std::string AuditReport::Table() const {
   }
   if (section("serialized objects in strings", !serialized_.empty() || json_documents_.keys > 0)) {
     TextTable t;
-    t.Row({"KEY", "FORMAT", "SUGGESTION"});
+    t.Row({"FORMAT", "KEYS", "EXAMPLE", "SUGGESTION"});
     for (const auto& [format, g] : serialized_) {
-      for (const Example& e : g.examples) t.Row({Printable(e.key), format, "a Hash, one field per attribute (warning)"});
+      for (size_t i = 0; i < g.examples.size(); ++i) {
+        t.Row({i == 0 ? format : "", i == 0 ? absl::StrCat(g.keys) : "", Printable(g.examples[i].key),
+               "a Hash, one field per attribute (warning)"});
+      }
     }
-    for (const Example& e : json_documents_.examples) {
-      t.Row({Printable(e.key), e.detail, absl::StrCat("the JSON type: nested ", e.number, " deep (info)")});
+    for (size_t i = 0; i < json_documents_.examples.size(); ++i) {
+      const Example& e = json_documents_.examples[i];
+      t.Row({i == 0 ? "json_document" : "", i == 0 ? absl::StrCat(json_documents_.keys) : "", Printable(e.key),
+             absl::StrCat("the JSON type: nested ", e.number, " deep (info)")});
     }
     t.AppendTo(&out);
   }
@@ -335,7 +338,7 @@ std::string AuditReport::Json() const {
   JsonValue naming = JsonValue::array();
   for (const auto& [rule, g] : naming_) {
     JsonValue ex = JsonValue::array();
-    for (const Example& e : g.examples) ex.push_back({{"key", e.key}, {"suggestion", e.detail}});
+    for (const Example& e : g.examples) ex.push_back({{"key", e.key}, {"suggestion", e.detail}, {"also", e.also}});
     naming.push_back({{"rule", rule}, {"severity", "warning"}, {"keys", g.keys}, {"patterns", by_pattern(g)}, {"examples", ex}});
   }
   j["naming"] = naming;
@@ -414,7 +417,8 @@ std::string AuditReport::Prometheus() const {
   for (const auto& [name, p] : patterns_) {
     absl::StrAppend(&out, "keyguard_audit_cold_keys{key_pattern=\"", Label(name), "\"} ", p.cold_keys, "\n");
   }
-  family("keyguard_audit_naming_violations", "Keys breaking a key-name rule, by rule and key pattern.");
+  family("keyguard_audit_naming_violations",
+         "Keys breaking the key policy, each once, by the first rule it breaks (user rules first) and key pattern.");
   for (const auto& [rule, g] : naming_) {
     for (const auto& [pattern, n] : g.by_pattern) {
       absl::StrAppend(&out, "keyguard_audit_naming_violations{rule=\"", Label(rule), "\",key_pattern=\"", Label(pattern), "\"} ", n, "\n");

@@ -50,8 +50,8 @@ class AuditReport {
   ScanInfo& scan() { return scan_; }
   const ScanInfo& scan() const { return scan_; }
 
-  // Findings of severity `s`: one per key and rule broken, big key, key without TTL, cold key,
-  // serialized value.
+  // Findings of severity `s`: one per key breaking the key policy (whatever number of rules it
+  // breaks), big key, key without TTL, cold key, serialized value.
   uint64_t Findings(Severity s) const { return findings_[static_cast<int>(s)]; }
   // True when a finding reaches `fail_on`.
   bool Fails(Severity fail_on) const;
@@ -74,6 +74,7 @@ class AuditReport {
     std::string detail;   // suggestion, format, ...
     int64_t number = 0;   // size, idle seconds, depth
     int64_t memory = 0;
+    std::vector<std::string> also;  // naming: the other rules the key breaks
   };
   struct Group {
     uint64_t keys = 0;
@@ -94,7 +95,7 @@ class AuditReport {
   ScanInfo scan_;
   std::string pattern_;  // the last key's pattern
   std::map<std::string, PatternStats> patterns_;
-  std::map<std::string, Group> naming_;      // by rule
+  std::map<std::string, Group> naming_;      // by the first rule a key breaks (user rules first)
   std::map<std::string, Group> big_;         // by type
   Group huge_;                               // strings of at least huge_string_bytes
   Group cold_;

@@ -30,11 +30,21 @@ struct HashShape {
   std::vector<SubKey> subkeys;
 };
 
-// Splits a JSON object into Hash fields: a string value is stored as its text, any other scalar
-// as its JSON text (`36`, `true`, `null`), an object or array as its JSON text, or, with
-// `separate_nested`, as a SubKey. nullopt with `*error` set when `json` is not a JSON object
-// or the main Hash would have no field (`{}`, or only nested values kept
-// separately).
-std::optional<HashShape> JsonToHash(std::string_view json, bool separate_nested, std::string* error);
+// Why a value cannot be re-shaped: a short reason for counters ("not_json", "not_object",
+// "empty_object", "duplicate_field", "no_top_level_field") and a sentence for people.
+struct ShapeError {
+  std::string reason;
+  std::string text;
+};
+
+// Splits a JSON object into Hash fields, exactly: a string value is stored as its unescaped text;
+// any other value as its JSON text as written, byte for byte, with only the whitespace between
+// tokens removed (`12345678901234567890123`, `88.36768`, `-0`, `1E400`, `true`, `null`,
+// `{"a":[1,2.50]}`), or, with `separate_nested`, as a SubKey (an object's members by the same rule).
+// No number is converted and no escape re-encoded, so the Hash holds what the JSON said.
+// nullopt with `*error` set when `json` is not valid JSON (RFC 8259; string bytes need not be
+// UTF-8 and are kept as they are), not a JSON object, an object that repeats a field name (one of
+// the values would be lost), or an object that leaves the main Hash without a field.
+std::optional<HashShape> JsonToHash(std::string_view json, bool separate_nested, ShapeError* error);
 
 }  // namespace keyguard::maintenance

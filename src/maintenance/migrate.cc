@@ -1,19 +1,34 @@
 // `keyguard migrate`: the three steps of a safe rename or re-shape of existing keys (copy, verify,
 // cleanup), each idempotent, resumable from a SCAN cursor, rate-limited and with --dry-run.
+//
+// No step trusts what it read a round trip earlier. Every decision about one key is taken by one
+// server-side script (kKeyScript) that runs atomically: it checks that the old key still holds
+// what keyguard read (for a re-shape, the JSON text the new fields were computed from), compares
+// the new key(s) with the old one, and only then copies, refreshes or deletes. So copy never
+// writes a Hash from a value the app has since changed, and cleanup never deletes an old key that
+// does not match its new key at that instant.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/maintenance/maintenance.h"
 #include "maintenance/args.h"
 #include "maintenance/json_fields.h"
 #include "maintenance/redis_link.h"
 #include "maintenance/settings.h"
+#include "maintenance/terminal.h"
 
 namespace keyguard::maintenance {
 namespace {
@@ -26,346 +41,364 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-// Writes a re-shaped key and its nested keys, with the old key's TTL, all or nothing, and only
-// when the new key does not exist yet: a re-run skips what is done, and a new key the app already
-// wrote through the proxy's rewrite rule is never overwritten.
-// KEYS: the new key, then its nested keys. ARGV[1]: PTTL in ms (<= 0: none); then per key its
-// kind ("hash" or "string"), the number of items, and the items (field, value, ... or the text).
-constexpr char kWriteScript[] = R"lua(
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-for i = 2, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 1 then return redis.error_reply('nested key exists: ' .. KEYS[i]) end
-end
-local ttl = tonumber(ARGV[1])
-local at = 2
-for i = 1, #KEYS do
-  local kind, n = ARGV[at], tonumber(ARGV[at + 1])
-  at = at + 2
-  if kind == 'hash' then
-    for j = at, at + n - 1, 1000 do
-      redis.call('HSET', KEYS[i], unpack(ARGV, j, math.min(j + 999, at + n - 1)))
+// One key's decision, atomically. KEYS: the old key, the new key, then the new key's nested keys.
+// ARGV[1]: mode: verify (read only), copy (write when no new key exists), refresh (also rewrite
+// new keys that differ), cleanup (UNLINK the old key when its new keys match it).
+// ARGV[2]: how old and new compare: `dump` (same type, DUMP and expiry; COPY to write) or `json`
+// (ARGV[3] is the old key's JSON text as keyguard read it; then per new key its kind, `hash` or
+// `string`, the number of items and the items: field, value, ... or the text).
+// The new keys match when each has the kind and exactly the items, and the old key's expiry
+// (PEXPIRETIME: copy writes it with PEXPIREAT, so equal means equal).
+// Returns {status, detail}: gone (no old key), changed (the old key no longer holds ARGV[3]),
+// same, missing (no new key exists), differs (detail: the first difference); after a write
+// copied or refreshed, after cleanup's delete unlinked, and copy's stale (differs, not refreshed).
+constexpr char kKeyScript[] = R"lua(
+local mode, how = ARGV[1], ARGV[2]
+local src, dst = KEYS[1], KEYS[2]
+local stype = redis.call('TYPE', src).ok
+if stype == 'none' then return {'gone', ''} end
+local at = redis.call('PEXPIRETIME', src)
+local exists = 0
+for k = 2, #KEYS do exists = exists + redis.call('EXISTS', KEYS[k]) end
+local status, detail = 'same', ''
+if how == 'dump' then
+  local dtype = redis.call('TYPE', dst).ok
+  if exists == 0 then status = 'missing'
+  elseif dtype ~= stype then status, detail = 'differs', 'a ' .. dtype .. ', not a ' .. stype
+  elseif redis.call('DUMP', src) ~= redis.call('DUMP', dst) then status, detail = 'differs', 'value differs'
+  elseif redis.call('PEXPIRETIME', dst) ~= at then status, detail = 'differs', 'expiry differs' end
+else
+  if stype ~= 'string' or redis.call('GET', src) ~= ARGV[3] then return {'changed', ''} end
+  if exists == 0 then status = 'missing' else
+    local a = 4
+    for k = 2, #KEYS do
+      local key, kind, n = KEYS[k], ARGV[a], tonumber(ARGV[a + 1])
+      local t = redis.call('TYPE', key).ok
+      local d
+      if t == 'none' then d = 'missing'
+      elseif t ~= kind then d = 'a ' .. t .. ', not a ' .. kind
+      elseif kind == 'string' then
+        if redis.call('GET', key) ~= ARGV[a + 2] then d = 'value differs' end
+      else
+        for j = a + 2, a + 1 + n, 2 do
+          local v = redis.call('HGET', key, ARGV[j])
+          if not v then d = "field '" .. ARGV[j] .. "' missing" break end
+          if v ~= ARGV[j + 1] then d = "field '" .. ARGV[j] .. "' differs" break end
+        end
+        if not d and redis.call('HLEN', key) ~= n / 2 then
+          local want = {}
+          for j = a + 2, a + 1 + n, 2 do want[ARGV[j]] = true end
+          for _, f in ipairs(redis.call('HKEYS', key)) do
+            if not want[f] then d = "extra field '" .. f .. "'" break end
+          end
+        end
+      end
+      if not d and redis.call('PEXPIRETIME', key) ~= at then d = 'expiry differs' end
+      if d then
+        status, detail = 'differs', (k == 2 and d or key .. ': ' .. d)
+        break
+      end
+      a = a + 2 + n
     end
-  else
-    redis.call('SET', KEYS[i], ARGV[at])
   end
-  at = at + n
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
-return 1
+if mode == 'verify' or status == 'same' and mode ~= 'cleanup' then return {status, detail} end
+if mode == 'cleanup' then
+  if status ~= 'same' then return {status, detail} end
+  redis.call('UNLINK', src)
+  return {'unlinked', ''}
+end
+if status == 'differs' and mode ~= 'refresh' then return {'stale', detail} end
+if how == 'dump' then
+  if status == 'missing' then redis.call('COPY', src, dst) else redis.call('COPY', src, dst, 'REPLACE') end
+else
+  if status ~= 'missing' then redis.call('UNLINK', unpack(KEYS, 2)) end
+  local a = 4
+  for k = 2, #KEYS do
+    local key, kind, n = KEYS[k], ARGV[a], tonumber(ARGV[a + 1])
+    if kind == 'hash' then
+      for j = a + 2, a + 1 + n, 1000 do
+        redis.call('HSET', key, unpack(ARGV, j, math.min(j + 999, a + 1 + n)))
+      end
+    else
+      redis.call('SET', key, ARGV[a + 2])
+    end
+    if at > 0 then redis.call('PEXPIREAT', key, at) end
+    a = a + 2 + n
+  end
+end
+return {status == 'missing' and 'copied' or 'refreshed', detail}
 )lua";
+
+// How many times one batch re-reads keys whose value changed between the read and the script.
+constexpr int kAttempts = 3;
+// Routine lines (would copy, would unlink, skipped) shown per kind without --verbose.
+constexpr uint64_t kSamples = 10;
 
 struct Pair {
   std::string old_key, new_key;
 };
 
-struct Counters {
-  std::map<std::string, uint64_t> n;  // printed in this (alphabetical) order
-  void Add(const std::string& what, uint64_t k = 1) { n[what] += k; }
+// One key ready for kKeyScript.
+struct Item {
+  const Pair* pair;
+  bool dump = false;   // compare and copy by DUMP/COPY (keep_type, or an unconvertible value copied unchanged)
+  std::string source;  // json: the old value as read
+  HashShape shape;     // json: the new keys
 };
 
+enum class StepKind { kCopy, kVerify, kCleanup };
+
 struct Step {
+  StepKind kind;
   const Migration& m;
   RedisLink& link;
   Pacer& pacer;
   bool dry_run;
+  bool refresh;
   bool verbose;
-  Counters counters;
-  bool differences = false;
+  std::string sha;                    // kKeyScript's SHA1 on the server
+  std::map<std::string, uint64_t> counts;
+  bool failed = false;                // something needs the operator: exit 1
 
   absl::StatusOr<std::vector<Reply>> Run(const std::vector<Command>& cmds) {
     if (cmds.empty()) return std::vector<Reply>();
     pacer.Before(cmds.size());
     return link.Pipeline(cmds);
   }
-  void Say(const std::string& line) { std::printf("%s\n", line.c_str()); }
+
+  // Counts `what`; prints `line` always when `attention`, else with --verbose or as one of the
+  // first kSamples of its kind in a dry run.
+  void Record(const std::string& what, const std::string& line, bool attention) {
+    const uint64_t n = ++counts[what];
+    if (attention) failed = true;
+    if (line.empty()) return;
+    if (attention || verbose || (dry_run && n <= kSamples)) {
+      std::printf("%s\n", line.c_str());
+    }
+  }
+
+  absl::Status LoadScript() {
+    auto r = link.Call({"SCRIPT", "LOAD", kKeyScript});
+    if (!r.ok()) return r.status();
+    if (r->is_error()) return absl::FailedPreconditionError(absl::StrCat("SCRIPT LOAD: ", r->str));
+    sha = r->str;
+    return absl::OkStatus();
+  }
 };
 
-std::string TtlText(int64_t pttl) { return pttl > 0 ? absl::StrCat("ttl ", pttl, " ms") : "no ttl"; }
+std::string Arrow(const Pair& p) { return absl::StrCat(Printable(p.old_key), " -> ", Printable(p.new_key)); }
 
-// --- copy ---
-
-absl::Status CopyKeepType(Step& st, const std::vector<Pair>& batch) {
-  std::vector<Command> cmds;
-  for (const Pair& p : batch) {
-    if (st.dry_run) {
-      cmds.push_back({"EXISTS", p.new_key});
-    } else {
-      // COPY keeps the type, the value and the TTL, and the old key stays readable; without
-      // REPLACE it never overwrites a new key.
-      cmds.push_back({"COPY", p.old_key, p.new_key});
-    }
+// Reads the old values (json_to_hash) and turns each key into an Item, or records why it has none.
+absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair*>& pairs) {
+  std::vector<Item> items;
+  if (!st.m.json_to_hash) {
+    for (const Pair* p : pairs) items.push_back(Item{p, true, {}, {}});
+    return items;
   }
-  auto r = st.Run(cmds);
-  if (!r.ok()) return r.status();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const Reply& x = (*r)[i];
-    if (x.is_error()) return absl::InternalError(absl::StrCat("COPY ", batch[i].old_key, ": ", x.str));
-    const bool done = st.dry_run ? x.integer == 0 : x.integer == 1;
-    if (!done) {
-      st.counters.Add("exists");
-    } else {
-      st.counters.Add(st.dry_run ? "would_copy" : "copied");
-      if (st.dry_run || st.verbose) st.Say(absl::StrCat(st.dry_run ? "would copy " : "copied ", batch[i].old_key, " -> ", batch[i].new_key));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CopyJsonToHash(Step& st, const std::vector<Pair>& batch) {
   std::vector<Command> reads;
-  for (const Pair& p : batch) {
-    reads.push_back({"TYPE", p.old_key});
-    reads.push_back({"GET", p.old_key});
-    reads.push_back({"PTTL", p.old_key});
-    reads.push_back({"EXISTS", p.new_key});
+  for (const Pair* p : pairs) {
+    reads.push_back({"TYPE", p->old_key});
+    reads.push_back({"GET", p->old_key});
   }
   auto r = st.Run(reads);
   if (!r.ok()) return r.status();
-  std::vector<Command> writes;
-  std::vector<size_t> written;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const Pair& p = batch[i];
-    const std::string& type = (*r)[4 * i].str;
-    const int64_t pttl = (*r)[4 * i + 2].integer;
-    if (type == "none" || pttl == -2) continue;  // gone since SCAN
-    if ((*r)[4 * i + 3].integer == 1) {
-      st.counters.Add("exists");
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const Pair& p = *pairs[i];
+    const std::string& type = (*r)[2 * i].str;
+    if (type == "none") {
+      st.Record("gone", "", false);
       continue;
     }
+    ShapeError why;
+    Item item{&p, false, {}, {}};
     if (type != "string") {
-      st.counters.Add("skipped");
-      st.Say(absl::StrCat("skip ", p.old_key, ": a ", type, ", not a string"));
-      continue;
-    }
-    std::string error;
-    auto shape = JsonToHash((*r)[4 * i + 1].str, st.m.separate_nested, &error);
-    if (!shape) {
-      st.counters.Add("skipped");
-      st.Say(absl::StrCat("skip ", p.old_key, ": ", error));
-      continue;
-    }
-    Command eval = {"EVAL", kWriteScript, absl::StrCat(1 + shape->subkeys.size()), p.new_key};
-    for (const auto& sub : shape->subkeys) eval.push_back(absl::StrCat(p.new_key, ":", sub.suffix));
-    eval.push_back(absl::StrCat(pttl));
-    auto add_fields = [&eval](const Fields& fields) {
-      eval.insert(eval.end(), {"hash", absl::StrCat(2 * fields.size())});
-      for (const auto& [f, v] : fields) eval.insert(eval.end(), {f, v});
-    };
-    add_fields(shape->fields);
-    for (const auto& sub : shape->subkeys) {
-      if (sub.hash) {
-        add_fields(sub.fields);
-      } else {
-        eval.insert(eval.end(), {"string", "1", sub.text});
-      }
-    }
-    if (st.dry_run || st.verbose) {
-      std::string line = absl::StrCat(st.dry_run ? "would write " : "wrote ", p.new_key, " (hash, ", shape->fields.size(),
-                                      " fields, ", TtlText(pttl), ")");
-      for (const auto& sub : shape->subkeys) {
-        absl::StrAppend(&line, " + ", p.new_key, ":", sub.suffix, sub.hash ? " (hash)" : " (string)");
-      }
-      absl::StrAppend(&line, " from ", p.old_key);
-      st.Say(line);
-    }
-    if (st.dry_run) {
-      st.counters.Add("would_copy");
-      continue;
-    }
-    writes.push_back(std::move(eval));
-    written.push_back(i);
-  }
-  auto w = st.Run(writes);
-  if (!w.ok()) return w.status();
-  for (size_t j = 0; j < written.size(); ++j) {
-    const Reply& x = (*w)[j];
-    if (x.is_error()) {
-      st.counters.Add("failed");
-      st.Say(absl::StrCat("failed ", batch[written[j]].old_key, ": ", x.str));
+      why = ShapeError{"wrong_type", absl::StrCat("a ", type, ", not a string")};
     } else {
-      st.counters.Add(x.integer == 1 ? "copied" : "exists");
+      item.source = std::move((*r)[2 * i + 1].str);
+      if (auto shape = JsonToHash(item.source, st.m.separate_nested, &why)) {
+        item.shape = *std::move(shape);
+        items.push_back(std::move(item));
+        continue;
+      }
     }
+    switch (st.m.unconvertible) {
+      case Migration::Unconvertible::kCopyUnchanged:
+        item.dump = true;
+        item.source.clear();
+        items.push_back(std::move(item));
+        break;
+      case Migration::Unconvertible::kSkip:
+        st.Record(absl::StrCat("skipped.", why.reason), absl::StrCat("skipped ", Printable(p.old_key), ": ", why.text), false);
+        break;
+      case Migration::Unconvertible::kFail:
+        st.Record(absl::StrCat("unconvertible.", why.reason),
+                  absl::StrCat("unconvertible ", Printable(p.old_key), ": ", why.text,
+                               " (migrations[].unconvertible: skip or copy_unchanged decides what becomes of it)"),
+                  true);
+        break;
+    }
+  }
+  return items;
+}
+
+Command ScriptCall(const Step& st, const Item& item, const char* mode) {
+  const Pair& p = *item.pair;
+  const bool read_only = std::string_view(mode) == "verify";
+  Command c = {read_only ? "EVALSHA_RO" : "EVALSHA", st.sha, absl::StrCat(2 + item.shape.subkeys.size()), p.old_key, p.new_key};
+  for (const auto& sub : item.shape.subkeys) c.push_back(absl::StrCat(p.new_key, ":", sub.suffix));
+  c.push_back(mode);
+  if (item.dump) {
+    c.push_back("dump");
+    return c;
+  }
+  c.insert(c.end(), {"json", item.source});
+  auto add_fields = [&c](const Fields& fields) {
+    c.insert(c.end(), {"hash", absl::StrCat(2 * fields.size())});
+    for (const auto& [f, v] : fields) c.insert(c.end(), {f, v});
+  };
+  add_fields(item.shape.fields);
+  for (const auto& sub : item.shape.subkeys) {
+    if (sub.hash) {
+      add_fields(sub.fields);
+    } else {
+      c.insert(c.end(), {"string", "1", sub.text});
+    }
+  }
+  return c;
+}
+
+// What the step makes of one script result.
+void Judge(Step& st, const Item& item, const std::string& status, const std::string& detail) {
+  const Pair& p = *item.pair;
+  const std::string diff = detail.empty() ? "" : absl::StrCat(": ", Printable(detail));
+  if (status == "gone") return st.Record("gone", "", false);
+  switch (st.kind) {
+    case StepKind::kCopy:
+      if (status == "same") return st.Record("up_to_date", "", false);
+      if (status == "copied" || (st.dry_run && status == "missing")) {
+        return st.Record(st.dry_run ? "would_copy" : "copied", absl::StrCat(st.dry_run ? "would copy " : "copied ", Arrow(p)), false);
+      }
+      if (status == "refreshed" || (st.dry_run && st.refresh && status == "differs")) {
+        return st.Record(st.dry_run ? "would_refresh" : "refreshed",
+                         absl::StrCat(st.dry_run ? "would refresh " : "refreshed ", Arrow(p), diff), false);
+      }
+      if (status == "stale" || status == "differs") {
+        return st.Record("stale", absl::StrCat("stale ", Arrow(p), diff, " (copy --refresh rewrites it from the old key)"), true);
+      }
+      break;
+    case StepKind::kVerify:
+      if (status == "same") return st.Record("same", absl::StrCat("same ", Arrow(p)), false);
+      if (status == "missing") return st.Record("missing", absl::StrCat("missing ", Arrow(p)), true);
+      if (status == "differs") return st.Record("differ", absl::StrCat("differs ", Arrow(p), diff), true);
+      break;
+    case StepKind::kCleanup:
+      if (status == "unlinked" || (st.dry_run && status == "same")) {
+        return st.Record(st.dry_run ? "would_unlink" : "unlinked",
+                         absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key)), false);
+      }
+      if (status == "missing") {
+        return st.Record("kept.missing", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " does not exist"), true);
+      }
+      if (status == "differs") {
+        return st.Record("kept.differs", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " differs", diff), true);
+      }
+      break;
+  }
+  st.Record("failed", absl::StrCat("failed ", Arrow(p), ": unexpected result '", Printable(status), "'"), true);
+}
+
+// Runs one batch of keys through kKeyScript, re-reading keys whose old value changed in between.
+absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
+  const char* mode = st.kind == StepKind::kVerify || st.dry_run ? "verify"
+                     : st.kind == StepKind::kCleanup        ? "cleanup"
+                     : st.refresh                           ? "refresh"
+                                                            : "copy";
+  std::vector<const Pair*> todo;
+  for (const Pair& p : batch) todo.push_back(&p);
+  for (int attempt = 0; attempt < kAttempts && !todo.empty(); ++attempt) {
+    auto items = Prepare(st, todo);
+    if (!items.ok()) return items.status();
+    todo.clear();
+    std::vector<Command> calls;
+    for (const Item& item : *items) calls.push_back(ScriptCall(st, item, mode));
+    auto r = st.Run(calls);
+    if (!r.ok()) return r.status();
+    // A script cache flushed under us (SCRIPT FLUSH, a restart, a failover): load it again and
+    // re-run what did not run.
+    std::vector<size_t> again;
+    for (size_t i = 0; i < r->size(); ++i) {
+      if ((*r)[i].is_error() && absl::StartsWith((*r)[i].str, "NOSCRIPT")) again.push_back(i);
+    }
+    if (!again.empty()) {
+      if (auto s = st.LoadScript(); !s.ok()) return s;
+      std::vector<Command> retry;
+      for (size_t i : again) {
+        calls[i][1] = st.sha;
+        retry.push_back(calls[i]);
+      }
+      auto rr = st.Run(retry);
+      if (!rr.ok()) return rr.status();
+      for (size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*rr)[j]);
+    }
+    for (size_t i = 0; i < items->size(); ++i) {
+      const Item& item = (*items)[i];
+      const Reply& x = (*r)[i];
+      if (x.is_error() || x.kind != Reply::Kind::kArray || x.elements.size() != 2) {
+        st.Record("failed", absl::StrCat("failed ", Arrow(*item.pair), ": ", Printable(x.is_error() ? x.str : "unexpected reply")), true);
+        continue;
+      }
+      if (x.elements[0].str == "changed") {
+        // The app wrote the old key between our read and the script: read it again.
+        if (attempt + 1 < kAttempts) st.Record("retried", "", false);
+        todo.push_back(item.pair);
+        continue;
+      }
+      Judge(st, item, x.elements[0].str, x.elements[1].str);
+    }
+  }
+  for (const Pair* p : todo) {
+    st.Record("changed",
+              absl::StrCat("changed ", Arrow(*p), ": the old key changed on each of ", kAttempts, " attempts; run the step again"),
+              true);
   }
   return absl::OkStatus();
 }
 
-// --- verify ---
-
-std::map<std::string, std::string> ToMap(const Fields& f) { return {f.begin(), f.end()}; }
-std::map<std::string, std::string> ToMap(const Reply& hgetall) {
-  std::map<std::string, std::string> out;
-  for (size_t i = 0; i + 1 < hgetall.elements.size(); i += 2) out[hgetall.elements[i].str] = hgetall.elements[i + 1].str;
-  return out;
-}
-
-// The TTLs agree when both keys have none, or both have one within a second (copy reads the old
-// TTL a moment before it writes the new key).
-bool SameTtl(int64_t a, int64_t b) { return (a < 0 && b < 0) || (a >= 0 && b >= 0 && std::abs(a - b) <= 1000); }
-
-std::string FirstDifference(const std::map<std::string, std::string>& want, const std::map<std::string, std::string>& got) {
-  for (const auto& [f, v] : want) {
-    auto it = got.find(f);
-    if (it == got.end()) return absl::StrCat("field '", f, "' missing");
-    if (it->second != v) return absl::StrCat("field '", f, "' differs");
-  }
-  for (const auto& [f, v] : got) {
-    if (!want.count(f)) return absl::StrCat("extra field '", f, "'");
+const char* StepName(StepKind k) {
+  switch (k) {
+    case StepKind::kCopy: return "copy";
+    case StepKind::kVerify: return "verify";
+    case StepKind::kCleanup: return "cleanup";
   }
   return "";
-}
-
-absl::Status Verify(Step& st, const std::vector<Pair>& batch) {
-  std::vector<Command> cmds;
-  const bool hash = st.m.json_to_hash;
-  for (const Pair& p : batch) {
-    cmds.push_back({"TYPE", p.old_key});
-    cmds.push_back({"TYPE", p.new_key});
-    cmds.push_back({"PTTL", p.old_key});
-    cmds.push_back({"PTTL", p.new_key});
-    if (hash) {
-      cmds.push_back({"GET", p.old_key});
-      cmds.push_back({"HGETALL", p.new_key});
-    } else {
-      // DUMP is the value in RDB form: equal values of equal encoding dump alike.
-      cmds.push_back({"DUMP", p.old_key});
-      cmds.push_back({"DUMP", p.new_key});
-    }
-  }
-  auto r = st.Run(cmds);
-  if (!r.ok()) return r.status();
-  struct Nested {
-    size_t pair;
-    std::string key;
-    bool hash;
-    Fields fields;
-    std::string text;
-    int64_t pttl;
-  };
-  std::vector<Nested> nested;
-  std::vector<std::string> problem(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const Reply* x = &(*r)[6 * i];
-    const std::string &old_type = x[0].str, &new_type = x[1].str;
-    if (old_type == "none") {
-      problem[i] = "-";  // gone since SCAN: nothing to compare
-      continue;
-    }
-    if (new_type == "none") {
-      problem[i] = "missing";
-      continue;
-    }
-    if (!SameTtl(x[2].integer, x[3].integer)) {
-      problem[i] = absl::StrCat("ttl differs (", TtlText(x[2].integer), " vs ", TtlText(x[3].integer), ")");
-      continue;
-    }
-    if (!hash) {
-      if (old_type != new_type) {
-        problem[i] = absl::StrCat("type differs (", old_type, " vs ", new_type, ")");
-      } else if (x[4].str != x[5].str) {
-        problem[i] = "value differs";
-      }
-      continue;
-    }
-    if (new_type != "hash") {
-      problem[i] = absl::StrCat("a ", new_type, ", not a hash");
-      continue;
-    }
-    std::string error;
-    auto shape = JsonToHash(x[4].str, st.m.separate_nested, &error);
-    if (!shape) {
-      problem[i] = absl::StrCat("old value: ", error);
-      continue;
-    }
-    problem[i] = FirstDifference(ToMap(shape->fields), ToMap(x[5]));
-    for (auto& sub : shape->subkeys) {
-      nested.push_back({i, absl::StrCat(batch[i].new_key, ":", sub.suffix), sub.hash, std::move(sub.fields), std::move(sub.text), x[2].integer});
-    }
-  }
-  if (!nested.empty()) {
-    cmds.clear();
-    for (const Nested& n : nested) {
-      cmds.push_back({"TYPE", n.key});
-      cmds.push_back({"PTTL", n.key});
-      cmds.push_back({n.hash ? "HGETALL" : "GET", n.key});
-    }
-    auto nr = st.Run(cmds);
-    if (!nr.ok()) return nr.status();
-    for (size_t j = 0; j < nested.size(); ++j) {
-      const Nested& n = nested[j];
-      std::string& pb = problem[n.pair];
-      if (!pb.empty()) continue;
-      const Reply* x = &(*nr)[3 * j];
-      if (x[0].str != (n.hash ? "hash" : "string")) {
-        pb = absl::StrCat(n.key, ": ", x[0].str == "none" ? "missing" : "a " + x[0].str);
-      } else if (!SameTtl(n.pttl, x[1].integer)) {
-        pb = absl::StrCat(n.key, ": ttl differs");
-      } else if (n.hash) {
-        if (std::string d = FirstDifference(ToMap(n.fields), ToMap(x[2])); !d.empty()) pb = absl::StrCat(n.key, ": ", d);
-      } else if (x[2].str != n.text) {
-        pb = absl::StrCat(n.key, ": value differs");
-      }
-    }
-  }
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (problem[i] == "-") continue;
-    if (problem[i].empty()) {
-      st.counters.Add("same");
-      if (st.verbose) st.Say(absl::StrCat("same ", batch[i].old_key, " -> ", batch[i].new_key));
-      continue;
-    }
-    st.counters.Add(problem[i] == "missing" ? "missing" : "differ");
-    st.differences = true;
-    st.Say(absl::StrCat(problem[i] == "missing" ? "missing " : "differs ", batch[i].old_key, " -> ", batch[i].new_key,
-                        problem[i] == "missing" ? "" : absl::StrCat(": ", problem[i])));
-  }
-  return absl::OkStatus();
-}
-
-// --- cleanup ---
-
-absl::Status Cleanup(Step& st, const std::vector<Pair>& batch) {
-  std::vector<Command> cmds;
-  for (const Pair& p : batch) cmds.push_back({"EXISTS", p.new_key});
-  auto r = st.Run(cmds);
-  if (!r.ok()) return r.status();
-  // UNLINK frees big values in a background thread; one UNLINK per batch.
-  Command unlink = {"UNLINK"};
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if ((*r)[i].integer != 1) {
-      // Never delete a key whose data has no new home.
-      st.counters.Add("kept");
-      st.Say(absl::StrCat("kept ", batch[i].old_key, ": ", batch[i].new_key, " does not exist"));
-      continue;
-    }
-    if (st.dry_run || st.verbose) st.Say(absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", batch[i].old_key));
-    unlink.push_back(batch[i].old_key);
-  }
-  if (unlink.size() == 1) return absl::OkStatus();
-  if (st.dry_run) {
-    st.counters.Add("would_unlink", unlink.size() - 1);
-    return absl::OkStatus();
-  }
-  auto u = st.Run({unlink});
-  if (!u.ok()) return u.status();
-  if ((*u)[0].is_error()) return absl::InternalError(absl::StrCat("UNLINK: ", (*u)[0].str));
-  st.counters.Add("unlinked", static_cast<uint64_t>((*u)[0].integer));
-  return absl::OkStatus();
 }
 
 }  // namespace
 
 const char kMigrateUsage[] =
     "usage: keyguard migrate --migration NAME {copy|verify|cleanup} [--config FILE] [--upstream HOST:PORT]\n"
-    "                        [--db N] [--dry-run] [--cursor C] [--max-keys N] [--rate OPS] [--verbose]\n"
-    "  copy     writes the new key for every old key the migration matches (never overwriting one)\n"
-    "  verify   compares old and new keys (type, value, TTL); exit 1 on a difference\n"
-    "  cleanup  UNLINKs the old keys whose new key exists, in batches\n"
-    "  The migrations are in the config file (migrations:). --dry-run changes nothing and lists what\n"
-    "  would change; --max-keys stops after about N keys and prints the cursor to resume from.\n";
+    "                        [--db N] [--dry-run] [--refresh] [--cursor C] [--max-keys N] [--rate OPS]\n"
+    "                        [--verbose] [--summary-json FILE] [--progress-seconds S] [--no-progress]\n"
+    "  copy     writes the new key for every old key the migration matches; a new key that differs\n"
+    "           from its old key is reported as stale and kept, or with --refresh rewritten from it\n"
+    "           (use --refresh while the app still writes the old names: the old key is the truth)\n"
+    "  verify   compares old and new keys (type, value, expiry); exit 1 on a difference\n"
+    "  cleanup  UNLINKs each old key whose new key matches it, checked atomically with the delete;\n"
+    "           every other old key is kept and listed with the reason\n"
+    "  Every decision about a key is one server-side script: a key the app changes meanwhile is\n"
+    "  re-read, never copied stale nor deleted. The migrations are in the config file (migrations:).\n"
+    "  --dry-run changes nothing and says what would change (totals, and the first lines of each\n"
+    "  kind; --verbose lists every key). --max-keys stops after about N keys and prints the cursor to\n"
+    "  resume from (as does Ctrl-C). --summary-json writes the totals as JSON ('-': stdout).\n"
+    "  Exit: 0 done, 1 a key needs attention (listed), 2 usage, config or connection error,\n"
+    "  3 stopped before the end with nothing to report so far (resume with --cursor).\n";
 
 int RunMigrate(const std::vector<std::string>& argv) {
-  auto parsed = ParseArgs(argv, {"--config", "--upstream", "--db", "--migration", "--cursor", "--max-keys", "--rate"},
-                          {"--dry-run", "--verbose", "--help"});
+  auto parsed = ParseArgs(argv,
+                          {"--config", "--upstream", "--db", "--migration", "--cursor", "--max-keys", "--rate",
+                           "--summary-json", "--progress-seconds"},
+                          {"--dry-run", "--refresh", "--verbose", "--no-progress", "--help"});
   if (!parsed.ok()) return Fail(absl::StrCat(parsed.status().message(), "\n", kMigrateUsage));
   const Args& args = *parsed;
   if (args.Has("--help")) {
@@ -377,6 +410,8 @@ int RunMigrate(const std::vector<std::string>& argv) {
     return Fail(absl::StrCat("name one step: copy, verify or cleanup\n", kMigrateUsage));
   }
   const std::string step_name = args.positional[0];
+  const StepKind kind = step_name == "copy" ? StepKind::kCopy : step_name == "verify" ? StepKind::kVerify : StepKind::kCleanup;
+  if (args.Has("--refresh") && kind != StepKind::kCopy) return Fail("--refresh applies to copy only");
   auto loaded = LoadMaintenanceConfig(args.Str("--config"));
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   MaintenanceConfig& cfg = *loaded;
@@ -396,25 +431,36 @@ int RunMigrate(const std::vector<std::string>& argv) {
   auto db = args.Int("--db", 0, 0, 1 << 20);
   auto max_keys = args.Int("--max-keys", 0, 0, INT64_MAX);
   auto rate = args.Int("--rate", m->max_ops_per_second, 0, 100000000);
-  for (const absl::Status& s : {db.status(), max_keys.status(), rate.status()}) {
+  auto progress_seconds = args.Double("--progress-seconds", 10, 0, 86400);
+  for (const absl::Status& s : {db.status(), max_keys.status(), rate.status(), progress_seconds.status()}) {
     if (!s.ok()) return Fail(std::string(s.message()));
   }
   std::string cursor = args.Str("--cursor", "0");
   if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit)) return Fail("--cursor: expected a SCAN cursor");
+  const std::string start_cursor = cursor;
   auto link = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
   if (!link.ok()) return Fail(std::string(link.status().message()));
 
   std::signal(SIGINT, RequestStop);
   std::signal(SIGTERM, RequestStop);
   Pacer pacer(static_cast<uint32_t>(*rate));
-  const bool dry_run = args.Has("--dry-run");
-  Step st{*m, **link, pacer, dry_run && step_name != "verify", args.Has("--verbose"), {}, false};
+  const bool dry_run = args.Has("--dry-run") && kind != StepKind::kVerify;
+  Step st{kind, *m, **link, pacer, dry_run, args.Has("--refresh"), args.Has("--verbose"), "", {}, false};
+  if (auto s = st.LoadScript(); !s.ok()) return Fail(std::string(s.message()));
+  int64_t dbsize = -1;
+  if (auto size = st.link.Call({"DBSIZE"}); size.ok() && size->kind == Reply::Kind::kInteger) dbsize = size->integer;
+  const Progress::Mode progress_mode = args.Has("--no-progress")     ? Progress::Mode::kOff
+                                       : isatty(STDERR_FILENO)       ? Progress::Mode::kTerminal
+                                                                     : Progress::Mode::kLines;
+  Progress progress(progress_mode, absl::StrCat(step_name, " ", m->name, ": "), dbsize,
+                    std::chrono::milliseconds(static_cast<int64_t>(*progress_seconds * 1000)));
+  const auto started = std::chrono::steady_clock::now();
   uint64_t scanned = 0, matched = 0;
   bool complete = false;
   for (;;) {
     pacer.Before(1);
     auto page = st.link.Call({"SCAN", cursor, "MATCH", m->match, "COUNT", absl::StrCat(m->batch)});
-    if (!page.ok()) return Fail(std::string(page.status().message()));
+    if (!page.ok()) return Fail(absl::StrCat(page.status().message(), "; resume with --cursor ", cursor));
     if (page->kind != Reply::Kind::kArray || page->elements.size() != 2) return Fail(absl::StrCat("SCAN: ", page->str));
     std::vector<Pair> batch;
     for (const Reply& k : page->elements[1].elements) {
@@ -424,33 +470,60 @@ int RunMigrate(const std::vector<std::string>& argv) {
       batch.push_back(Pair{k.str, *std::move(to)});
     }
     matched += batch.size();
-    absl::Status s = absl::OkStatus();
-    if (!batch.empty()) {
-      if (step_name == "copy") {
-        s = m->json_to_hash ? CopyJsonToHash(st, batch) : CopyKeepType(st, batch);
-      } else if (step_name == "verify") {
-        s = Verify(st, batch);
-      } else {
-        s = Cleanup(st, batch);
-      }
+    if (absl::Status s = RunBatch(st, batch); !s.ok()) {
+      return Fail(absl::StrCat(step_name, ": ", s.message(), "; resume with --cursor ", cursor));
     }
-    if (!s.ok()) return Fail(absl::StrCat(step_name, ": ", s.message(), "; resume with --cursor ", cursor));
     cursor = page->elements[0].str;
     if (cursor == "0") {
       complete = true;
       break;
     }
+    progress.Show(scanned);
     if ((*max_keys > 0 && scanned >= static_cast<uint64_t>(*max_keys)) || stop_requested) break;
   }
+  progress.Done();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const int exit_code = st.failed ? 1 : complete ? 0 : 3;
+
   std::string summary = absl::StrCat(step_name, " ", m->name, ":", dry_run ? " dry-run" : "", " scanned=", scanned,
                                      " matched=", matched);
-  for (const auto& [what, n] : st.counters.n) absl::StrAppend(&summary, " ", what, "=", n);
+  for (const auto& [what, n] : st.counts) absl::StrAppend(&summary, " ", what, "=", n);
   absl::StrAppend(&summary, " complete=", complete ? "true" : "false", " cursor=", cursor);
   std::printf("%s\n", summary.c_str());
+  if (args.Has("--summary-json")) {
+    nlohmann::ordered_json j;
+    j["step"] = step_name;
+    j["migration"] = m->name;
+    j["dry_run"] = dry_run;
+    j["refresh"] = st.refresh;
+    j["scanned"] = scanned;
+    j["matched"] = matched;
+    j["counts"] = nlohmann::ordered_json::object();
+    for (const auto& [what, n] : st.counts) j["counts"][what] = n;
+    j["complete"] = complete;
+    j["start_cursor"] = start_cursor;
+    j["cursor"] = cursor;
+    j["seconds"] = seconds;
+    j["exit_code"] = exit_code;
+    const std::string text = j.dump() + "\n";
+    const std::string path = args.Str("--summary-json");
+    if (path == "-") {
+      std::fputs(text.c_str(), stdout);
+    } else {
+      std::ofstream out(path, std::ios::trunc);
+      out << text;
+      if (!out) std::fprintf(stderr, "keyguard migrate: cannot write %s\n", path.c_str());
+    }
+  }
   std::fflush(stdout);
-  if (!complete) std::fprintf(stderr, "keyguard migrate: stopped after %llu keys; resume with --cursor %s\n",
-                              static_cast<unsigned long long>(scanned), cursor.c_str());
-  return st.differences ? 1 : 0;
+  if (!complete) {
+    std::fprintf(stderr, "keyguard migrate: stopped after %llu keys; resume with --cursor %s\n",
+                 static_cast<unsigned long long>(scanned), cursor.c_str());
+  }
+  if (st.failed) {
+    std::fprintf(stderr, "keyguard migrate: %s found keys that need attention (listed above with the reason)\n", StepName(kind));
+  }
+  return exit_code;
 }
 
 }  // namespace keyguard::maintenance

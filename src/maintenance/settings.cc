@@ -104,6 +104,14 @@ absl::StatusOr<MaintenanceConfig> Compile(const pb::Config& p) {
     m.json_to_hash = in.reshape() == pb::JSON_TO_HASH;
     m.separate_nested = in.nested() == pb::SEPARATE_KEY;
     if (m.separate_nested && !m.json_to_hash) return FieldError(path + ".nested", "applies to reshape: json_to_hash only");
+    switch (in.unconvertible()) {
+      case pb::SKIP: m.unconvertible = Migration::Unconvertible::kSkip; break;
+      case pb::COPY_UNCHANGED: m.unconvertible = Migration::Unconvertible::kCopyUnchanged; break;
+      default: m.unconvertible = Migration::Unconvertible::kFail; break;
+    }
+    if (in.unconvertible() != pb::UNCONVERTIBLE_UNSPECIFIED && !m.json_to_hash) {
+      return FieldError(path + ".unconvertible", "applies to reshape: json_to_hash only");
+    }
     if (in.has_batch()) {
       if (in.batch() == 0 || in.batch() > 100000) return FieldError(path + ".batch", "must be between 1 and 100000");
       m.batch = in.batch();

@@ -45,6 +45,8 @@ struct Migration {
   std::string rewrite;                      // RE2 template (\1..\9)
   bool json_to_hash = false;                // else a KEEP_TYPE copy
   bool separate_nested = false;             // JSON_TO_HASH: nested values under <new>:<field>
+  // JSON_TO_HASH: what becomes of a key that cannot be re-shaped.
+  enum class Unconvertible : uint8_t { kFail, kSkip, kCopyUnchanged } unconvertible = Unconvertible::kFail;
   uint32_t batch = 500;
   uint32_t max_ops_per_second = 10000;
 

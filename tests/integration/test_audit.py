@@ -108,16 +108,17 @@ def test_json_report_is_exact(data):
     assert users["types"] == {"hash": {"keys": 2, "memory": expected_memory["user:1:profile"] + expected_memory["user:2:profile"]}}
     assert patterns["big:list"]["no_ttl_keys"] == 1 and patterns["big:blob"]["no_ttl_keys"] == 0
 
+    # Each key once, under the first rule it breaks: the legacy keys under the rule written for
+    # them (not again under lowercase), "Cart Items" under lowercase with the others it breaks.
     naming = {n["rule"]: n for n in j["naming"]}
-    assert sorted(naming) == ["charset", "forbidden_characters", "legacy-profile", "lowercase"]
-    legacy = sorted((e["key"], e["suggestion"]) for e in naming["legacy-profile"]["examples"])
-    assert legacy == [("User_1001_Profile", "user:1001:profile"), ("User_1002_Profile", "user:1002:profile")]
-    assert naming["lowercase"]["keys"] == 3
-    assert naming["lowercase"]["patterns"] == {"Cart Items": 1, "User_{id}_Profile": 2}
-    assert sorted((e["key"], e["suggestion"]) for e in naming["lowercase"]["examples"]) == [
-        ("Cart Items", "cart items"), ("User_1001_Profile", "user:1001:profile"), ("User_1002_Profile", "user:1002:profile")]
-    assert [e["key"] for e in naming["forbidden_characters"]["examples"]] == ["Cart Items"]
-    assert [e["key"] for e in naming["charset"]["examples"]] == ["Cart Items"]
+    assert sorted(naming) == ["legacy-profile", "lowercase"]
+    legacy = sorted((e["key"], e["suggestion"], e["also"]) for e in naming["legacy-profile"]["examples"])
+    assert legacy == [("User_1001_Profile", "user:1001:profile", ["lowercase"]),
+                      ("User_1002_Profile", "user:1002:profile", ["lowercase"])]
+    assert naming["legacy-profile"]["keys"] == 2 and naming["lowercase"]["keys"] == 1
+    assert naming["lowercase"]["patterns"] == {"Cart Items": 1}
+    assert [(e["key"], e["suggestion"], e["also"]) for e in naming["lowercase"]["examples"]] == [
+        ("Cart Items", "cart items", ["charset", "forbidden_characters"])]
 
     assert [(b["type"], b["keys"], b["examples"][0]["key"], b["examples"][0]["size"]) for b in j["big_keys"]] == [
         ("list", 1, "big:list", 6000), ("string", 1, "big:blob", 20000)]
@@ -136,9 +137,9 @@ def test_json_report_is_exact(data):
     top = sorted(KEYS, key=lambda k: -expected_memory[k])[:3]
     assert [t["key"] for t in j["top_keys"]] == top
     assert [t["memory"] for t in j["top_keys"]] == [expected_memory[k] for k in top]
-    # warning: 7 names (1 charset, 1 forbidden, 2 legacy, 3 lowercase), 2 big keys, 2 serialized;
+    # warning: 3 names (2 legacy, "Cart Items"), 2 big keys, 2 serialized;
     # info: 5 keys without TTL, 7 cold, 1 JSON document.
-    assert j["findings"] == {"critical": 0, "warning": 11, "info": 13}
+    assert j["findings"] == {"critical": 0, "warning": 7, "info": 13}
 
 
 def test_prometheus_text_passes_promtool_and_has_exact_series(data):
@@ -162,8 +163,10 @@ def test_prometheus_text_passes_promtool_and_has_exact_series(data):
                    'keyguard_audit_big_keys{type="list",key_pattern="big:list"} 1',
                    'keyguard_audit_serialized_keys{format="python_pickle",suggestion="hash",key_pattern="cache:obj:{id}"} 1',
                    'keyguard_audit_serialized_keys{format="json_object",suggestion="json",key_pattern="User_{id}_Profile"} 1',
-                   'keyguard_audit_findings{severity="warning"} 11', 'keyguard_audit_findings{severity="info"} 13']:
+                   'keyguard_audit_findings{severity="warning"} 7', 'keyguard_audit_findings{severity="info"} 13']:
         assert series in lines, series
+    # The legacy keys are not counted a second time under the built-in lowercase rule.
+    assert not [l for l in lines if l.startswith('keyguard_audit_naming_violations{rule="lowercase",key_pattern="User_')]
 
 
 def test_table_and_fail_on(data):
@@ -172,10 +175,13 @@ def test_table_and_fail_on(data):
     out = p.stdout
     assert out.startswith("keyguard audit of 127.0.0.1:%d db 3: 9 keys scanned of 9 in " % server.port)
     assert ", complete\n" in out.splitlines(keepends=True)[0]
-    for fragment in ["legacy-profile       2    User_100", " user:1001:profile", "big:list 6000 members",
-                     "cache:obj:7       python_pickle a Hash, one field per attribute (warning)",
-                     "User_1002_Profile json_object   the JSON type: nested 3 deep (info)",
-                     "findings: 0 critical, 11 warning, 13 info"]:
+    for fragment in ["legacy-profile 2    User_100", " user:1001:profile lowercase\n",
+                     "lowercase      1    Cart Items        cart items        charset, forbidden_characters\n",
+                     "big:list 6000 members",
+                     "json_object   1    User_1001_Profile a Hash, one field per attribute (warning)\n",
+                     "python_pickle 1    cache:obj:7       a Hash, one field per attribute (warning)\n",
+                     "json_document 1    User_1002_Profile the JSON type: nested 3 deep (info)\n",
+                     "findings: 0 critical, 7 warning, 13 info"]:
         assert fragment in out, fragment + "\n" + out
     # The same findings gate a CI job only at the chosen severity.
     assert audit(server, path, "--db", "3", "--fail-on", "critical").returncode == 0

@@ -2,6 +2,8 @@
 // audit report fed with key records directly.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <nlohmann/json.hpp>
 
 #include "maintenance/args.h"
@@ -55,8 +57,13 @@ key_policy:
 migrations:
   - {name: profiles, match: 'User_*_Profile', rule: legacy-profile, reshape: json_to_hash, nested: separate_key}
   - {name: carts, match: 'Cart-*', pattern: '^Cart-(\w+)$', rewrite: 'cart:$1', batch: 50}
+  - {name: skip, rule: legacy-profile, reshape: json_to_hash, unconvertible: skip}
+  - {name: asis, rule: legacy-profile, reshape: json_to_hash, unconvertible: copy_unchanged}
 )");
-  ASSERT_EQ(c.migrations.size(), 2u);
+  ASSERT_EQ(c.migrations.size(), 4u);
+  EXPECT_EQ(c.FindMigration("profiles")->unconvertible, Migration::Unconvertible::kFail);
+  EXPECT_EQ(c.FindMigration("skip")->unconvertible, Migration::Unconvertible::kSkip);
+  EXPECT_EQ(c.FindMigration("asis")->unconvertible, Migration::Unconvertible::kCopyUnchanged);
   const Migration* p = c.FindMigration("profiles");
   ASSERT_NE(p, nullptr);
   EXPECT_TRUE(p->json_to_hash);
@@ -81,6 +88,10 @@ TEST(MaintenanceSettingsTest, MigrationErrorsNameTheField) {
             "migrations[0].rewrite: Rewrite schema requests 2 matches, but the regexp only has 0 parenthesized subexpressions.");
   EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', nested: separate_key}]\n"),
             "migrations[0].nested: applies to reshape: json_to_hash only");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', unconvertible: skip}]\n"),
+            "migrations[0].unconvertible: applies to reshape: json_to_hash only");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', reshape: json_to_hash, unconvertible: drop}]\n"),
+            "migrations[0].unconvertible: 'drop' is not one of fail, skip, copy_unchanged");
   EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: y}, {name: a, pattern: '^(x)$', rewrite: y}]\n"),
             "migrations[1].name: 'a' is used twice");
   EXPECT_EQ(ParseError("key_policy: {rules: [{name: r, pattern: x}]}\nmigrations: [{name: a, rule: r}]\n"),
@@ -109,19 +120,33 @@ TEST(JsonFieldsTest, DepthCountsBracketsOutsideStringsEvenOnAPrefix) {
 }
 
 TEST(JsonFieldsTest, TopLevelFieldsBecomeHashFields) {
-  std::string error;
+  ShapeError error;
   auto s = JsonToHash(R"({"name":"ada","age":36,"vip":true,"x":null,"pi":1.5,"tags":["a","b"],"addr":{"city":"Paris"}})",
                       false, &error);
-  ASSERT_TRUE(s) << error;
+  ASSERT_TRUE(s) << error.text;
   EXPECT_EQ(s->fields, (Fields{{"name", "ada"}, {"age", "36"}, {"vip", "true"}, {"x", "null"}, {"pi", "1.5"},
                                {"tags", R"(["a","b"])"}, {"addr", R"({"city":"Paris"})"}}));
   EXPECT_TRUE(s->subkeys.empty());
 }
 
+// Issue #20: numbers and escapes are kept as the JSON wrote them; only whitespace between tokens
+// goes. A double round trip would turn these into 1.2345678901234568e+22 and 88.36767999999999.
+TEST(JsonFieldsTest, NumbersAndNestedTextAreByteExact) {
+  ShapeError error;
+  auto s = JsonToHash(
+      "{ \"big\" : 12345678901234567890123 , \"f\":88.36768,\"z\":-0,\"e\":1E400,\"t\":1.10,"
+      "\"n\": { \"x\" : [ 1.50 , \"a \\u00e9 b\" ] },\"s\":\"tab\\there \\u00e9 \\ud83d\\ude00 \\/\",\"raw\":\"\xff\xfe\"}",
+      false, &error);
+  ASSERT_TRUE(s) << error.text;
+  EXPECT_EQ(s->fields, (Fields{{"big", "12345678901234567890123"}, {"f", "88.36768"}, {"z", "-0"}, {"e", "1E400"},
+                               {"t", "1.10"}, {"n", R"({"x":[1.50,"a \u00e9 b"]})"},
+                               {"s", "tab\there \xc3\xa9 \xf0\x9f\x98\x80 /"}, {"raw", "\xff\xfe"}}));
+}
+
 TEST(JsonFieldsTest, NestedValuesAsSeparateKeys) {
-  std::string error;
+  ShapeError error;
   auto s = JsonToHash(R"({"name":"ada","tags":["a"],"addr":{"city":"Paris","geo":{"lat":1}},"empty":{}})", true, &error);
-  ASSERT_TRUE(s) << error;
+  ASSERT_TRUE(s) << error.text;
   EXPECT_EQ(s->fields, (Fields{{"name", "ada"}, {"empty", "{}"}}));
   ASSERT_EQ(s->subkeys.size(), 2u);
   EXPECT_EQ(s->subkeys[0].suffix, "tags");
@@ -133,15 +158,46 @@ TEST(JsonFieldsTest, NestedValuesAsSeparateKeys) {
 }
 
 TEST(JsonFieldsTest, WhatCannotBecomeAHash) {
-  std::string error;
-  EXPECT_FALSE(JsonToHash("[1,2]", false, &error));
-  EXPECT_EQ(error, "not a JSON object");
-  EXPECT_FALSE(JsonToHash("{\"a\":", false, &error));
-  EXPECT_EQ(error, "not valid JSON");
-  EXPECT_FALSE(JsonToHash("{}", false, &error));
-  EXPECT_EQ(error, "an empty object");
-  EXPECT_FALSE(JsonToHash(R"({"a":{"b":1}})", true, &error));
-  EXPECT_EQ(error, "no top-level field left for the main Hash");
+  const std::vector<std::tuple<std::string, bool, std::string, std::string>> cases = {
+      {"[1,2]", false, "not_object", "not a JSON object"},
+      {"\"text\"", false, "not_object", "not a JSON object"},
+      {"12", false, "not_object", "not a JSON object"},
+      {"{\"a\":", false, "not_json", "not valid JSON"},
+      {"not json", false, "not_json", "not valid JSON"},
+      {"", false, "not_json", "not valid JSON"},
+      {"{\"a\":1}x", false, "not_json", "not valid JSON"},
+      {"{\"a\":01}", false, "not_json", "not valid JSON"},
+      {"{\"a\":1.}", false, "not_json", "not valid JSON"},
+      {"{\"a\":+1}", false, "not_json", "not valid JSON"},
+      {"{\"a\":[1,]}", false, "not_json", "not valid JSON"},
+      {"{\"a\":1,}", false, "not_json", "not valid JSON"},
+      {"{'a':1}", false, "not_json", "not valid JSON"},
+      {"{\"a\":\"\x01\"}", false, "not_json", "not valid JSON"},
+      {"{\"a\":\"\\ud800\"}", false, "not_json", "not valid JSON"},
+      {"{\"a\":\"\\udc00\"}", false, "not_json", "not valid JSON"},
+      {"{\"a\":\"\\x\"}", false, "not_json", "not valid JSON"},
+      {"{\"a\":tru}", false, "not_json", "not valid JSON"},
+      {"{\"a\":[{]}", false, "not_json", "not valid JSON"},
+      {"{}", false, "empty_object", "an empty object"},
+      {" { } ", false, "empty_object", "an empty object"},
+      {"{\"a\":1,\"a\":2}", false, "duplicate_field", "the field 'a' appears twice (one value would be lost)"},
+      {"{\"a\":1,\"b\":{\"c\":1,\"c\":2}}", true, "duplicate_field",
+       "field 'b': the field 'c' appears twice (one value would be lost)"},
+      {R"({"a":{"b":1}})", true, "no_top_level_field", "no top-level field left for the main Hash"},
+  };
+  for (const auto& [json, separate, reason, text] : cases) {
+    ShapeError error;
+    EXPECT_FALSE(JsonToHash(json, separate, &error)) << json;
+    EXPECT_EQ(error.reason, reason) << json;
+    EXPECT_EQ(error.text, text) << json;
+  }
+  // Deep nesting is read without recursion.
+  ShapeError error;
+  const std::string deep = "{\"a\":" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  auto s = JsonToHash(deep, false, &error);
+  ASSERT_TRUE(s) << error.text;
+  EXPECT_EQ(s->fields[0].second.size(), 400000u);
+  EXPECT_FALSE(JsonToHash("{\"a\":" + std::string(200000, '['), false, &error));
 }
 
 class AuditReportTest : public ::testing::Test {
