@@ -43,7 +43,8 @@ int Fail(const std::string& message) {
 
 // One key's decision, atomically. KEYS: the old key, the new key, then the new key's nested keys.
 // ARGV[1]: mode: verify (read only), copy (write when no new key exists), refresh (also rewrite
-// new keys that differ), cleanup (UNLINK the old key when its new keys match it).
+// new keys that differ), cleanup (UNLINK the old key when its new keys match it), supersede (also
+// when its new key exists but differs: after the switch-over the new keys are the truth).
 // ARGV[2]: how old and new compare: `dump` (same type, DUMP and expiry; COPY to write) or `json`
 // (ARGV[3] is the old key's JSON text as keyguard read it; then per new key its kind, `hash` or
 // `string`, the number of items and the items: field, value, ... or the text).
@@ -51,7 +52,8 @@ int Fail(const std::string& message) {
 // (PEXPIRETIME: copy writes it with PEXPIREAT, so equal means equal).
 // Returns {status, detail}: gone (no old key), changed (the old key no longer holds ARGV[3]),
 // same, missing (no new key exists), differs (detail: the first difference); after a write
-// copied or refreshed, after cleanup's delete unlinked, and copy's stale (differs, not refreshed).
+// copied or refreshed, after a delete unlinked or superseded, and copy's stale (differs, not
+// refreshed).
 constexpr char kKeyScript[] = R"lua(
 local mode, how = ARGV[1], ARGV[2]
 local src, dst = KEYS[1], KEYS[2]
@@ -103,10 +105,16 @@ else
   end
 end
 if mode == 'verify' or status == 'same' and mode ~= 'cleanup' then return {status, detail} end
-if mode == 'cleanup' then
-  if status ~= 'same' then return {status, detail} end
-  redis.call('UNLINK', src)
-  return {'unlinked', ''}
+if mode == 'cleanup' or mode == 'supersede' then
+  if status == 'same' then
+    redis.call('UNLINK', src)
+    return {'unlinked', ''}
+  end
+  if mode == 'supersede' and status == 'differs' and redis.call('EXISTS', dst) == 1 then
+    redis.call('UNLINK', src)
+    return {'superseded', detail}
+  end
+  return {status, detail}
 end
 if status == 'differs' and mode ~= 'refresh' then return {'stale', detail} end
 if how == 'dump' then
@@ -156,6 +164,7 @@ struct Step {
   Pacer& pacer;
   bool dry_run;
   bool refresh;
+  bool supersede;  // cleanup --new-keys-win
   bool verbose;
   std::string sha;                    // kKeyScript's SHA1 on the server
   std::map<std::string, uint64_t> counts;
@@ -167,13 +176,14 @@ struct Step {
     return link.Pipeline(cmds);
   }
 
-  // Counts `what`; prints `line` always when `attention`, else with --verbose or as one of the
-  // first kSamples of its kind in a dry run.
-  void Record(const std::string& what, const std::string& line, bool attention) {
+  // Counts `what` and shows `line`: a routine line with --verbose or as one of the first kSamples
+  // of its kind in a dry run; a listed one always; an attention one always, and it fails the step.
+  enum Level { kRoutine, kListed, kAttention };
+  void Record(const std::string& what, const std::string& line, Level level) {
     const uint64_t n = ++counts[what];
-    if (attention) failed = true;
+    if (level == kAttention) failed = true;
     if (line.empty()) return;
-    if (attention || verbose || (dry_run && n <= kSamples)) {
+    if (level != kRoutine || verbose || (dry_run && n <= kSamples)) {
       std::printf("%s\n", line.c_str());
     }
   }
@@ -207,7 +217,7 @@ absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair
     const Pair& p = *pairs[i];
     const std::string& type = (*r)[2 * i].str;
     if (type == "none") {
-      st.Record("gone", "", false);
+      st.Record("gone", "", Step::kRoutine);
       continue;
     }
     ShapeError why;
@@ -229,13 +239,13 @@ absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair
         items.push_back(std::move(item));
         break;
       case Migration::Unconvertible::kSkip:
-        st.Record(absl::StrCat("skipped.", why.reason), absl::StrCat("skipped ", Printable(p.old_key), ": ", why.text), false);
+        st.Record(absl::StrCat("skipped.", why.reason), absl::StrCat("skipped ", Printable(p.old_key), ": ", why.text), Step::kRoutine);
         break;
       case Migration::Unconvertible::kFail:
         st.Record(absl::StrCat("unconvertible.", why.reason),
                   absl::StrCat("unconvertible ", Printable(p.old_key), ": ", why.text,
                                " (migrations[].unconvertible: skip or copy_unchanged decides what becomes of it)"),
-                  true);
+                  Step::kAttention);
         break;
     }
   }
@@ -272,46 +282,52 @@ Command ScriptCall(const Step& st, const Item& item, const char* mode) {
 void Judge(Step& st, const Item& item, const std::string& status, const std::string& detail) {
   const Pair& p = *item.pair;
   const std::string diff = detail.empty() ? "" : absl::StrCat(": ", Printable(detail));
-  if (status == "gone") return st.Record("gone", "", false);
+  if (status == "gone") return st.Record("gone", "", Step::kRoutine);
   switch (st.kind) {
     case StepKind::kCopy:
-      if (status == "same") return st.Record("up_to_date", "", false);
+      if (status == "same") return st.Record("up_to_date", "", Step::kRoutine);
       if (status == "copied" || (st.dry_run && status == "missing")) {
-        return st.Record(st.dry_run ? "would_copy" : "copied", absl::StrCat(st.dry_run ? "would copy " : "copied ", Arrow(p)), false);
+        return st.Record(st.dry_run ? "would_copy" : "copied", absl::StrCat(st.dry_run ? "would copy " : "copied ", Arrow(p)), Step::kRoutine);
       }
       if (status == "refreshed" || (st.dry_run && st.refresh && status == "differs")) {
         return st.Record(st.dry_run ? "would_refresh" : "refreshed",
-                         absl::StrCat(st.dry_run ? "would refresh " : "refreshed ", Arrow(p), diff), false);
+                         absl::StrCat(st.dry_run ? "would refresh " : "refreshed ", Arrow(p), diff), Step::kRoutine);
       }
       if (status == "stale" || status == "differs") {
-        return st.Record("stale", absl::StrCat("stale ", Arrow(p), diff, " (copy --refresh rewrites it from the old key)"), true);
+        return st.Record("stale", absl::StrCat("stale ", Arrow(p), diff, " (copy --refresh rewrites it from the old key)"), Step::kAttention);
       }
       break;
     case StepKind::kVerify:
-      if (status == "same") return st.Record("same", absl::StrCat("same ", Arrow(p)), false);
-      if (status == "missing") return st.Record("missing", absl::StrCat("missing ", Arrow(p)), true);
-      if (status == "differs") return st.Record("differ", absl::StrCat("differs ", Arrow(p), diff), true);
+      if (status == "same") return st.Record("same", absl::StrCat("same ", Arrow(p)), Step::kRoutine);
+      if (status == "missing") return st.Record("missing", absl::StrCat("missing ", Arrow(p)), Step::kAttention);
+      if (status == "differs") return st.Record("differ", absl::StrCat("differs ", Arrow(p), diff), Step::kAttention);
       break;
     case StepKind::kCleanup:
+      if (status == "superseded" || (st.dry_run && st.supersede && status == "differs" && detail != "missing")) {
+        return st.Record(st.dry_run ? "would_supersede" : "superseded",
+                         absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key), ": superseded by ",
+                                      Printable(p.new_key), ", which differs", diff, " (--new-keys-win)"),
+                         Step::kListed);
+      }
       if (status == "unlinked" || (st.dry_run && status == "same")) {
         return st.Record(st.dry_run ? "would_unlink" : "unlinked",
-                         absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key)), false);
+                         absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key)), Step::kRoutine);
       }
       if (status == "missing") {
-        return st.Record("kept.missing", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " does not exist"), true);
+        return st.Record("kept.missing", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " does not exist"), Step::kAttention);
       }
       if (status == "differs") {
-        return st.Record("kept.differs", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " differs", diff), true);
+        return st.Record("kept.differs", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " differs", diff), Step::kAttention);
       }
       break;
   }
-  st.Record("failed", absl::StrCat("failed ", Arrow(p), ": unexpected result '", Printable(status), "'"), true);
+  st.Record("failed", absl::StrCat("failed ", Arrow(p), ": unexpected result '", Printable(status), "'"), Step::kAttention);
 }
 
 // Runs one batch of keys through kKeyScript, re-reading keys whose old value changed in between.
 absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
   const char* mode = st.kind == StepKind::kVerify || st.dry_run ? "verify"
-                     : st.kind == StepKind::kCleanup        ? "cleanup"
+                     : st.kind == StepKind::kCleanup        ? (st.supersede ? "supersede" : "cleanup")
                      : st.refresh                           ? "refresh"
                                                             : "copy";
   std::vector<const Pair*> todo;
@@ -345,12 +361,12 @@ absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
       const Item& item = (*items)[i];
       const Reply& x = (*r)[i];
       if (x.is_error() || x.kind != Reply::Kind::kArray || x.elements.size() != 2) {
-        st.Record("failed", absl::StrCat("failed ", Arrow(*item.pair), ": ", Printable(x.is_error() ? x.str : "unexpected reply")), true);
+        st.Record("failed", absl::StrCat("failed ", Arrow(*item.pair), ": ", Printable(x.is_error() ? x.str : "unexpected reply")), Step::kAttention);
         continue;
       }
       if (x.elements[0].str == "changed") {
         // The app wrote the old key between our read and the script: read it again.
-        if (attempt + 1 < kAttempts) st.Record("retried", "", false);
+        if (attempt + 1 < kAttempts) st.Record("retried", "", Step::kRoutine);
         todo.push_back(item.pair);
         continue;
       }
@@ -360,7 +376,7 @@ absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
   for (const Pair* p : todo) {
     st.Record("changed",
               absl::StrCat("changed ", Arrow(*p), ": the old key changed on each of ", kAttempts, " attempts; run the step again"),
-              true);
+              Step::kAttention);
   }
   return absl::OkStatus();
 }
@@ -378,14 +394,17 @@ const char* StepName(StepKind k) {
 
 const char kMigrateUsage[] =
     "usage: keyguard migrate --migration NAME {copy|verify|cleanup} [--config FILE] [--upstream HOST:PORT]\n"
-    "                        [--db N] [--dry-run] [--refresh] [--cursor C] [--max-keys N] [--rate OPS]\n"
-    "                        [--verbose] [--summary-json FILE] [--progress-seconds S] [--no-progress]\n"
+    "                        [--db N] [--dry-run] [--refresh] [--new-keys-win] [--cursor C] [--max-keys N]\n"
+    "                        [--rate OPS] [--verbose] [--summary-json FILE] [--progress-seconds S]\n"
+    "                        [--no-progress]\n"
     "  copy     writes the new key for every old key the migration matches; a new key that differs\n"
     "           from its old key is reported as stale and kept, or with --refresh rewritten from it\n"
     "           (use --refresh while the app still writes the old names: the old key is the truth)\n"
     "  verify   compares old and new keys (type, value, expiry); exit 1 on a difference\n"
     "  cleanup  UNLINKs each old key whose new key matches it, checked atomically with the delete;\n"
-    "           every other old key is kept and listed with the reason\n"
+    "           every other old key is kept and listed with the reason. After the switch-over, when\n"
+    "           the app writes only the new keys, --new-keys-win also UNLINKs (and lists) an old key\n"
+    "           whose new key exists but differs; an old key without a new key is still kept\n"
     "  Every decision about a key is one server-side script: a key the app changes meanwhile is\n"
     "  re-read, never copied stale nor deleted. The migrations are in the config file (migrations:).\n"
     "  --dry-run changes nothing and says what would change (totals, and the first lines of each\n"
@@ -398,7 +417,7 @@ int RunMigrate(const std::vector<std::string>& argv) {
   auto parsed = ParseArgs(argv,
                           {"--config", "--upstream", "--db", "--migration", "--cursor", "--max-keys", "--rate",
                            "--summary-json", "--progress-seconds"},
-                          {"--dry-run", "--refresh", "--verbose", "--no-progress", "--help"});
+                          {"--dry-run", "--refresh", "--new-keys-win", "--verbose", "--no-progress", "--help"});
   if (!parsed.ok()) return Fail(absl::StrCat(parsed.status().message(), "\n", kMigrateUsage));
   const Args& args = *parsed;
   if (args.Has("--help")) {
@@ -412,6 +431,7 @@ int RunMigrate(const std::vector<std::string>& argv) {
   const std::string step_name = args.positional[0];
   const StepKind kind = step_name == "copy" ? StepKind::kCopy : step_name == "verify" ? StepKind::kVerify : StepKind::kCleanup;
   if (args.Has("--refresh") && kind != StepKind::kCopy) return Fail("--refresh applies to copy only");
+  if (args.Has("--new-keys-win") && kind != StepKind::kCleanup) return Fail("--new-keys-win applies to cleanup only");
   auto loaded = LoadMaintenanceConfig(args.Str("--config"));
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   MaintenanceConfig& cfg = *loaded;
@@ -445,7 +465,7 @@ int RunMigrate(const std::vector<std::string>& argv) {
   std::signal(SIGTERM, RequestStop);
   Pacer pacer(static_cast<uint32_t>(*rate));
   const bool dry_run = args.Has("--dry-run") && kind != StepKind::kVerify;
-  Step st{kind, *m, **link, pacer, dry_run, args.Has("--refresh"), args.Has("--verbose"), "", {}, false};
+  Step st{kind, *m, **link, pacer, dry_run, args.Has("--refresh"), args.Has("--new-keys-win"), args.Has("--verbose"), "", {}, false};
   if (auto s = st.LoadScript(); !s.ok()) return Fail(std::string(s.message()));
   int64_t dbsize = -1;
   if (auto size = st.link.Call({"DBSIZE"}); size.ok() && size->kind == Reply::Kind::kInteger) dbsize = size->integer;

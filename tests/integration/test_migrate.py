@@ -214,6 +214,19 @@ def test_cleanup_deletes_only_old_keys_that_match_their_new_key(server, config, 
     assert "cleanup found keys that need attention" in c.stderr
     assert {k: r.dump(k) for k in r.keys("User_*")} == {k: v for k, v in before.items() if k != "User_7_Profile"}
 
+    # After the switch-over the new keys are the truth: --new-keys-win deletes (and lists) the old
+    # keys whose new key exists but differs; one without a new key is still kept.
+    superseded = ["unlinked User_%d_Profile: superseded by user:%d:profile, which differs%s (--new-keys-win)" % (i, i, d)
+                  for i, d in [(1, ": field 'n' differs"), (2, ": a string, not a hash"), (3, ": extra field 'plan'"),
+                               (4, ": field 'n' differs"), (5, ": expiry differs")]]
+    d = migrate(server, config, "profiles", "cleanup", "--new-keys-win", "--dry-run", check=1)
+    assert lines(d, "would unlink", "kept") == ["kept User_6_Profile: user:6:profile does not exist"] + [
+        l.replace("unlinked", "would unlink") for l in superseded]
+    c = migrate(server, config, "profiles", "cleanup", "--new-keys-win", check=1)
+    assert lines(c, "unlinked", "kept") == ["kept User_6_Profile: user:6:profile does not exist"] + superseded
+    assert summary(c) == {"scanned": "6", "matched": "6", "superseded": "5", "kept.missing": "1", "complete": "true", "cursor": "0"}
+    assert r.keys("User_*") == ["User_6_Profile"] and r.get("user:2:profile") == "corrupt"
+
 
 def test_copy_refresh_catches_up_with_writes_and_keeps_expiry(server, config, r):
     """Issue #20, item 2: copy never overwrites silently, --refresh brings stale Hashes up to date."""
@@ -443,6 +456,8 @@ def test_errors_name_the_problem(server, config, r):
     assert "name one step: copy, verify or cleanup" in p.stderr
     p = migrate(server, config, "profiles", "cleanup", "--refresh", check=2)
     assert "--refresh applies to copy only" in p.stderr
+    p = migrate(server, config, "profiles", "copy", "--new-keys-win", check=2)
+    assert "--new-keys-win applies to cleanup only" in p.stderr
 
 
 def test_shipped_example_migrates_profiles(server, r):
