@@ -16,8 +16,6 @@ namespace {
 using commands::EqualsIgnoreCase;
 using Kind = Pending::Kind;
 
-constexpr std::string_view kConfirmNames[] = {"subscribe",  "unsubscribe",  "psubscribe",
-                                              "punsubscribe", "ssubscribe", "sunsubscribe"};
 constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unavailable\r\n";
 constexpr std::string_view kDesynced =
     "-ERR keyguard: the server's transaction state differs from keyguard's; the connection is closed\r\n";
@@ -50,33 +48,12 @@ uint64_t DetectorScope(const tenant::Tenant* t) {
   return hygiene::Fingerprint(t != nullptr ? std::string_view(t->prefix) : std::string_view());
 }
 
-// Whether `reply` (its type and first line) is what `expect` allows.
-bool AsExpected(Pending::Expect expect, char type, std::string_view line) {
-  const bool error = type == '-' || type == '!';
-  const bool queued = type == '+' && line == "QUEUED";
-  switch (expect) {
-    case Pending::Expect::kAny: return true;
-    case Pending::Expect::kQueued: return queued || error;
-    case Pending::Expect::kNotQueued: return !queued;
-    case Pending::Expect::kMultiOk: return !error;
-    case Pending::Expect::kExecInMulti: return !(error && line.starts_with("ERR EXEC without MULTI"));
-    case Pending::Expect::kExecOutside: return error;
-  }
-  return false;
-}
 // Rewritten commands at least this long are spliced rather than re-encoded.
 constexpr size_t kSpliceMinBytes = 1024;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-int ConfirmIndex(std::string_view kind) {
-  for (int i = 0; i < 6; ++i) {
-    if (EqualsIgnoreCase(kind, kConfirmNames[i])) return i;
-  }
-  return -1;
 }
 
 // MONITOR lines look like `+1700000000.123456 [0 127.0.0.1:5555] "get" "k"`.
@@ -332,32 +309,10 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const commands::CommandId id = commands::LookupCommand(args[0]);
   const bool subscribe = id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
                          id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
-  // Redis's arity check, which comes before anything else the server does with a command; only
-  // asked for the commands that change connection state (below), off the common path.
-  auto arity_ok = [&] {
-    const int arity = commands::Spec(id).arity;
-    const auto argc = static_cast<int>(args.size());
-    return arity > 0 ? argc == arity : argc >= -arity;
-  };
-  // By command id: the commands whose effect on connection state keyguard follows.
-  static const std::vector<uint8_t> kChangesState = [&known] {
-    std::vector<uint8_t> t(commands::CommandCount(), 0);
-    for (commands::CommandId c : {known.reset, known.multi, known.exec, known.discard, known.watch, known.unwatch,
-                                  known.hello, known.monitor, known.client, known.sync, known.psync, known.subscribe,
-                                  known.psubscribe, known.ssubscribe, known.unsubscribe, known.punsubscribe,
-                                  known.sunsubscribe}) {
-      if (c < t.size()) t[c] = 1;
-    }
-    return t;
-  }();
-  const bool changes_state = id < kChangesState.size() && kChangesState[id] != 0;
-
-  // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP. After SYNC/PSYNC the
-  // server treats the connection as a replica and answers nothing (REPLCONF ACK): whatever
-  // keyguard would say (a refusal) would corrupt the stream, so it says nothing either.
-  const bool skipped = skip_next_reply_;
-  bool silent = reply_off_ || skipped || replication_stream_;
-  skip_next_reply_ = false;
+  // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP or a replication stream.
+  const ConnectionState::ReplyMode mode = state_.TakeReplyMode();
+  const bool skipped = mode.skipped;
+  const bool silent = mode.silent;
 
   const tenant::Tenancy* tenancy = worker_.config.tenancy.get();
   if (tenancy != nullptr) {
@@ -377,14 +332,14 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // keyguard tells RESP2 pub/sub messages from replies by the confirmations it reads in step
     // with its commands. Inside MULTI, and under CLIENT REPLY OFF/SKIP, Redis sends those out of
     // step, and a message of any tenant's keys would then pass as some command's reply.
-    if (tenant_ != nullptr && subscribe && (in_multi_ || silent)) {
+    if (tenant_ != nullptr && subscribe && (state_.in_multi() || silent)) {
       Refuse(id, "tenant",
              absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
                           " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants"),
              skipped, silent);
       return;
     }
-    if (tenant_ != nullptr && in_multi_ && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply")) {
+    if (tenant_ != nullptr && state_.in_multi() && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply")) {
       Refuse(id, "tenant", "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped, silent);
       return;
     }
@@ -470,129 +425,33 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
   Pending p;
   p.rewrite = rewrite;
-  if (tenant_ != nullptr) p.expect = Pending::Expect::kNotQueued;
   p.command = id;
   p.start_ns = now;
   p.reply_check = reply_check;
   const bool hot = worker_.config.hygiene.enabled && HotKeysRequest(id, args, raw_len, &p);
-  if (reply_check != 0 || hot) {
-    p.keyed = true;
-    p.key_off = key_arena_base_ + key_arena_.size();
-    p.key_len = static_cast<uint32_t>(args[1].size());
-    key_arena_.append(args[1].data(), args[1].size());
+  if (reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
+  const ConnectionState::Effects e = state_.OnForward(id, args, mode, tenant_ != nullptr, &p);
+  if (e.stop_reading) stop_reading_ = true;
+  if (e.ping_first) ForwardRaw(kPing.data(), kPing.size());
+  if (e.logout && tenancy != nullptr && tenancy->requires_auth()) {
+    // keyguard's own upstream credentials are sent again right after the RESET (below).
+    BindTenant(nullptr);
   }
-  if (id == known.quit) {
-    stop_reading_ = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
-    quit_sent_ = true;
-  } else if (changes_state && !arity_ok()) {
-    // The server answers with an arity error and changes no state (inside MULTI the command is
-    // not queued, and EXEC will abort): `MULTI x` starts no transaction. A refused EXEC is the
-    // exception: the server answers -EXECABORT and discards the transaction (execCommandAbort).
-    if (id == known.exec) {
-      in_multi_ = multi_aborted_ = false;
-      watching_ = false;
-      multi_rewrites_.clear();
-    }
-  } else if (id == known.reset) {
-    // RESET is not queued by MULTI either: it discards the transaction and every mode.
-    p.kind = Kind::kReset;
-    if (skipped) {
-      // Redis would skip RESET's reply, which tells keyguard the server has reset: a PING takes
-      // the skip, and the +RESET is read but not shown.
-      ForwardRaw(kPing.data(), kPing.size());
-      p.hidden = true;
-    }
-    reply_off_ = false;
-    silent = false;
-    in_multi_ = multi_aborted_ = false;
-    watching_ = false;
-    multi_rewrites_.clear();
-    // RESET logs the connection out: the client must authenticate again, and keyguard's own
-    // upstream credentials are sent again right after it.
-    if (tenancy != nullptr && tenancy->requires_auth()) BindTenant(nullptr);
-  } else if (id == known.multi) {
-    // A nested MULTI is an error that keeps the transaction: what was queued stays queued.
-    if (!in_multi_) {
-      multi_rewrites_.clear();
-      p.expect = Pending::Expect::kMultiOk;
-    }
-    in_multi_ = true;
-  } else if (id == known.watch) {
-    watching_ = true;
-  } else if (id == known.unwatch && !in_multi_) {
-    // Inside MULTI, UNWATCH is queued like any command (below).
-    watching_ = false;
-  } else if (id == known.exec) {
-    p.expect = in_multi_ ? Pending::Expect::kExecInMulti : Pending::Expect::kExecOutside;
-    watching_ = false;
-    if (in_multi_ && multi_aborted_) {
-      p.kind = Kind::kExecAbort;
-      bytes = kDiscard;
-      splice_.clear();
-    }
-    if (tenant_ != nullptr && in_multi_) {
-      // Every EXEC of a tenant is checked element by element, also when no queued command needed
-      // a rewrite: its reply must hold exactly the commands keyguard saw queued, or none passes.
-      p.rewrite = static_cast<uint8_t>(tenant::ReplyRewrite::kExec);
-      p.exec_rewrites = multi_rewrites_;
-    }
-    multi_rewrites_.clear();
-    in_multi_ = multi_aborted_ = false;
-  } else if (id == known.discard) {
-    in_multi_ = multi_aborted_ = false;
-    watching_ = false;
-    multi_rewrites_.clear();
-  } else if (in_multi_) {
-    // Queued inside MULTI: the reply is +QUEUED whatever the command; effects come with EXEC,
-    // whose reply carries this command's reply at this index.
-    if (tenant_ != nullptr) multi_rewrites_.push_back(p.rewrite);
-    p.rewrite = 0;
-    p.expect = Pending::Expect::kQueued;
-  } else if (subscribe) {
-    const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
-    if (args.size() > 1 || unsub) {
-      p.kind = Kind::kSubscribe;
-      p.confirm = static_cast<uint8_t>(ConfirmIndex(args[0]));
-      p.expected = args.size() > 1 ? static_cast<int64_t>(args.size() - 1) : -1;
-    }
-  } else if (id == known.hello) {
-    p.kind = Kind::kHello;
-    int64_t v = 0;
-    if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) p.hello_version = static_cast<int8_t>(v);
-  } else if (id == known.monitor) {
-    p.kind = Kind::kMonitor;
-  } else if ((id == known.sync || id == known.psync) && !silent) {
-    // The server answers with newline keep-alives, then $<len>\r\n<RDB> without a CRLF (or a
-    // diskless EOF-marked payload), then commands that answer no request, for the connection's
-    // life: no reply framing fits, so from this reply on the upstream side is a byte tunnel.
-    p.kind = Kind::kReplicationStream;
-    replication_stream_ = true;
-  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "setname")) {
-    client_name_.assign(args[2].data(), args[2].size());
-  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
-    if (EqualsIgnoreCase(args[2], "off")) {
-      reply_off_ = true;
-      silent = true;
-    } else if (EqualsIgnoreCase(args[2], "skip")) {
-      silent = true;
-      skip_next_reply_ = !reply_off_;
-    } else if (EqualsIgnoreCase(args[2], "on")) {
-      reply_off_ = false;
-      silent = false;
-    }
+  if (e.send_discard) {
+    bytes = kDiscard;
+    splice_.clear();
   }
-
   if (!splice_.empty()) {
     for (const asio::const_buffer& b : splice_) ForwardRaw(static_cast<const char*>(b.data()), b.size());
   } else {
     ForwardRaw(bytes.data(), bytes.size());
   }
-  if (silent) {
+  if (e.silent) {
     worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);
     return;
   }
   const bool reset = p.kind == Kind::kReset;
-  queue_.push_back(std::move(p));
+  queue_.Push(std::move(p));
   if (reset) SendUpstreamAuth(/*send_now=*/false);
 }
 
@@ -617,7 +476,7 @@ void Session::SendUpstreamAuth(bool send_now) {
   Pending p;
   p.kind = Kind::kInternal;
   p.command = commands::Known().auth;
-  queue_.push_back(std::move(p));
+  queue_.Push(std::move(p));
   // At connect time nothing else is batched: send it now, ahead of every client command.
   if (send_now) {
     upstream_out_.Send(forward_);
@@ -629,7 +488,7 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
                          int64_t now) {
   const tenant::Tenancy& tenancy = *worker_.config.tenancy;
   const bool hello = id == commands::Known().hello;
-  if (in_multi_) {
+  if (state_.in_multi()) {
     Refuse(id, "tenant", "ERR keyguard: AUTH and HELLO are not allowed inside MULTI", skipped, silent);
     return;
   }
@@ -714,9 +573,8 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
   p.kind = Kind::kHello;
   p.command = id;
   p.start_ns = now;
-  int64_t v = 0;
-  if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) p.hello_version = static_cast<int8_t>(v);
-  queue_.push_back(std::move(p));
+  p.hello_version = HelloVersion(args);
+  queue_.Push(std::move(p));
 }
 
 void Session::Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent) {
@@ -725,7 +583,7 @@ void Session::Refuse(commands::CommandId id, const char* reason, std::string mes
   if (tenant_ != nullptr) {
     worker_.shard->tenant_rejected.Get(absl::StrCat("tenant=\"", tenant_->name, "\",reason=\"", reason, "\"")).Add();
   }
-  if (in_multi_) multi_aborted_ = true;  // Redis fails EXEC after a refused queued command
+  state_.OnRefused();  // Redis fails EXEC after a refused queued command
   // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would
   // swallow the reply of the next command we forward.
   if (skipped) ForwardRaw(kPing.data(), kPing.size());
@@ -872,7 +730,7 @@ void Session::Warn(const policy::Violation& v, std::string_view key, commands::C
   std::string line = absl::StrCat("{\"level\":\"warn\",\"event\":\"key_violation\",\"rule\":\"", hygiene::JsonEscape(v.rule->name),
                                   "\",\"key\":\"", hygiene::JsonEscape(key), "\",\"command\":\"", CommandNameOf(id), "\"");
   if (!v.suggestion.empty()) absl::StrAppend(&line, ",\"suggestion\":\"", hygiene::JsonEscape(v.suggestion), "\"");
-  absl::StrAppend(&line, ",\"client\":\"", hygiene::JsonEscape(client_address_), "\",\"client_name\":\"", hygiene::JsonEscape(client_name_),
+  absl::StrAppend(&line, ",\"client\":\"", hygiene::JsonEscape(client_address_), "\",\"client_name\":\"", hygiene::JsonEscape(state_.client_name()),
                   "\"}\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
@@ -990,7 +848,7 @@ hygiene::Finding Session::NewFinding(hygiene::Kind kind, std::string_view key, c
   f.key_pattern = worker_.shard->PatternLabel(policy::KeyPattern(key), worker_.live->key_policy->max_key_patterns());
   f.command = CommandNameOf(id);
   f.client = client_address_;
-  f.client_name = client_name_;
+  f.client_name = state_.client_name();
   if (tenant_ != nullptr) f.tenant = tenant_->name;
   return f;
 }
@@ -1081,7 +939,7 @@ uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::stri
     }
     if (worker_.rmw.idle()) return;
     std::vector<hygiene::RmwTracker::Result> results;
-    worker_.rmw.OnWrite(key, id_, value, watching_, hygiene::UnixMs(), &results, detector_scope_);
+    worker_.rmw.OnWrite(key, id_, value, state_.watching(), hygiene::UnixMs(), &results, detector_scope_);
     for (const auto& r : results) {
       hygiene::Finding f{r.kind};
       f.format = hygiene::FormatName(r.format);
@@ -1295,7 +1153,7 @@ void Session::FlushPendingTtlFront() {
 
 void Session::DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk) {
   const hygiene::Settings& settings = worker_.config.hygiene;
-  const std::string_view key(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
+  const std::string_view key = queue_.KeyOf(p);
   if (p.reply_check == kStringRead && type == '$') {
     if (bulk.size() >= settings.big_string_bytes) {
       hygiene::Finding f{hygiene::Kind::kBigStringRead};
@@ -1322,17 +1180,8 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
 }
 
 void Session::Reply(std::string text, commands::CommandId id, bool close_after) {
-  if (queue_.empty()) {
-    // Nothing is pending before it: deliver now.
-    client_out_.Send(text);
-    return;
-  }
-  Pending p;
-  p.kind = Kind::kLocal;
-  p.command = id;
-  p.close_after = close_after;
-  p.text = std::move(text);
-  queue_.push_back(std::move(p));
+  // Nothing pending before it: deliver now.
+  if (!queue_.QueueLocal(text, id, close_after)) client_out_.Send(text);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1388,21 +1237,6 @@ void Session::DeliverPush(std::string_view frame) {
   }
 }
 
-bool Session::IsConfirmationFor(const Pending& p, std::string_view kind) const {
-  return p.kind == Kind::kSubscribe && EqualsIgnoreCase(kind, kConfirmNames[p.confirm]);
-}
-
-void Session::TrackConfirmation(std::string_view kind, std::string_view channel) {
-  const int i = ConfirmIndex(kind);
-  if (i < 0) return;
-  auto& set = subscriptions_[i / 2];
-  if (i % 2 == 0) {
-    set.emplace(channel);
-  } else {
-    set.erase(std::string(channel));
-  }
-}
-
 bool Session::ProcessUpstreamBytes(size_t* hint) {
   *hint = 0;
   deliver_.clear();
@@ -1413,13 +1247,13 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
   const int64_t now = NowNs();
   bool ok = true;
   for (;;) {
-    if (replication_stream_) {  // one predictable branch per frame on every other connection
-      if (!replication_tunnel_ && !queue_.empty() && queue_.front().kind == Kind::kReplicationStream) {
+    if (state_.replication_stream()) {  // one predictable branch per frame on every other connection
+      if (!state_.tunnel() && !queue_.empty() && queue_.front().kind == Kind::kReplicationStream) {
         worker_.shard->CountCommand(queue_.front().command, metrics::Outcome::kOk);
-        queue_.pop_front();
-        replication_tunnel_ = true;
+        queue_.Pop();
+        state_.StartTunnel();
       }
-      if (replication_tunnel_) {
+      if (state_.tunnel()) {
         AppendOut(std::string_view(base + pos, len - pos));
         pos = len;
         break;
@@ -1443,29 +1277,28 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     Pending* front = queue_.empty() ? nullptr : &queue_.front();
 
     // Subscribe confirmations: pushes in RESP3, arrays in RESP2.
-    if ((type == '>' || (type == '*' && protocol_ == 2)) && front != nullptr && head.size() >= 2 &&
-        IsConfirmationFor(*front, kind)) {
+    if ((type == '>' || (type == '*' && state_.protocol() == 2)) && front != nullptr && head.size() >= 2 &&
+        state_.IsConfirmationFor(*front, kind)) {
       DeliverPush(frame);
-      TrackConfirmation(kind, head[1].text);
+      state_.TrackConfirmation(kind, head[1].text);
       if (front->expected < 0) {
-        front->expected = std::max<int64_t>(1, static_cast<int64_t>(subscriptions_[front->confirm / 2].size()) + 1);
+        front->expected = std::max<int64_t>(1, static_cast<int64_t>(state_.subscriptions(front->confirm / 2)) + 1);
       }
       if (--front->expected == 0) CompleteHead(type, 0, {}, 0, now);
       continue;
     }
     // Out-of-band: RESP3 pushes, RESP2 pub/sub messages, MONITOR lines.
     if (type == '>') {
-      if (head.size() >= 2 && ConfirmIndex(kind) >= 0) TrackConfirmation(kind, head[1].text);
+      if (head.size() >= 2) state_.TrackConfirmation(kind, head[1].text);
       DeliverPush(frame);
       continue;
     }
-    if (type == '*' && protocol_ == 2 && head.size() >= 2 &&
-        (!subscriptions_[0].empty() || !subscriptions_[1].empty() || !subscriptions_[2].empty()) &&
+    if (type == '*' && state_.protocol() == 2 && head.size() >= 2 && state_.subscribed() &&
         (EqualsIgnoreCase(kind, "message") || EqualsIgnoreCase(kind, "pmessage") || EqualsIgnoreCase(kind, "smessage"))) {
       DeliverPush(frame);
       continue;
     }
-    if (monitor_ && type == '+' && IsMonitorLine(kind)) {
+    if (state_.monitor() && type == '+' && IsMonitorLine(kind)) {
       AppendOut(frame);
       continue;
     }
@@ -1485,7 +1318,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
         ok = false;
         break;
       }
-      queue_.pop_front();
+      queue_.Pop();
       DeliverLocalsAtHead();
       continue;
     }
@@ -1549,57 +1382,17 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
     worker_.shard->ObserveReply(p.command, frame_len, aggregate ? size : -1);
   }
   if (p.keyed && worker_.hot.enabled()) HotKeysReply(p, reply_type, size, bulk, frame_len);
-  switch (p.kind) {
-    case Kind::kHello:
-      if (!error && p.hello_version != 0) protocol_ = p.hello_version;
-      break;
-    case Kind::kMonitor:
-      if (!error) monitor_ = true;
-      break;
-    case Kind::kReset:
-      if (!error) {
-        protocol_ = 2;
-        monitor_ = false;
-        for (auto& s : subscriptions_) s.clear();
-        reply_tenant_ = tenant_;  // nullptr, unless the client authenticated again after RESET
-      }
-      break;
-    default:
-      break;
-  }
+  if (state_.OnReply(p, error)) reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
   const bool exec_abort = p.kind == Kind::kExecAbort;
   worker_.shard->CountCommand(p.command, (error || exec_abort) ? metrics::Outcome::kError : metrics::Outcome::kOk);
   worker_.shard->ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));
-  queue_.pop_front();
+  queue_.Pop();
   DeliverLocalsAtHead();
-  if (!key_arena_.empty()) TrimKeyArena();
-}
-
-void Session::TrimKeyArena() {
-  if (queue_.empty()) {
-    key_arena_base_ += key_arena_.size();
-    key_arena_.clear();
-    return;
-  }
-  if (key_arena_.size() < 64 * 1024) return;
-  // Keys are appended in queue order: the first pending entry with a key holds the oldest one.
-  for (const Pending& q : queue_) {
-    if (!q.keyed) continue;
-    const size_t consumed = static_cast<size_t>(q.key_off - key_arena_base_);
-    if (consumed > key_arena_.size() / 2) {
-      key_arena_.erase(0, consumed);
-      key_arena_base_ = q.key_off;
-    }
-    return;
-  }
 }
 
 void Session::DeliverLocalsAtHead() {
-  while (!queue_.empty() && queue_.front().kind == Kind::kLocal) {
-    held_.push_back(std::move(queue_.front().text));
-    AppendOut(held_.back());
-    queue_.pop_front();
-  }
+  const size_t n = queue_.TakeLocalsAtHead(&held_);
+  for (size_t i = held_.size() - n; i < held_.size(); ++i) AppendOut(held_[i]);
 }
 
 void Session::NotifyQueue() {
@@ -1615,15 +1408,13 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
     AbortPending(kDesynced);
     return;
   }
-  if (!(quit_sent_ && reason == metrics::UpstreamError::kClosed)) worker_.shard->CountUpstreamError(reason);
-  const bool client_waiting =
-      std::any_of(queue_.begin(), queue_.end(), [](const Pending& p) { return p.kind != Kind::kInternal; });
-  if (reason == metrics::UpstreamError::kAuth && !client_waiting) {
+  if (!(state_.quit_sent() && reason == metrics::UpstreamError::kClosed)) worker_.shard->CountUpstreamError(reason);
+  if (reason == metrics::UpstreamError::kAuth && !queue_.ClientWaiting()) {
     // The upstream refused keyguard's own credentials before the client asked anything: as when
     // the upstream is down at connect, the client's next command gets the error, then the
     // connection closes (rather than a close with nothing said).
     CloseUpstream();
-    queue_.clear();
+    queue_.Clear();
     NotifyQueue();
     return;
   }
@@ -1642,16 +1433,9 @@ void Session::CloseUpstream() {
 void Session::AbortPending(std::string_view error) {
   CloseUpstream();
   // Every command still waiting gets an error, in order with keyguard's own replies.
-  std::string out;
-  for (Pending& p : queue_) {
-    if (p.kind == Kind::kLocal) {
-      out += p.text;
-    } else if (p.kind != Kind::kInternal) {
-      worker_.shard->CountCommand(p.command, metrics::Outcome::kFailed);
-      out += error;
-    }
-  }
-  queue_.clear();
+  std::vector<commands::CommandId> failed;
+  const std::string out = queue_.Abort(error, &failed);
+  for (commands::CommandId id : failed) worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
   if (!out.empty()) client_out_.Send(out);
   stop_reading_ = true;
   NotifyQueue();

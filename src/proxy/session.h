@@ -13,58 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "keyguard/hygiene/serialized.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
 #include "proxy/asio.h"
+#include "proxy/connection_state.h"
 #include "proxy/outbox.h"
 #include "proxy/read_buffer.h"
+#include "proxy/reply_queue.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
-
-// A command waiting for its reply, or a reply keyguard made.
-struct Pending {
-  enum class Kind : uint8_t {
-    kForward,    // plain command: one reply
-    kLocal,      // keyguard's own reply in `text`
-    kSubscribe,  // (p|s)(un)subscribe: one confirmation per channel
-    kHello,      // switches RESP2/RESP3 when it succeeds
-    kMonitor,    // +OK starts the MONITOR stream
-    kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
-    kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
-    kInternal,   // keyguard's own command (upstream AUTH): the reply is not the client's
-    kReplicationStream,  // SYNC/PSYNC: from its reply on, upstream bytes are a stream passed as they are
-  };
-  Kind kind = Kind::kForward;
-  commands::CommandId command = commands::kUnknownCommand;
-  bool close_after = false;   // kLocal: close the connection once this reply is delivered
-  bool hidden = false;        // the reply is read, not delivered (RESET after CLIENT REPLY SKIP)
-  uint8_t confirm = 0;        // kSubscribe: index into kConfirmNames
-  int8_t hello_version = 0;   // kHello: 2, 3 or 0 (unchanged)
-  int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind
-  int64_t start_ns = 0;
-  uint8_t reply_check = 0;    // hygiene: what to look at in the reply (see session.cc)
-  uint32_t key_len = 0;       // with reply_check: the key, in the session's key arena
-  uint64_t key_off = 0;
-  bool keyed = false;         // the key (args[1]) is in the key arena, for reply_check or hot keys
-  uint32_t request_bytes = 0; // hot keys: the request's bytes; 0 when the command is not tracked
-  // Tenancy: what the reply must be if the server's transaction state is the one keyguard
-  // filters replies by; anything else means the two differ, and the connection is closed.
-  enum class Expect : uint8_t {
-    kAny,
-    kQueued,       // queued inside MULTI: +QUEUED or an error (then EXEC aborts)
-    kNotQueued,    // outside MULTI: anything but +QUEUED
-    kMultiOk,      // the MULTI that starts a transaction: not an error
-    kExecInMulti,  // EXEC inside MULTI: not "EXEC without MULTI"
-    kExecOutside,  // EXEC outside MULTI: an error
-  };
-  Expect expect = Expect::kAny;
-  uint8_t rewrite = 0;        // tenancy: tenant::ReplyRewrite of the reply
-  std::vector<uint8_t> exec_rewrites;  // tenancy, EXEC: the rewrite of each queued command
-  std::string text;           // kLocal: the reply
-};
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -133,7 +92,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // missing_ttl findings whose window passed (all of them when the connection ends).
   void FlushPendingTtl(bool all);
   void FlushPendingTtlFront();
-  void TrimKeyArena();
   // Hot and big keys (session_hot_keys.cc): counts string write sizes, and returns true when the
   // reply needs the command's first key (args[1]): an access to count (sampled; p->request_bytes
   // set) or a size to read from the reply. HotKeysReply runs for every reply with a key.
@@ -146,8 +104,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void DeliverLocalsAtHead();
   // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
   void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
-  bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
-  void TrackConfirmation(std::string_view kind, std::string_view channel);
   void FailUpstream(metrics::UpstreamError reason);
   // Closes the upstream connection (and counts it gone, if it was up).
   void CloseUpstream();
@@ -165,7 +121,8 @@ class Session : public std::enable_shared_from_this<Session> {
   ReadBuffer upstream_buf_;
   resp::RequestFramer request_framer_;
   resp::ReplyFramer reply_framer_;
-  std::deque<Pending> queue_;
+  ReplyQueue queue_;
+  ConnectionState state_;
   asio::steady_timer queue_event_;
   bool queue_waiter_ = false;
 
@@ -198,20 +155,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<PendingTtl> pending_ttl_;
   std::vector<policy::Violation> violations_;
   std::string client_address_;
-  std::string client_name_;
   uint64_t id_ = 0;        // per worker, for the hygiene trackers
-  // Keys of pending commands whose replies the detectors look at, appended in request order;
-  // offsets are absolute (key_arena_base_ + position), so the consumed front can be dropped.
-  std::string key_arena_;
-  uint64_t key_arena_base_ = 0;
-  bool watching_ = false;  // WATCH is active
 
   // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
   const tenant::Tenant* tenant_ = nullptr;
   // The tenant replies and pushes are confined to. RESET logs the client out at once, but what
   // the server sends until its +RESET is still the old tenant's; nullptr drops every push.
   const tenant::Tenant* reply_tenant_ = nullptr;
-  std::vector<uint8_t> multi_rewrites_;  // reply rewrites of the commands queued in MULTI
   metrics::Counter* tenant_commands_ = nullptr;
   metrics::Counter* tenant_received_ = nullptr;
   metrics::Counter* tenant_sent_ = nullptr;
@@ -219,18 +169,6 @@ class Session : public std::enable_shared_from_this<Session> {
   bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
   // The tenant's share of detector state and size cache: DetectorScope(tenant_).
   uint64_t detector_scope_ = hygiene::kFnvBasis;
-
-  // Connection state as the client and the server see it.
-  int protocol_ = 2;
-  bool monitor_ = false;
-  bool in_multi_ = false;
-  bool multi_aborted_ = false;
-  bool reply_off_ = false;
-  bool skip_next_reply_ = false;
-  bool quit_sent_ = false;
-  bool replication_stream_ = false;  // SYNC/PSYNC was sent: nothing after it gets a reply
-  bool replication_tunnel_ = false;  // its reply has begun: upstream bytes pass as they are
-  absl::flat_hash_set<std::string> subscriptions_[3];  // channels, patterns, shard channels
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;

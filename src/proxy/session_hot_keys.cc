@@ -101,7 +101,8 @@ bool Session::HotKeysRequest(commands::CommandId id, std::span<const std::string
 
 void Session::HotKeysReply(const Pending& p, char type, int64_t size, std::string_view bulk, size_t frame_len) {
   hygiene::HotKeys& hot = worker_.hot;
-  const absl::string_view key(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
+  const std::string_view arena_key = queue_.KeyOf(p);
+  const absl::string_view key(arena_key.data(), arena_key.size());
   const absl::string_view tenant = tenant_ != nullptr ? absl::string_view(tenant_->name) : absl::string_view();
   if (p.request_bytes != 0) hot.Access(tenant, key, p.request_bytes + frame_len);
   const HotKeyInfo& info = HotKeyTable()[p.command];

@@ -1,0 +1,198 @@
+#include "proxy/connection_state.h"
+
+#include "keyguard/resp/framer.h"
+#include "keyguard/tenant/rewrite.h"
+
+namespace keyguard::proxy {
+namespace {
+
+using commands::EqualsIgnoreCase;
+using Kind = Pending::Kind;
+
+// Redis's arity check, which comes before anything else the server does with a command.
+bool ArityOk(commands::CommandId id, size_t argc) {
+  const int arity = commands::Spec(id).arity;
+  const auto n = static_cast<int>(argc);
+  return arity > 0 ? n == arity : n >= -arity;
+}
+
+}  // namespace
+
+int ConfirmIndex(std::string_view kind) {
+  for (int i = 0; i < 6; ++i) {
+    if (EqualsIgnoreCase(kind, kConfirmNames[i])) return i;
+  }
+  return -1;
+}
+
+int8_t HelloVersion(std::span<const std::string_view> args) {
+  int64_t v = 0;
+  if (args.size() > 1 && resp::ParseRedisInt(args[1], &v) && (v == 2 || v == 3)) return static_cast<int8_t>(v);
+  return 0;
+}
+
+ConnectionState::ReplyMode ConnectionState::TakeReplyMode() {
+  // After SYNC/PSYNC the server treats the connection as a replica and answers nothing (REPLCONF
+  // ACK): whatever keyguard would say (a refusal) would corrupt the stream.
+  ReplyMode m{skip_next_reply_, reply_off_ || skip_next_reply_ || replication_stream_};
+  skip_next_reply_ = false;
+  return m;
+}
+
+ConnectionState::Effects ConnectionState::OnForward(commands::CommandId id, std::span<const std::string_view> args,
+                                                    ReplyMode mode, bool tenant, Pending* p) {
+  const commands::KnownCommands& known = commands::Known();
+  // By command id: the commands whose effect on connection state is followed here.
+  static const std::vector<uint8_t> kChangesState = [&known] {
+    std::vector<uint8_t> t(commands::CommandCount(), 0);
+    for (commands::CommandId c : {known.reset, known.multi, known.exec, known.discard, known.watch, known.unwatch,
+                                  known.hello, known.monitor, known.client, known.sync, known.psync, known.subscribe,
+                                  known.psubscribe, known.ssubscribe, known.unsubscribe, known.punsubscribe,
+                                  known.sunsubscribe, known.quit}) {
+      if (c < t.size()) t[c] = 1;
+    }
+    return t;
+  }();
+  Effects e;
+  e.silent = mode.silent;
+  if (tenant) p->expect = Pending::Expect::kNotQueued;
+  const bool changes_state = id < kChangesState.size() && kChangesState[id] != 0;
+  if (!changes_state) {
+    // The common case: a command that changes no connection state, queued inside MULTI.
+    if (in_multi_) {
+      // The reply is +QUEUED whatever the command; its effects come with EXEC, whose reply
+      // carries this command's reply at this index.
+      if (tenant) multi_rewrites_.push_back(p->rewrite);
+      p->rewrite = 0;
+      p->expect = Pending::Expect::kQueued;
+    }
+    return e;
+  }
+  if (id == known.quit) {
+    e.stop_reading = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
+    quit_sent_ = true;
+  } else if (!ArityOk(id, args.size())) {
+    // The server answers with an arity error and changes no state (inside MULTI the command is
+    // not queued, and EXEC will abort): `MULTI x` starts no transaction. A refused EXEC is the
+    // exception: the server answers -EXECABORT and discards the transaction (execCommandAbort).
+    if (id == known.exec) EndTransaction();
+  } else if (id == known.reset) {
+    // RESET is not queued by MULTI either: it discards the transaction and every mode.
+    p->kind = Kind::kReset;
+    if (mode.skipped) {
+      // Redis would skip RESET's reply, which tells keyguard the server has reset: a PING takes
+      // the skip, and the +RESET is read but not shown.
+      e.ping_first = true;
+      p->hidden = true;
+    }
+    reply_off_ = false;
+    e.silent = false;
+    EndTransaction();
+    // RESET logs the connection out: the client must authenticate again.
+    e.logout = true;
+  } else if (id == known.multi) {
+    // A nested MULTI is an error that keeps the transaction: what was queued stays queued.
+    if (!in_multi_) {
+      multi_rewrites_.clear();
+      p->expect = Pending::Expect::kMultiOk;
+    }
+    in_multi_ = true;
+  } else if (id == known.watch) {
+    if (in_multi_) {
+      // Redis refuses WATCH inside MULTI without queueing it; the transaction goes on.
+    } else {
+      watching_ = true;
+    }
+  } else if (id == known.unwatch && !in_multi_) {
+    watching_ = false;
+  } else if (id == known.exec) {
+    p->expect = in_multi_ ? Pending::Expect::kExecInMulti : Pending::Expect::kExecOutside;
+    if (in_multi_ && multi_aborted_) {
+      p->kind = Kind::kExecAbort;
+      e.send_discard = true;
+    }
+    if (tenant && in_multi_) {
+      // Every EXEC of a tenant is checked element by element, also when no queued command needed
+      // a rewrite: its reply must hold exactly the commands keyguard saw queued, or none passes.
+      p->rewrite = static_cast<uint8_t>(tenant::ReplyRewrite::kExec);
+      p->exec_rewrites = std::move(multi_rewrites_);
+    }
+    EndTransaction();
+  } else if (id == known.discard) {
+    EndTransaction();
+  } else if (in_multi_) {
+    // Queued like any command: UNWATCH, HELLO, MONITOR, CLIENT, SYNC, the subscribe family.
+    if (tenant) multi_rewrites_.push_back(p->rewrite);
+    p->rewrite = 0;
+    p->expect = Pending::Expect::kQueued;
+  } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe || id == known.unsubscribe ||
+             id == known.punsubscribe || id == known.sunsubscribe) {
+    const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
+    if (args.size() > 1 || unsub) {
+      p->kind = Kind::kSubscribe;
+      p->confirm = static_cast<uint8_t>(ConfirmIndex(args[0]));
+      p->expected = args.size() > 1 ? static_cast<int64_t>(args.size() - 1) : -1;
+    }
+  } else if (id == known.hello) {
+    p->kind = Kind::kHello;
+    p->hello_version = HelloVersion(args);
+  } else if (id == known.monitor) {
+    p->kind = Kind::kMonitor;
+  } else if ((id == known.sync || id == known.psync) && !e.silent) {
+    // The server answers with newline keep-alives, then $<len>\r\n<RDB> without a CRLF (or a
+    // diskless EOF-marked payload), then commands that answer no request, for the connection's
+    // life: no reply framing fits, so from this reply on the upstream side is a byte tunnel.
+    p->kind = Kind::kReplicationStream;
+    replication_stream_ = true;
+  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "setname")) {
+    client_name_.assign(args[2].data(), args[2].size());
+  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
+    if (EqualsIgnoreCase(args[2], "off")) {
+      reply_off_ = true;
+      e.silent = true;
+    } else if (EqualsIgnoreCase(args[2], "skip")) {
+      e.silent = true;
+      skip_next_reply_ = !reply_off_;
+    } else if (EqualsIgnoreCase(args[2], "on")) {
+      reply_off_ = false;
+      e.silent = false;
+    }
+  }
+  return e;
+}
+
+bool ConnectionState::OnReply(const Pending& p, bool error) {
+  if (error) return false;
+  switch (p.kind) {
+    case Kind::kHello:
+      if (p.hello_version != 0) protocol_ = p.hello_version;
+      return false;
+    case Kind::kMonitor:
+      monitor_ = true;
+      return false;
+    case Kind::kReset:
+      protocol_ = 2;
+      monitor_ = false;
+      for (auto& s : subscriptions_) s.clear();
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool ConnectionState::IsConfirmationFor(const Pending& p, std::string_view kind) const {
+  return p.kind == Kind::kSubscribe && EqualsIgnoreCase(kind, kConfirmNames[p.confirm]);
+}
+
+void ConnectionState::TrackConfirmation(std::string_view kind, std::string_view channel) {
+  const int i = ConfirmIndex(kind);
+  if (i < 0) return;
+  auto& set = subscriptions_[i / 2];
+  if (i % 2 == 0) {
+    set.emplace(channel);
+  } else {
+    set.erase(std::string(channel));
+  }
+}
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,106 @@
+// What a Redis connection is in, as keyguard follows it from the commands it forwards and the
+// replies it reads: the protocol (RESP2/3), MULTI and WATCH, CLIENT REPLY OFF/SKIP, MONITOR,
+// subscriptions, a replication stream, QUIT. Sans-io: the session asks it before forwarding a
+// command and tells it about replies; tests drive it with commands and replies directly.
+//
+// Where Redis decides by what it accepted (an arity error changes nothing, a refused queued
+// command aborts EXEC), so does this state: the reply filter for tenants depends on it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "keyguard/commands/command_table.h"
+#include "proxy/reply_queue.h"
+
+namespace keyguard::proxy {
+
+// The confirmation kinds of the subscribe family, in pairs: subscribe/unsubscribe for channels,
+// patterns and shard channels. An index into this table is Pending::confirm.
+inline constexpr std::string_view kConfirmNames[] = {"subscribe",  "unsubscribe",  "psubscribe",
+                                                     "punsubscribe", "ssubscribe", "sunsubscribe"};
+// The index of `kind` in kConfirmNames (any case), or -1.
+int ConfirmIndex(std::string_view kind);
+// HELLO's protocol argument: 2 or 3, or 0 when it names none (or a bad one).
+int8_t HelloVersion(std::span<const std::string_view> args);
+
+class ConnectionState {
+ public:
+  // How CLIENT REPLY (and a replication stream) bear on the next command.
+  struct ReplyMode {
+    bool skipped = false;  // CLIENT REPLY SKIP is spent on this command
+    bool silent = false;   // no reply is shown: OFF, SKIP, or after SYNC/PSYNC
+  };
+  // Call once per command, first: consumes a pending SKIP.
+  ReplyMode TakeReplyMode();
+
+  // keyguard answered the command in place (a refusal): inside MULTI the server would not have
+  // queued it, so EXEC must abort.
+  void OnRefused() {
+    if (in_multi_) multi_aborted_ = true;
+  }
+
+  // What forwarding one command does beyond sending it.
+  struct Effects {
+    bool silent = false;        // no reply will come for it
+    bool stop_reading = false;  // QUIT: Redis reads nothing after it
+    bool ping_first = false;    // RESET under SKIP: a PING goes first and takes the skip
+    bool send_discard = false;  // EXEC of a poisoned transaction: DISCARD goes in its place
+    bool logout = false;        // RESET: the client is logged out
+  };
+  // Command `id` with `args` is about to go upstream with reply mode `mode`: fills `p` (kind,
+  // expectation, subscribe and HELLO fields; for a tenant, the EXEC's per-command rewrites from
+  // `p->rewrite` of each queued command) and moves the state as the server will.
+  Effects OnForward(commands::CommandId id, std::span<const std::string_view> args, ReplyMode mode, bool tenant,
+                    Pending* p);
+
+  // The reply to `p` arrived: HELLO, MONITOR and RESET take effect if it is not an error.
+  // Returns true when a RESET took effect.
+  bool OnReply(const Pending& p, bool error);
+
+  // Subscribe confirmations: `kind` is the first element of a confirmation.
+  bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
+  void TrackConfirmation(std::string_view kind, std::string_view channel);
+  // Channels (0), patterns (1) or shard channels (2) subscribed to.
+  size_t subscriptions(int set) const { return subscriptions_[set].size(); }
+  bool subscribed() const { return !subscriptions_[0].empty() || !subscriptions_[1].empty() || !subscriptions_[2].empty(); }
+
+  // SYNC/PSYNC was forwarded; once its reply begins, upstream bytes are a tunnel.
+  bool replication_stream() const { return replication_stream_; }
+  bool tunnel() const { return tunnel_; }
+  void StartTunnel() { tunnel_ = true; }
+
+  int protocol() const { return protocol_; }
+  bool monitor() const { return monitor_; }
+  bool in_multi() const { return in_multi_; }
+  bool watching() const { return watching_; }
+  bool quit_sent() const { return quit_sent_; }
+  const std::string& client_name() const { return client_name_; }
+
+ private:
+  void EndTransaction() {
+    in_multi_ = multi_aborted_ = false;
+    watching_ = false;
+    multi_rewrites_.clear();
+  }
+
+  int protocol_ = 2;
+  bool monitor_ = false;
+  bool in_multi_ = false;
+  bool multi_aborted_ = false;
+  bool watching_ = false;
+  bool reply_off_ = false;
+  bool skip_next_reply_ = false;
+  bool quit_sent_ = false;
+  bool replication_stream_ = false;
+  bool tunnel_ = false;
+  std::vector<uint8_t> multi_rewrites_;  // tenancy: the reply rewrite of each command queued in MULTI
+  absl::flat_hash_set<std::string> subscriptions_[3];
+  std::string client_name_;
+};
+
+}  // namespace keyguard::proxy

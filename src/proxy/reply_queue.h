@@ -1,0 +1,111 @@
+// The replies a client is owed, in the order it sent the commands: one entry per command that
+// expects a reply, including replies keyguard makes itself. Sans-io: the session feeds it and
+// drains it; tests drive it directly.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keyguard/commands/command_table.h"
+
+namespace keyguard::proxy {
+
+// A command waiting for its reply, or a reply keyguard made.
+struct Pending {
+  enum class Kind : uint8_t {
+    kForward,    // plain command: one reply
+    kLocal,      // keyguard's own reply in `text`
+    kSubscribe,  // (p|s)(un)subscribe: one confirmation per channel
+    kHello,      // switches RESP2/RESP3 when it succeeds
+    kMonitor,    // +OK starts the MONITOR stream
+    kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
+    kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
+    kInternal,   // keyguard's own command (upstream AUTH): the reply is not the client's
+    kReplicationStream,  // SYNC/PSYNC: from its reply on, upstream bytes are a stream passed as they are
+  };
+  Kind kind = Kind::kForward;
+  commands::CommandId command = commands::kUnknownCommand;
+  bool close_after = false;   // kLocal: close the connection once this reply is delivered
+  bool hidden = false;        // the reply is read, not delivered (RESET after CLIENT REPLY SKIP)
+  uint8_t confirm = 0;        // kSubscribe: index into kConfirmNames
+  int8_t hello_version = 0;   // kHello: 2, 3 or 0 (unchanged)
+  int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind
+  int64_t start_ns = 0;
+  uint8_t reply_check = 0;    // hygiene: what to look at in the reply (see session.cc)
+  uint32_t key_len = 0;       // with `keyed`: the key, in the queue's key arena
+  uint64_t key_off = 0;
+  bool keyed = false;         // the key (args[1]) is in the key arena, for reply_check or hot keys
+  uint32_t request_bytes = 0; // hot keys: the request's bytes; 0 when the command is not tracked
+  // Tenancy: what the reply must be if the server's transaction state is the one keyguard
+  // filters replies by; anything else means the two differ, and the connection is closed.
+  enum class Expect : uint8_t {
+    kAny,
+    kQueued,       // queued inside MULTI: +QUEUED or an error (then EXEC aborts)
+    kNotQueued,    // outside MULTI: anything but +QUEUED
+    kMultiOk,      // the MULTI that starts a transaction: not an error
+    kExecInMulti,  // EXEC inside MULTI: not "EXEC without MULTI"
+    kExecOutside,  // EXEC outside MULTI: an error
+  };
+  Expect expect = Expect::kAny;
+  uint8_t rewrite = 0;        // tenancy: tenant::ReplyRewrite of the reply
+  std::vector<uint8_t> exec_rewrites;  // tenancy, EXEC: the rewrite of each queued command
+  std::string text;           // kLocal: the reply
+};
+
+// Whether a reply (its type byte and first line) is what `expect` allows.
+bool AsExpected(Pending::Expect expect, char type, std::string_view line);
+
+class ReplyQueue {
+ public:
+  bool empty() const { return q_.empty(); }
+  size_t size() const { return q_.size(); }
+  Pending& front() { return q_.front(); }
+  const Pending& front() const { return q_.front(); }
+  std::deque<Pending>::const_iterator begin() const { return q_.begin(); }
+  std::deque<Pending>::const_iterator end() const { return q_.end(); }
+
+  Pending& Push(Pending p) { return q_.emplace_back(std::move(p)); }
+  // Ends the head entry. Keys of entries no longer pending are dropped from the arena.
+  void Pop() {
+    q_.pop_front();
+    if (!key_arena_.empty()) TrimKeys();
+  }
+  // keyguard's own reply, in its place after every earlier reply. False when nothing is pending:
+  // then nothing was queued and the caller sends `text` at once.
+  bool QueueLocal(std::string& text, commands::CommandId id, bool close_after);
+  // Moves the texts of keyguard's replies now at the head to `out`, in order, ending them.
+  // Returns how many it moved.
+  size_t TakeLocalsAtHead(std::deque<std::string>* out);
+  // Whether an entry waits for a reply the client sees (keyguard's own AUTH does not count).
+  bool ClientWaiting() const;
+  // Ends every entry: returns what the client is owed in their place (keyguard's replies as
+  // they are, `error` for each command), and appends the commands that failed to `failed`.
+  std::string Abort(std::string_view error, std::vector<commands::CommandId>* failed);
+  void Clear() { q_.clear(); ClearKeys(); }
+
+  // The command's first key, kept for its reply (hygiene, hot keys): `p` must be the entry about
+  // to be pushed, and keys are attached in push order.
+  void AttachKey(Pending* p, std::string_view key);
+  std::string_view KeyOf(const Pending& p) const {
+    return std::string_view(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
+  }
+  size_t key_arena_bytes() const { return key_arena_.size(); }
+
+ private:
+  void TrimKeys();
+  void ClearKeys() {
+    key_arena_base_ += key_arena_.size();
+    key_arena_.clear();
+  }
+
+  std::deque<Pending> q_;
+  // Keys of pending entries, appended in request order; offsets are absolute (key_arena_base_ +
+  // position), so the consumed front can be dropped without touching the entries.
+  std::string key_arena_;
+  uint64_t key_arena_base_ = 0;
+};
+
+}  // namespace keyguard::proxy

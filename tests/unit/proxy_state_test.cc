@@ -1,0 +1,301 @@
+// The proxy's sans-io core without sockets: ConnectionState (what a command and its reply do to
+// the connection, as Redis 7.0 does it) and ReplyQueue (order, keyguard's own replies, abort,
+// the key arena). Each case is a script of commands and replies with the state expected after.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "keyguard/tenant/rewrite.h"
+#include "proxy/connection_state.h"
+#include "proxy/reply_queue.h"
+
+namespace keyguard::proxy {
+namespace {
+
+using Kind = Pending::Kind;
+using Expect = Pending::Expect;
+
+// One command through the state as the session sends it: its reply mode, then OnForward.
+struct Sent {
+  ConnectionState::ReplyMode mode;
+  ConnectionState::Effects effects;
+  Pending p;
+};
+
+Sent Send(ConnectionState& s, const std::string& line, bool tenant = false, uint8_t rewrite = 0) {
+  std::vector<std::string> words = absl::StrSplit(line, ' ');
+  std::vector<std::string_view> args(words.begin(), words.end());
+  Sent out;
+  out.mode = s.TakeReplyMode();
+  out.p.command = commands::LookupCommand(args[0]);
+  out.p.rewrite = rewrite;
+  // As the session keeps them: the views must outlive the call only.
+  out.effects = s.OnForward(out.p.command, args, out.mode, tenant, &out.p);
+  return out;
+}
+
+TEST(ConnectionStateTest, PlainCommandsChangeNothing) {
+  ConnectionState s;
+  Sent x = Send(s, "GET k");
+  EXPECT_EQ(x.p.kind, Kind::kForward);
+  EXPECT_EQ(x.p.expect, Expect::kAny);
+  EXPECT_FALSE(x.effects.silent || x.effects.stop_reading || x.effects.ping_first || x.effects.send_discard);
+  EXPECT_FALSE(s.in_multi());
+  EXPECT_EQ(s.protocol(), 2);
+  EXPECT_EQ(Send(s, "GET k", /*tenant=*/true).p.expect, Expect::kNotQueued);
+}
+
+TEST(ConnectionStateTest, TransactionQueuesAndExecCarriesTheTenantRewrites) {
+  ConnectionState s;
+  Sent multi = Send(s, "MULTI", true);
+  EXPECT_EQ(multi.p.expect, Expect::kMultiOk);
+  EXPECT_TRUE(s.in_multi());
+  Sent get = Send(s, "GET k", true, /*rewrite=*/5);
+  EXPECT_EQ(get.p.expect, Expect::kQueued);
+  EXPECT_EQ(get.p.rewrite, 0);  // the reply is +QUEUED; the rewrite applies inside EXEC's reply
+  Sent unwatch = Send(s, "UNWATCH", true);  // queued like any command inside MULTI
+  EXPECT_EQ(unwatch.p.expect, Expect::kQueued);
+  Sent nested = Send(s, "MULTI", true);  // an error that keeps the transaction
+  EXPECT_EQ(nested.p.expect, Expect::kNotQueued);
+  EXPECT_TRUE(s.in_multi());
+  Sent exec = Send(s, "EXEC", true);
+  EXPECT_EQ(exec.p.kind, Kind::kForward);
+  EXPECT_EQ(exec.p.expect, Expect::kExecInMulti);
+  EXPECT_EQ(exec.p.rewrite, static_cast<uint8_t>(tenant::ReplyRewrite::kExec));
+  EXPECT_EQ(exec.p.exec_rewrites, (std::vector<uint8_t>{5, 0}));
+  EXPECT_FALSE(s.in_multi());
+  EXPECT_EQ(Send(s, "EXEC", true).p.expect, Expect::kExecOutside);
+}
+
+TEST(ConnectionStateTest, ARefusalInsideMultiTurnsExecIntoDiscard) {
+  ConnectionState s;
+  Send(s, "MULTI");
+  s.OnRefused();  // keyguard answered a queued command itself
+  Sent exec = Send(s, "EXEC");
+  EXPECT_EQ(exec.p.kind, Kind::kExecAbort);
+  EXPECT_TRUE(exec.effects.send_discard);
+  EXPECT_FALSE(s.in_multi());
+  // Outside MULTI a refusal changes nothing.
+  s.OnRefused();
+  Send(s, "MULTI");
+  EXPECT_EQ(Send(s, "EXEC").p.kind, Kind::kForward);
+}
+
+TEST(ConnectionStateTest, WrongArityChangesNoStateButExecAbortsTheTransaction) {
+  ConnectionState s;
+  Sent bad = Send(s, "MULTI x", true);  // Redis: wrong number of arguments, no transaction
+  EXPECT_FALSE(s.in_multi());
+  EXPECT_EQ(bad.p.expect, Expect::kNotQueued);
+  Send(s, "MULTI");
+  Send(s, "EXEC x");  // the server answers EXECABORT and discards
+  EXPECT_FALSE(s.in_multi());
+  EXPECT_EQ(Send(s, "HELLO").p.kind, Kind::kHello);
+  Sent sub = Send(s, "SUBSCRIBE");  // arity -2: an error, not a subscription
+  EXPECT_EQ(sub.p.kind, Kind::kForward);
+}
+
+TEST(ConnectionStateTest, WatchFollowsTheServer) {
+  ConnectionState s;
+  Send(s, "WATCH a b");
+  EXPECT_TRUE(s.watching());
+  Send(s, "UNWATCH");
+  EXPECT_FALSE(s.watching());
+  Send(s, "WATCH a");
+  Send(s, "MULTI");
+  Send(s, "UNWATCH");  // queued: still watching until EXEC
+  EXPECT_TRUE(s.watching());
+  Send(s, "EXEC");
+  EXPECT_FALSE(s.watching());
+  Send(s, "MULTI");
+  Send(s, "WATCH a");  // refused by Redis inside MULTI: no watch starts
+  Send(s, "DISCARD");
+  EXPECT_FALSE(s.watching());
+}
+
+TEST(ConnectionStateTest, ClientReplyOffSkipOn) {
+  ConnectionState s;
+  Sent off = Send(s, "CLIENT REPLY OFF");
+  EXPECT_TRUE(off.effects.silent);
+  EXPECT_TRUE(Send(s, "GET k").mode.silent);
+  Sent on = Send(s, "CLIENT REPLY ON");
+  EXPECT_TRUE(on.mode.silent);
+  EXPECT_FALSE(on.effects.silent);  // ON's own +OK is sent
+  Sent skip = Send(s, "CLIENT REPLY SKIP");
+  EXPECT_TRUE(skip.effects.silent);
+  Sent skipped = Send(s, "GET k");
+  EXPECT_TRUE(skipped.mode.skipped && skipped.mode.silent);
+  EXPECT_FALSE(Send(s, "GET k").mode.silent);  // one command only
+  // SKIP under OFF skips nothing more.
+  Send(s, "CLIENT REPLY OFF");
+  Send(s, "CLIENT REPLY SKIP");
+  EXPECT_FALSE(Send(s, "GET k").mode.skipped);
+}
+
+TEST(ConnectionStateTest, ResetUnderSkipSendsAPingFirstAndHidesItsReply) {
+  ConnectionState s;
+  Send(s, "CLIENT REPLY SKIP");
+  Sent reset = Send(s, "RESET");
+  EXPECT_EQ(reset.p.kind, Kind::kReset);
+  EXPECT_TRUE(reset.effects.ping_first);
+  EXPECT_TRUE(reset.p.hidden);
+  EXPECT_FALSE(reset.effects.silent);
+  EXPECT_TRUE(reset.effects.logout);
+  // RESET also ends OFF at once.
+  Send(s, "CLIENT REPLY OFF");
+  Sent r2 = Send(s, "RESET");
+  EXPECT_FALSE(r2.effects.silent || r2.p.hidden || r2.effects.ping_first);
+  EXPECT_FALSE(Send(s, "GET k").mode.silent);
+}
+
+TEST(ConnectionStateTest, RepliesSwitchProtocolMonitorAndResetEndsThem) {
+  ConnectionState s;
+  Sent hello = Send(s, "HELLO 3");
+  EXPECT_EQ(hello.p.hello_version, 3);
+  EXPECT_FALSE(s.OnReply(hello.p, /*error=*/true));
+  EXPECT_EQ(s.protocol(), 2);  // a refused HELLO switches nothing
+  s.OnReply(hello.p, false);
+  EXPECT_EQ(s.protocol(), 3);
+  EXPECT_EQ(Send(s, "HELLO").p.hello_version, 0);
+  Sent monitor = Send(s, "MONITOR");
+  s.OnReply(monitor.p, false);
+  EXPECT_TRUE(s.monitor());
+  s.TrackConfirmation("subscribe", "ch");
+  EXPECT_TRUE(s.subscribed());
+  Sent reset = Send(s, "RESET");
+  EXPECT_TRUE(s.OnReply(reset.p, false));
+  EXPECT_EQ(s.protocol(), 2);
+  EXPECT_FALSE(s.monitor() || s.subscribed());
+}
+
+TEST(ConnectionStateTest, SubscriptionsCountConfirmations) {
+  ConnectionState s;
+  Sent sub = Send(s, "SUBSCRIBE a b");
+  EXPECT_EQ(sub.p.kind, Kind::kSubscribe);
+  EXPECT_EQ(sub.p.expected, 2);
+  EXPECT_TRUE(s.IsConfirmationFor(sub.p, "SUBSCRIBE"));
+  EXPECT_FALSE(s.IsConfirmationFor(sub.p, "psubscribe"));
+  s.TrackConfirmation("subscribe", "a");
+  s.TrackConfirmation("subscribe", "b");
+  s.TrackConfirmation("psubscribe", "p*");
+  s.TrackConfirmation("message", "a");  // not a confirmation
+  EXPECT_EQ(s.subscriptions(0), 2u);
+  EXPECT_EQ(s.subscriptions(1), 1u);
+  Sent bare = Send(s, "UNSUBSCRIBE");  // every channel: as many confirmations as channels
+  EXPECT_EQ(bare.p.kind, Kind::kSubscribe);
+  EXPECT_EQ(bare.p.expected, -1);
+  s.TrackConfirmation("unsubscribe", "a");
+  EXPECT_EQ(s.subscriptions(0), 1u);
+  Sent ssub = Send(s, "SSUBSCRIBE x");
+  EXPECT_EQ(kConfirmNames[ssub.p.confirm], "ssubscribe");
+  Send(s, "MULTI");
+  EXPECT_EQ(Send(s, "SUBSCRIBE c").p.kind, Kind::kForward);  // queued: confirmations come with EXEC
+}
+
+TEST(ConnectionStateTest, QuitStopsReadingAndSyncStartsAStream) {
+  ConnectionState s;
+  Sent quit = Send(s, "QUIT");
+  EXPECT_TRUE(quit.effects.stop_reading);
+  EXPECT_TRUE(s.quit_sent());
+  ConnectionState r;
+  Sent sync = Send(r, "PSYNC ? -1");
+  EXPECT_EQ(sync.p.kind, Kind::kReplicationStream);
+  EXPECT_TRUE(r.replication_stream());
+  EXPECT_TRUE(Send(r, "REPLCONF ACK 0").mode.silent);  // nothing after it gets a reply
+  EXPECT_FALSE(r.tunnel());
+  r.StartTunnel();
+  EXPECT_TRUE(r.tunnel());
+  // Under CLIENT REPLY OFF, SYNC's reply would not be read as a stream start.
+  ConnectionState q;
+  Send(q, "CLIENT REPLY OFF");
+  EXPECT_EQ(Send(q, "SYNC").p.kind, Kind::kForward);
+  EXPECT_FALSE(q.replication_stream());
+}
+
+TEST(ConnectionStateTest, ClientSetnameIsRemembered) {
+  ConnectionState s;
+  Send(s, "CLIENT SETNAME app-1");
+  EXPECT_EQ(s.client_name(), "app-1");
+  Send(s, "MULTI");
+  Send(s, "CLIENT SETNAME queued");  // takes effect with EXEC, not followed
+  EXPECT_EQ(s.client_name(), "app-1");
+}
+
+TEST(ReplyQueueTest, ExpectationsOfReplies) {
+  EXPECT_TRUE(AsExpected(Expect::kQueued, '+', "QUEUED"));
+  EXPECT_TRUE(AsExpected(Expect::kQueued, '-', "ERR unknown command"));
+  EXPECT_FALSE(AsExpected(Expect::kQueued, '+', "OK"));
+  EXPECT_FALSE(AsExpected(Expect::kNotQueued, '+', "QUEUED"));
+  EXPECT_TRUE(AsExpected(Expect::kNotQueued, '$', "x"));
+  EXPECT_FALSE(AsExpected(Expect::kMultiOk, '-', "ERR MULTI calls can not be nested"));
+  EXPECT_FALSE(AsExpected(Expect::kExecInMulti, '-', "ERR EXEC without MULTI"));
+  EXPECT_TRUE(AsExpected(Expect::kExecInMulti, '-', "EXECABORT Transaction discarded"));
+  EXPECT_TRUE(AsExpected(Expect::kExecOutside, '-', "ERR EXEC without MULTI"));
+  EXPECT_FALSE(AsExpected(Expect::kExecOutside, '*', "2"));
+  EXPECT_TRUE(AsExpected(Expect::kAny, '+', "QUEUED"));
+}
+
+TEST(ReplyQueueTest, LocalRepliesWaitForTheRepliesBeforeThem) {
+  ReplyQueue q;
+  std::string now = "+first\r\n";
+  EXPECT_FALSE(q.QueueLocal(now, 0, false));  // nothing pending: the caller sends it at once
+  EXPECT_EQ(now, "+first\r\n");
+  q.Push(Pending{});
+  std::string a = "-ERR a\r\n", b = "-ERR b\r\n";
+  EXPECT_TRUE(q.QueueLocal(a, 0, false));
+  EXPECT_TRUE(q.QueueLocal(b, 0, true));
+  std::deque<std::string> out;
+  EXPECT_EQ(q.TakeLocalsAtHead(&out), 0u);  // the forwarded command's reply comes first
+  q.Pop();
+  EXPECT_EQ(q.TakeLocalsAtHead(&out), 2u);
+  EXPECT_EQ(out, (std::deque<std::string>{"-ERR a\r\n", "-ERR b\r\n"}));
+  EXPECT_TRUE(q.empty());
+}
+
+TEST(ReplyQueueTest, AbortOwesEveryCommandAnErrorInOrder) {
+  ReplyQueue q;
+  Pending internal;
+  internal.kind = Kind::kInternal;
+  q.Push(internal);
+  EXPECT_FALSE(q.ClientWaiting());
+  Pending get;
+  get.command = commands::LookupCommand("get");
+  q.Push(get);
+  EXPECT_TRUE(q.ClientWaiting());
+  std::string local = "+local\r\n";
+  q.QueueLocal(local, 0, false);
+  Pending set;
+  set.command = commands::LookupCommand("set");
+  q.Push(set);
+  std::vector<commands::CommandId> failed;
+  EXPECT_EQ(q.Abort("-ERR gone\r\n", &failed), "-ERR gone\r\n+local\r\n-ERR gone\r\n");
+  EXPECT_EQ(failed, (std::vector<commands::CommandId>{get.command, set.command}));
+  EXPECT_TRUE(q.empty());
+}
+
+TEST(ReplyQueueTest, KeysLiveUntilTheirEntryEndsAndTheArenaIsTrimmed) {
+  ReplyQueue q;
+  const std::string big(40 * 1024, 'x');
+  Pending a, b, c;
+  q.AttachKey(&a, big);
+  q.Push(a);
+  q.AttachKey(&b, "k2");
+  q.Push(b);
+  q.Push(c);  // no key
+  EXPECT_EQ(q.KeyOf(q.front()), big);
+  q.Pop();
+  EXPECT_EQ(q.KeyOf(q.front()), "k2");  // offsets are absolute: still valid after a trim
+  Pending d;
+  q.AttachKey(&d, big);
+  q.Push(d);
+  q.Pop();
+  q.Pop();  // c
+  EXPECT_EQ(q.KeyOf(q.front()), big);
+  EXPECT_LE(q.key_arena_bytes(), big.size() + 2);  // the consumed front was dropped
+  q.Pop();
+  EXPECT_EQ(q.key_arena_bytes(), 0u);  // an empty queue holds no keys
+}
+
+}  // namespace
+}  // namespace keyguard::proxy
