@@ -149,6 +149,41 @@ std::optional<std::string_view> RequestRewriter::PatternIn(const Tenant& t, std:
   return Joined(t.glob_prefix, pattern);  // matches only what starts with the literal prefix
 }
 
+bool RequestRewriter::ConfineUnplacedKeys(const Tenant& tenant, const commands::CommandSpec& spec,
+                                          std::vector<std::string_view>* args) {
+  // A key count that does not fit the arguments (`SINTERCARD 0 k`, `ZUNIONSTORE d 3 a x`) is an
+  // error the server reports in its own words, which differ by command and by which check fails
+  // first. The command goes to the server so that it answers (in MULTI: queues it and fails at
+  // EXEC) as it would directly, with every argument that could be a key prefixed: the checks
+  // before the error read only the count, the arguments before the keys and the argument count,
+  // none of which change, and should the server run it after all, it reaches no other tenant.
+  std::span<const commands::KeySpec> specs = commands::KeySpecs(spec);
+  if (specs.empty()) return false;
+  size_t from = SIZE_MAX;
+  bool keynum = false;
+  for (const commands::KeySpec& k : specs) {
+    if (k.begin != commands::KeySpec::kIndex || k.index < 1 || (k.flags & commands::kKeyIncomplete) != 0) return false;
+    keynum |= k.find == commands::KeySpec::kKeynum;
+    from = std::min(from, static_cast<size_t>(k.index));
+  }
+  if (!keynum) return false;
+  std::vector<std::string_view>& out = *args;
+  size_t total = 0;
+  for (size_t i = from; i < out.size(); ++i) total += tenant.prefix.size() + out[i].size();
+  key_space_.clear();
+  key_space_.reserve(total);
+  for (size_t i = from; i < out.size(); ++i) {
+    const bool count = std::any_of(specs.begin(), specs.end(), [&](const commands::KeySpec& k) {
+      return k.find == commands::KeySpec::kKeynum && static_cast<size_t>(k.index + k.keynumidx) == i;
+    });
+    if (count) continue;
+    const size_t start = key_space_.size();
+    key_space_.append(tenant.prefix).append(out[i]);
+    out[i] = std::string_view(key_space_.data() + start, key_space_.size() - start);
+  }
+  return true;
+}
+
 RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId id, const commands::CommandSpec* spec,
                                        std::span<const std::string_view> args, std::span<const commands::KeyRef> keys,
                                        bool keys_ok, std::vector<std::string_view>* out) {
@@ -389,7 +424,13 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   }
   static const uint32_t kReach = commands::AclCategoryMask("admin") | commands::AclCategoryMask("dangerous");
   if (!handled && (spec->acl & kReach) != 0) return refuse(NotAllowed(display()));
-  if (!keys_ok) return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
+  if (!keys_ok) {
+    if (!ConfineUnplacedKeys(tenant, *spec, out)) {
+      return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
+    }
+    r.modified = true;
+    return r;
+  }
   // All prefixed keys in one reserved buffer: no allocation per key, and no view moves.
   size_t total = 0;
   for (const commands::KeyRef& k : keys) total += tenant.prefix.size() + (*out)[k.pos].size();

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import Keyguard, wait_blocked
 from resp import RespConn, encode
-from test_tenants import CONFIG, as_user, direct, kg, raw, server  # noqa: F401 (fixtures)
+from test_tenants import CONFIG, GET_SCRIPT, as_user, direct, kg, raw, server  # noqa: F401 (fixtures)
 
 
 def replies(c, data, n):
@@ -290,3 +290,39 @@ def test_a_nul_in_an_option_word_hides_nothing(kg, direct):
     # COPY ... DB\0 1 is COPY ... DB 1 to the server: refused like it.
     assert str(c.call("COPY", "src", "dst", b"DB\x00", "1")) == "ERR keyguard: COPY ... DB is not allowed for tenants"
     assert c.call("PING") == "PONG"
+
+
+# #12 side channels: a key count that does not fit the arguments. keyguard answered "wrong number
+# of arguments" for every one; the server's own texts differ by command and by which check fails.
+BAD_NUMKEYS = [
+    ("SINTERCARD", "0", "k"), ("SINTERCARD", "x", "k"), ("SINTERCARD", "2", "k"), ("SINTERCARD", "-1", "k"),
+    ("ZUNIONSTORE", "d", "3", "a", "x"), ("ZUNIONSTORE", "d", "0", "a"), ("ZUNIONSTORE", "d", "x", "a"),
+    ("ZINTERSTORE", "d", "-1", "a"), ("ZDIFFSTORE", "d", "2", "a"), ("ZINTER", "0", "a"), ("ZUNION", "2", "a"),
+    ("ZDIFF", "9", "a"), ("ZINTERCARD", "0", "a"), ("ZINTERCARD", "2", "a"), ("LMPOP", "0", "LEFT"),
+    ("LMPOP", "x", "a", "LEFT"), ("LMPOP", "3", "a", "LEFT"), ("BLMPOP", "0", "0", "a", "LEFT"),
+    ("BLMPOP", "x", "9", "a", "LEFT"), ("ZMPOP", "-1", "a", "MIN"), ("BZMPOP", "0", "5", "a", "MIN"),
+    ("EVAL", GET_SCRIPT, "-1"), ("EVAL", GET_SCRIPT, "2", "a"),
+]
+
+
+@pytest.mark.parametrize("args", BAD_NUMKEYS, ids=[" ".join(a[:1] + a[2:]) for a in BAD_NUMKEYS])
+def test_bad_key_counts_get_the_servers_own_error(kg, direct, server, args):
+    direct.zadd("tenant:b:a", {"m": 1})
+    direct.rpush("tenant:b:x", "v")
+    before = sorted(direct.keys("*"))
+    plain = RespConn(server.port)
+    c = raw(kg, "alice")
+    try:
+        expected = plain.exchange(encode(*args), replies=1)
+        assert expected.startswith(b"-ERR ") and b"keyguard" not in expected, expected
+        assert c.exchange(encode(*args), replies=1) == expected
+        # In a transaction the server queues the command and fails it at EXEC (or, for a wrong
+        # arity, refuses it and aborts EXEC), as it does directly.
+        block = encode("MULTI") + encode(*args) + encode("EXEC")
+        expected = plain.exchange(block, replies=3)
+        assert expected.startswith(b"+OK\r\n+QUEUED\r\n*1\r\n-ERR ") or b"-EXECABORT" in expected, expected
+        assert c.exchange(block, replies=3) == expected
+    finally:
+        plain.close()
+    assert sorted(direct.keys("*")) == before
+    assert direct.zrange("tenant:b:a", 0, -1) == ["m"] and direct.lrange("tenant:b:x", 0, -1) == ["v"]

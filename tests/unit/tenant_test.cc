@@ -185,6 +185,12 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
   EXPECT_NE(Req({"RANDOMKEY"}, &r).find("RANDOMKEY"), std::string::npos);
   EXPECT_EQ(r, ReplyRewrite::kBulkKey);
   EXPECT_EQ(Req({"GET"}), "REFUSE: ERR wrong number of arguments for 'get' command");
+  // A key count that does not fit goes to the server for its own error, every possible key
+  // prefixed and the counts (and the timeout before them) as they came.
+  EXPECT_EQ(Req({"ZUNIONSTORE", "d", "3", "a", "x"}), "ZUNIONSTORE tenant:a:d 3 tenant:a:a tenant:a:x");
+  EXPECT_EQ(Req({"SINTERCARD", "0", "k"}), "SINTERCARD 0 tenant:a:k");
+  EXPECT_EQ(Req({"BLMPOP", "1", "9", "a", "LEFT"}), "BLMPOP 1 9 tenant:a:a tenant:a:LEFT");
+  EXPECT_EQ(Req({"LMPOP", "0", "LEFT"}), "LMPOP 0 tenant:a:LEFT");
 }
 
 TEST_F(TenantTest, RepliesLoseThePrefix) {

@@ -57,6 +57,10 @@ class RequestRewriter {
   std::string_view Own(std::string s);
   // `a` followed by `b`, owned here.
   std::string_view Joined(std::string_view a, std::string_view b);
+  // For a command whose key count does not fit its arguments (FindKeys placed no keys): prefixes
+  // every argument from the first key position on except the counts, in `args`. False when the
+  // command's keys are not given by a count (the caller refuses it).
+  bool ConfineUnplacedKeys(const Tenant& tenant, const commands::CommandSpec& spec, std::vector<std::string_view>* args);
   std::string_view ChannelIn(const Tenant& t, std::string_view channel);
   // The pattern confined to the tenant, or nullopt when its structure cannot be proven confined
   // (a keyspace pattern whose head is not literal, or in shared-channel mode a pattern that may
