@@ -1323,7 +1323,8 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
 
 void Session::Reply(std::string text, commands::CommandId id, bool close_after) {
   if (queue_.empty()) {
-    // Nothing is pending before it: deliver now.
+    // Nothing is pending before it: deliver now (counted as a reply delivered in a batch is).
+    if (tenant_sent_ != nullptr) tenant_sent_->Add(text.size());
     client_out_.Send(text);
     return;
   }
