@@ -34,7 +34,7 @@ struct Pending {
     kMonitor,    // +OK starts the MONITOR stream
     kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
     kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
-    kInternal,   // keyguard's own command (upstream AUTH): the reply is not the client's
+    kInternal,   // keyguard's own command (upstream AUTH, CLIENT ID): the reply is not the client's
     kReplicationStream,  // SYNC/PSYNC: from its reply on, upstream bytes are a stream passed as they are
   };
   Kind kind = Kind::kForward;
@@ -110,6 +110,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void BindTenant(const tenant::Tenant* t);
   // Queues keyguard's upstream AUTH (when configured); `send_now` outside a client batch.
   void SendUpstreamAuth(bool send_now);
+  // Queues keyguard's own `command` (encoded; its reply is not the client's), `id` telling
+  // ProcessUpstreamBytes what the reply is for.
+  void SendInternal(std::string_view command, commands::CommandId id, bool send_now);
   // Delivers an out-of-band frame (pub/sub message, push), confined to the tenant.
   void DeliverPush(std::string_view frame);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
@@ -219,6 +222,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
   // The tenant's share of detector state and size cache: DetectorScope(tenant_).
   uint64_t detector_scope_ = hygiene::kFnvBasis;
+  // The server's CLIENT ID of the upstream connection, once known (0 before, and after it closed);
+  // registered in worker_.connections with tenant_.
+  int64_t upstream_client_id_ = 0;
 
   // Connection state as the client and the server see it.
   int protocol_ = 2;

@@ -72,7 +72,8 @@ std::string NotAllowed(std::string_view what) {
 
 }  // namespace
 
-RequestRewriter::RequestRewriter(const Tenancy& tenancy) : tenancy_(tenancy), kind_(commands::CommandCount(), kPlain) {
+RequestRewriter::RequestRewriter(const Tenancy& tenancy, const Connections* connections)
+    : tenancy_(tenancy), connections_(connections), kind_(commands::CommandCount(), kPlain) {
   auto set = [&](std::initializer_list<const char*> names, Special s) {
     for (const char* n : names) {
       const commands::CommandId id = commands::LookupCommand(n);
@@ -349,8 +350,15 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         bool on = args.size() > 2 && EqualsIgnoreCase(args[2], "on");
         bool bcast = false, prefixed = false;
         for (size_t i = 3; i < args.size(); ++i) {
-          if (EqualsIgnoreCase(args[i], "redirect")) {
+          if (EqualsIgnoreCase(args[i], "redirect") && i + 1 < args.size()) {
+            // The server sends invalidations to any connection named here; only the tenant's own
+            // may be named. Not a number: the server refuses it (and redirects nowhere).
             ++i;
+            int64_t client_id;
+            if (resp::ParseRedisInt(args[i], &client_id) &&
+                (connections_ == nullptr || !connections_->Serves(client_id, tenant))) {
+              return refuse("ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant");
+            }
           } else if (EqualsIgnoreCase(args[i], "prefix") && i + 1 < args.size()) {
             ++i;
             set(i, Joined(tenant.prefix, args[i]));

@@ -6,9 +6,9 @@ import tempfile
 
 import pytest
 
-from conftest import Keyguard, wait_blocked
+from conftest import Keyguard, wait_blocked, wait_until
 from resp import RespConn, encode
-from test_tenants import CONFIG, GET_SCRIPT, as_user, direct, kg, raw, server  # noqa: F401 (fixtures)
+from test_tenants import CONFIG, GET_SCRIPT, as_user, direct, error, kg, raw, server  # noqa: F401 (fixtures)
 
 
 def replies(c, data, n):
@@ -326,3 +326,61 @@ def test_bad_key_counts_get_the_servers_own_error(kg, direct, server, args):
         plain.close()
     assert sorted(direct.keys("*")) == before
     assert direct.zrange("tenant:b:a", 0, -1) == ["m"] and direct.lrange("tenant:b:x", 0, -1) == ["v"]
+
+
+REDIRECT_REFUSED = "ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant"
+
+
+def tracking_of(direct, client_id):
+    """(flags, redir) of the server's connection `client_id`, read on a direct connection."""
+    for c in direct.client_list():
+        if int(c["id"]) == client_id:
+            return c["flags"], int(c["redir"])
+    return None
+
+
+def test_tracking_redirect_names_only_the_tenants_own_connections(kg, direct, server):
+    # #12 side channels: CLIENT TRACKING REDIRECT took any client id, so alice could send the
+    # invalidations of her reads to bob's connection, or learn which ids exist from the error.
+    bob = raw(kg, "bob")
+    bob_id = bob.call("CLIENT", "ID")
+    plain = RespConn(server.port)
+    plain_id = plain.call("CLIENT", "ID")
+    sink = raw(kg, "alice")
+    sink_id = sink.call("CLIENT", "ID")
+    c = raw(kg, "alice")
+    c_id = c.call("CLIENT", "ID")
+    for target in (bob_id, plain_id, 987654321, -1):
+        for args in (("ON", "REDIRECT", target), ("ON", "BCAST", "REDIRECT", target), ("OFF", "REDIRECT", target),
+                     ("ON", "REDIRECT", sink_id, "REDIRECT", target)):
+            assert error(c, "CLIENT", "TRACKING", *args) == REDIRECT_REFUSED, (args, target)
+    assert tracking_of(direct, c_id) == ("N", -1)  # the server saw none of them
+    # Not a number: the server's own error.
+    assert error(c, "CLIENT", "TRACKING", "ON", "REDIRECT", "x") == "ERR value is not an integer or out of range"
+    # The tenant's own connection: as Redis does it.
+    assert c.call("CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) == "OK"
+    assert tracking_of(direct, c_id) == ("t", sink_id)
+    assert c.call("CLIENT", "TRACKING", "OFF") == "OK"
+    # A connection that logs out and in as bob is bob's from then on.
+    assert sink.call("RESET") == "RESET" and sink.call("AUTH", "bob", "bob-secret") == "OK"
+    assert error(c, "CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) == REDIRECT_REFUSED
+    assert bob.call("CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) == "OK"
+    assert tracking_of(direct, bob_id) == ("t", sink_id)
+    # A closed connection's id is forgotten with it (keyguard unregisters before it closes upstream).
+    mine = raw(kg, "alice")
+    mine_id = mine.call("CLIENT", "ID")
+    assert c.call("CLIENT", "TRACKING", "ON", "REDIRECT", mine_id) == "OK"
+    assert c.call("CLIENT", "TRACKING", "OFF") == "OK"
+    mine.close()
+    wait_until(lambda: tracking_of(direct, mine_id) is None, "the closed connection to leave the server")
+    assert error(c, "CLIENT", "TRACKING", "ON", "REDIRECT", mine_id) == REDIRECT_REFUSED
+    assert tracking_of(direct, c_id) == ("N", -1)
+    plain.close()
+
+
+@pytest.mark.parametrize("args", [("CLIENT", "KILL", "ID", "1"), ("CLIENT", "KILL", "127.0.0.1:1"),
+                                  ("CLIENT", "KILL", "SKIPME", "no", "ID", "1"), ("CLIENT", "UNBLOCK", "1"),
+                                  ("CLIENT", "UNBLOCK", "1", "ERROR"), ("CLIENT", "LIST", "ID", "1")])
+def test_other_commands_taking_a_client_id_are_refused(kg, direct, args):
+    c = raw(kg, "alice")
+    assert error(c, *args) == "ERR keyguard: command '%s %s' is not allowed for tenants" % args[:2]

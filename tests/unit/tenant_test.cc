@@ -275,6 +275,23 @@ TEST_F(TenantTest, ModuleCommandsNeedCompleteKeySpecs) {
             "tenant");
 }
 
+TEST_F(TenantTest, TrackingRedirectNamesOnlyTheTenantsConnections) {
+  const std::string refused = "REFUSE: ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant";
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), refused);  // no registry: none is known
+  Connections connections;
+  Tenant other{"b", "tenant:b:", "tenant:b:"};
+  connections.Set(7, tenancy_->static_tenant());
+  connections.Set(8, &other);
+  rewriter_ = std::make_unique<RequestRewriter>(*tenancy_, &connections);
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), "CLIENT TRACKING on REDIRECT 7");
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", std::string("redirect\0", 9), "8"}), refused);  // a NUL ends the word for Redis
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "off", "REDIRECT", "7", "REDIRECT", "9"}), refused);
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "x"}), "CLIENT TRACKING on REDIRECT x");  // the server's error
+  connections.Set(7, nullptr);
+  EXPECT_EQ(connections.size(), 1u);
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), refused);
+}
+
 TEST(TenancyConfigTest, Validation) {
   v1::Tenancy p;
   auto* a = p.add_users();

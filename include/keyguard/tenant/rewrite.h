@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
+#include "keyguard/tenant/connections.h"
 #include "keyguard/tenant/tenancy.h"
 
 namespace keyguard::tenant {
@@ -43,7 +44,9 @@ struct RequestResult {
 // Rewrites requests for one tenant. One per worker; not thread-safe.
 class RequestRewriter {
  public:
-  explicit RequestRewriter(const Tenancy& tenancy);
+  // `connections` says which upstream client ids a CLIENT TRACKING REDIRECT may name (those of
+  // the tenant's own connections); without it every REDIRECT is refused.
+  explicit RequestRewriter(const Tenancy& tenancy, const Connections* connections = nullptr);
 
   // `args` is the request as the policy stage left it (name first); `keys` are its keys as
   // FindKeys found them (`keys_ok` false when the arguments did not fit the key specs). On
@@ -68,6 +71,7 @@ class RequestRewriter {
   std::optional<std::string_view> PatternIn(const Tenant& t, std::string_view pattern);
 
   const Tenancy& tenancy_;
+  const Connections* connections_;
   std::deque<std::string> owned_;
   std::string key_space_;      // the prefixed keys of the last request
   std::vector<uint8_t> kind_;  // by CommandId: the special handling below
