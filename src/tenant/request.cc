@@ -372,6 +372,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
           append("PREFIX");
           append(tenant.prefix);
         }
+      } else if (EqualsIgnoreCase(sub, "trackinginfo")) {
+        r.reply = ReplyRewrite::kTrackingInfo;
       } else {
         handled = false;  // the category check below refuses KILL, LIST, PAUSE, UNBLOCK, ...
       }

@@ -384,3 +384,34 @@ def test_tracking_redirect_names_only_the_tenants_own_connections(kg, direct, se
 def test_other_commands_taking_a_client_id_are_refused(kg, direct, args):
     c = raw(kg, "alice")
     assert error(c, *args) == "ERR keyguard: command '%s %s' is not allowed for tenants" % args[:2]
+
+
+@pytest.mark.parametrize("resp3", [False, True], ids=["resp2", "resp3"])
+def test_trackinginfo_shows_the_clients_own_prefixes(kg, direct, server, resp3):
+    # #12 side channels: CLIENT TRACKINGINFO showed the prefixes as the server holds them, with
+    # the tenant's prefix. Through keyguard it must read as it does on a connection of its own.
+    plain = RespConn(server.port)
+    c = raw(kg, "alice", resp3=resp3)
+    if resp3:
+        plain.call("HELLO", "3")
+    try:
+        for tracking in (("ON", "BCAST", "PREFIX", "user:", "PREFIX", "x"), ("ON", "BCAST"), ("ON",)):
+            block = (encode("CLIENT", "TRACKING", *tracking) + encode("CLIENT", "TRACKINGINFO") +
+                     encode("MULTI") + encode("CLIENT", "TRACKINGINFO") + encode("EXEC") +
+                     encode("CLIENT", "TRACKING", "OFF"))
+            expected = plain.exchange(block, replies=6)
+            assert c.exchange(block, replies=6) == expected, tracking
+            assert b"tenant:" not in expected
+        # The server holds the tenant's prefixes: its own write is announced, bob's is not.
+        c_id = c.call("CLIENT", "ID")
+        assert c.call("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "user:") == "OK"
+        assert [x["flags"] for x in direct.client_list() if int(x["id"]) == c_id] == ["tB"]
+        direct.set("tenant:b:user:1", "bob")
+        direct.set("tenant:a:user:1", "alice")
+        if resp3:
+            assert c.read()[1] == b">2\r\n$10\r\ninvalidate\r\n*1\r\n$6\r\nuser:1\r\n"
+        assert c.call("CLIENT", "TRACKINGINFO") == (
+            {b"flags": ("set", [b"on", b"bcast"]), b"redirect": 0, b"prefixes": [b"user:"]} if resp3 else
+            [b"flags", [b"on", b"bcast"], b"redirect", 0, b"prefixes", [b"user:"]])
+    finally:
+        plain.close()

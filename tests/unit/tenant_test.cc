@@ -201,6 +201,13 @@ TEST_F(TenantTest, RepliesLoseThePrefix) {
   EXPECT_EQ(Rep(ReplyRewrite::kFirstKey, "*-1\r\n"), "*-1\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$10\r\ntenant:a:k\r\n"), "$1\r\nk\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$-1\r\n"), "$-1\r\n");
+  // CLIENT TRACKINGINFO: prefixes lose the tenant's; one without it is never shown.
+  EXPECT_EQ(Rep(ReplyRewrite::kTrackingInfo, "*6\r\n$5\r\nflags\r\n*2\r\n$2\r\non\r\n$5\r\nbcast\r\n$8\r\nredirect\r\n"
+                                             ":0\r\n$8\r\nprefixes\r\n*3\r\n$9\r\ntenant:a:\r\n$10\r\ntenant:a:u\r\n$2\r\nxx\r\n"),
+            "*6\r\n$5\r\nflags\r\n*2\r\n$2\r\non\r\n$5\r\nbcast\r\n$8\r\nredirect\r\n:0\r\n$8\r\nprefixes\r\n*2\r\n"
+            "$0\r\n\r\n$1\r\nu\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kTrackingInfo, "%1\r\n$8\r\nprefixes\r\n*1\r\n$10\r\ntenant:b:u\r\n"),
+            "%1\r\n$8\r\nprefixes\r\n*0\r\n");
   // XREAD: RESP2 array of [key, entries], RESP3 map.
   EXPECT_EQ(Rep(ReplyRewrite::kStreams, "*1\r\n*2\r\n$10\r\ntenant:a:s\r\n*0\r\n"), "*1\r\n*2\r\n$1\r\ns\r\n*0\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kStreams, "%1\r\n$10\r\ntenant:a:s\r\n*0\r\n"), "%1\r\n$1\r\ns\r\n*0\r\n");

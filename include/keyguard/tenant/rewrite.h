@@ -28,6 +28,7 @@ enum class ReplyRewrite : uint8_t {
   kChannelCounts, // PUBSUB NUMSUB / SHARDNUMSUB: [channel, count, ...]
   kInfo,          // INFO: without the # Keyspace section (other tenants' key counts)
   kExec,          // EXEC: element i rewritten as queued command i
+  kTrackingInfo,  // CLIENT TRACKINGINFO: [name, value, ...] or a map; "prefixes" lose the prefix
 };
 
 struct RequestResult {
