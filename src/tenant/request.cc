@@ -73,7 +73,10 @@ std::string NotAllowed(std::string_view what) {
 }  // namespace
 
 RequestRewriter::RequestRewriter(const Tenancy& tenancy, const Connections* connections)
-    : tenancy_(tenancy), connections_(connections), kind_(commands::CommandCount(), kPlain) {
+    : tenancy_(tenancy),
+      connections_(connections),
+      own_scripts_{Sha1Hex(kFlushScript), Sha1Hex(kDbsizeScript), Sha1Hex(kRandomkeyScript)},
+      kind_(commands::CommandCount(), kPlain) {
   auto set = [&](std::initializer_list<const char*> names, Special s) {
     for (const char* n : names) {
       const commands::CommandId id = commands::LookupCommand(n);
@@ -338,7 +341,17 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         if (!tenancy_.allowed_scripts.contains(sha)) {
           return refuse(absl::StrCat("ERR keyguard: script ", sha, " is not in tenancy.allowed_scripts"));
         }
-      } else if (!EqualsIgnoreCase(sub, "exists") && !EqualsIgnoreCase(sub, "help")) {
+      } else if (EqualsIgnoreCase(sub, "exists")) {
+        // The script cache is the server's: EXISTS would tell whether anyone ran a script since
+        // the last flush, keyguard's own emulations (another tenant's DBSIZE) included. A tenant
+        // can run only allow-listed scripts, so only those are asked; the others become "",
+        // which names no script, and answer 0 in their place.
+        for (size_t i = 2; i < args.size(); ++i) {
+          const std::string sha = absl::AsciiStrToLower(std::string(args[i]));
+          const bool own = std::find(own_scripts_.begin(), own_scripts_.end(), sha) != own_scripts_.end();
+          if (own || !tenancy_.allowed_scripts.contains(sha)) set(i, std::string_view());
+        }
+      } else if (!EqualsIgnoreCase(sub, "help")) {
         return refuse(NotAllowed(display()));  // FLUSH, KILL, DEBUG act on every tenant's scripts
       }
       break;

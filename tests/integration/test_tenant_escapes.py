@@ -415,3 +415,42 @@ def test_trackinginfo_shows_the_clients_own_prefixes(kg, direct, server, resp3):
             [b"flags", [b"on", b"bcast"], b"redirect", 0, b"prefixes", [b"user:"]])
     finally:
         plain.close()
+
+
+def monitored_eval_scripts(mon, n):
+    """The script bodies of the next `n` EVALs a MONITOR connection reports (sdscatrepr-quoted)."""
+    import codecs
+    import re
+    scripts = []
+    while len(scripts) < n:
+        line = mon.value()
+        words = [codecs.escape_decode(w)[0] for w in re.findall(rb'"((?:[^"\\]|\\.)*)"', line.encode())]
+        if words and words[0].upper() == b"EVAL":
+            scripts.append(words[1])
+    return scripts
+
+
+def test_script_exists_does_not_tell_what_others_ran(kg, direct, server):
+    # #12 side channels: keyguard emulates DBSIZE, RANDOMKEY and FLUSHDB with EVAL, which puts its
+    # scripts in the server's cache: SCRIPT EXISTS of their SHA1s told alice whether bob had used
+    # them since the last SCRIPT FLUSH (and of any SHA1 whether any client had run that script).
+    import hashlib
+    direct.script_flush()
+    mon = RespConn(server.port)
+    assert mon.call("MONITOR") == "OK"
+    bob = raw(kg, "bob")
+    assert bob.call("SET", "k", "v") == "OK"
+    assert bob.call("DBSIZE") == 1 and bob.call("RANDOMKEY") == b"k" and bob.call("FLUSHDB") == "OK"
+    own = [hashlib.sha1(s).hexdigest() for s in monitored_eval_scripts(mon, 3)]
+    mon.close()
+    other = direct.script_load("return 'not a tenant script'")
+    allowed = hashlib.sha1(GET_SCRIPT.encode()).hexdigest()
+    assert direct.script_exists(*own, other, allowed) == [True, True, True, True, False]  # the server knows them
+    c = raw(kg, "alice")
+    shas = own + [s.upper() for s in own] + [other, allowed, allowed.upper()]
+    assert c.call("SCRIPT", "EXISTS", *shas) == [0] * 9
+    assert c.call("SCRIPT", "LOAD", GET_SCRIPT) == allowed.encode()
+    assert c.call("SCRIPT", "EXISTS", *shas) == [0] * 7 + [1, 1]  # an allowed script: as the server says
+    out = c.exchange(encode("MULTI") + encode("SCRIPT", "EXISTS", own[0], allowed) + encode("EXEC"), replies=3)
+    assert out == b"+OK\r\n+QUEUED\r\n*1\r\n*2\r\n:0\r\n:1\r\n"
+    assert direct.script_exists(*own) == [True, True, True]  # nothing was flushed

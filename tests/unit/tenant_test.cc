@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "keyguard/commands/command_table.h"
 #include "keyguard/config/v1/config.pb.h"
 #include "keyguard/resp/encoder.h"
@@ -178,6 +179,10 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
   EXPECT_EQ(Req({"SELECT", "0"}), "SELECT 0");
   EXPECT_EQ(Req({"EVAL", "return 1", "0"}), "EVAL return 1 0");  // on the allow-list
   EXPECT_EQ(Req({"CLIENT", "SETNAME", "x"}), "CLIENT SETNAME x");
+  // SCRIPT EXISTS asks the server only about allow-listed scripts ("" names none: 0).
+  const std::string sha = Sha1Hex("return 1");
+  EXPECT_EQ(Req({"SCRIPT", "EXISTS", "ff", absl::AsciiStrToUpper(sha), sha}),
+            "SCRIPT EXISTS  " + absl::AsciiStrToUpper(sha) + " " + sha);
   EXPECT_EQ(Req({"MEMORY", "USAGE", "k"}), "MEMORY USAGE tenant:a:k");
   EXPECT_EQ(Req({"FLUSHDB"}).substr(0, 5), "EVAL ");
   EXPECT_EQ(Req({"FLUSHALL", "ASYNC"}).find("0 tenant:a:* tenant:a:"), Req({"FLUSHDB"}).find("0 tenant:a:* tenant:a:"));

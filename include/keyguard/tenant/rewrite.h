@@ -2,6 +2,7 @@
 // with plain argument lists and reply frames.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -73,6 +74,7 @@ class RequestRewriter {
 
   const Tenancy& tenancy_;
   const Connections* connections_;
+  std::array<std::string, 3> own_scripts_;  // SHA1s of the emulation scripts (FLUSH*, DBSIZE, RANDOMKEY)
   std::deque<std::string> owned_;
   std::string key_space_;      // the prefixed keys of the last request
   std::vector<uint8_t> kind_;  // by CommandId: the special handling below
