@@ -23,7 +23,7 @@ struct Pending {
     kMonitor,    // +OK starts the MONITOR stream
     kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
     kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
-    kInternal,   // keyguard's own command (upstream AUTH): the reply is not the client's
+    kInternal,   // keyguard's own command (upstream AUTH, CLIENT ID): the reply is not the client's
     kReplicationStream,  // SYNC/PSYNC: from its reply on, upstream bytes are a stream passed as they are
   };
   Kind kind = Kind::kForward;

@@ -153,11 +153,13 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   }
   hygiene::HotKeysBoard hot_keys(config.hygiene, &policy::KeyPattern);
   registry.AddCollector([&hot_keys](std::string* out) { hot_keys.AppendMetrics(out); });
+  tenant::Connections connections;  // declared before the workers: their sessions unregister here
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   tcp::endpoint bound = *listen;
   for (int i = 0; i < nthreads; ++i) {
-    workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream));
+    workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream,
+                                               config.tenancy != nullptr ? &connections : nullptr));
     workers.back()->findings = &findings;
     if (config.hygiene.enabled && config.hygiene.probe) {
       workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());

@@ -23,6 +23,7 @@ constexpr std::string_view kDesynced =
 constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+constexpr std::string_view kClientId = "*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n";
 
 // A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
 // backslash) as \xNN, at most 64 bytes of the key, then its size: an error line stays short and
@@ -102,6 +103,7 @@ Session::Session(Worker& worker, tcp::socket client)
 }
 
 Session::~Session() {
+  if (upstream_client_id_ != 0) worker_.connections->Set(upstream_client_id_, nullptr);
   worker_.shard->client_connections.Add(-1);
   worker_.session_count.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -152,6 +154,8 @@ awaitable<void> Session::Run() {
     upstream_.set_option(asio::socket_base::keep_alive(true), ec);
     worker_.shard->upstream_connections.Add(1);
     SendUpstreamAuth(/*send_now=*/true);
+    // The server's id of this connection, for the registry of the tenants' connections.
+    if (worker_.connections != nullptr) SendInternal(kClientId, commands::Known().client, /*send_now=*/true);
     asio::co_spawn(worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
   }
   if (worker_.config.tenancy != nullptr) BindTenant(worker_.config.tenancy->static_tenant());
@@ -457,6 +461,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
 void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
+  if (upstream_client_id_ != 0) worker_.connections->Set(upstream_client_id_, t);
   detector_scope_ = DetectorScope(t);
   if (t != nullptr) reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
   if (t == nullptr) {
@@ -472,10 +477,14 @@ void Session::BindTenant(const tenant::Tenant* t) {
 
 void Session::SendUpstreamAuth(bool send_now) {
   if (worker_.upstream_auth.empty() || !upstream_ready_) return;
-  ForwardRaw(worker_.upstream_auth.data(), worker_.upstream_auth.size());
+  SendInternal(worker_.upstream_auth, commands::Known().auth, send_now);
+}
+
+void Session::SendInternal(std::string_view command, commands::CommandId id, bool send_now) {
+  ForwardRaw(command.data(), command.size());
   Pending p;
   p.kind = Kind::kInternal;
-  p.command = commands::Known().auth;
+  p.command = id;
   queue_.Push(std::move(p));
   // At connect time nothing else is batched: send it now, ahead of every client command.
   if (send_now) {
@@ -1180,8 +1189,10 @@ void Session::DetectReply(const Pending& p, char type, int64_t size, std::string
 }
 
 void Session::Reply(std::string text, commands::CommandId id, bool close_after) {
-  // Nothing pending before it: deliver now.
-  if (!queue_.QueueLocal(text, id, close_after)) client_out_.Send(text);
+  if (queue_.QueueLocal(text, id, close_after)) return;
+  // Nothing is pending before it: deliver now (counted as a reply delivered in a batch is).
+  if (tenant_sent_ != nullptr) tenant_sent_->Add(text.size());
+  client_out_.Send(text);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1309,6 +1320,18 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       if (worker_.config.tenancy == nullptr) AppendOut(frame);
       continue;
     }
+    if (front->kind == Kind::kInternal && front->command == commands::Known().client) {
+      // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
+      // connection can name this one in a REDIRECT.
+      int64_t client_id = 0;
+      if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
+        upstream_client_id_ = client_id;
+        if (tenant_ != nullptr) worker_.connections->Set(client_id, tenant_);
+      }
+      queue_.Pop();
+      DeliverLocalsAtHead();
+      continue;
+    }
     if (front->kind == Kind::kInternal) {
       // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
       if (type == '-' || type == '!') {
@@ -1422,6 +1445,10 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
 }
 
 void Session::CloseUpstream() {
+  if (upstream_client_id_ != 0) {
+    worker_.connections->Set(upstream_client_id_, nullptr);
+    upstream_client_id_ = 0;
+  }
   if (upstream_ready_) {
     upstream_ready_ = false;
     worker_.shard->upstream_connections.Add(-1);

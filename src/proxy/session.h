@@ -69,6 +69,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void BindTenant(const tenant::Tenant* t);
   // Queues keyguard's upstream AUTH (when configured); `send_now` outside a client batch.
   void SendUpstreamAuth(bool send_now);
+  // Queues keyguard's own `command` (encoded; its reply is not the client's), `id` telling
+  // ProcessUpstreamBytes what the reply is for.
+  void SendInternal(std::string_view command, commands::CommandId id, bool send_now);
   // Delivers an out-of-band frame (pub/sub message, push), confined to the tenant.
   void DeliverPush(std::string_view frame);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
@@ -169,6 +172,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
   // The tenant's share of detector state and size cache: DetectorScope(tenant_).
   uint64_t detector_scope_ = hygiene::kFnvBasis;
+  // The server's CLIENT ID of the upstream connection, once known (0 before, and after it closed);
+  // registered in worker_.connections with tenant_.
+  int64_t upstream_client_id_ = 0;
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;

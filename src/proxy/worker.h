@@ -14,6 +14,7 @@
 #include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/metrics/registry.h"
 #include "keyguard/resp/encoder.h"
+#include "keyguard/tenant/connections.h"
 #include "keyguard/tenant/rewrite.h"
 #include "proxy/asio.h"
 
@@ -23,10 +24,12 @@ class Session;
 class SizeProbe;
 
 struct Worker {
-  Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up)
-      : io(1), config(c), store(st), shard(s), upstream(up) {
+  // `conns`: the process-wide registry of tenant connections (with tenancy; it outlives the worker).
+  Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up,
+         tenant::Connections* conns = nullptr)
+      : io(1), config(c), store(st), shard(s), upstream(up), connections(conns) {
     Refresh();
-    if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy);
+    if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy, connections);
     if (!config.upstream_auth.password.empty()) {
       std::vector<std::string_view> auth = {"AUTH"};
       if (!config.upstream_auth.user.empty()) auth.push_back(config.upstream_auth.user);
@@ -69,6 +72,7 @@ struct Worker {
   hygiene::ExpiryClusters expiries{config.hygiene};    // keys per expiry second
   std::shared_ptr<SizeProbe> probe;                    // with hygiene.probe
   std::minstd_rand random{std::random_device{}()};     // TTL jitter
+  tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
   std::string upstream_auth;  // the encoded AUTH for each upstream connection, or empty
 };

@@ -188,6 +188,13 @@ class Editor {
       case ReplyRewrite::kInfo:
         Info(v);
         return true;
+      case ReplyRewrite::kTrackingInfo:
+        // BCAST prefixes are the tenant's (keyguard adds its prefix to each, and gives BCAST
+        // without one the tenant's own, which becomes "" as Redis shows it then).
+        for (size_t i = 0; i + 1 < v.elements.size(); i += 2) {
+          if (IsString(v.elements[i]) && v.elements[i].text == "prefixes") Keys(v.elements[i + 1]);
+        }
+        return true;
       case ReplyRewrite::kExec:
         if (v.null) return true;
         // One element per command keyguard saw queued: any other count means the transaction is

@@ -72,7 +72,11 @@ std::string NotAllowed(std::string_view what) {
 
 }  // namespace
 
-RequestRewriter::RequestRewriter(const Tenancy& tenancy) : tenancy_(tenancy), kind_(commands::CommandCount(), kPlain) {
+RequestRewriter::RequestRewriter(const Tenancy& tenancy, const Connections* connections)
+    : tenancy_(tenancy),
+      connections_(connections),
+      own_scripts_{Sha1Hex(kFlushScript), Sha1Hex(kDbsizeScript), Sha1Hex(kRandomkeyScript)},
+      kind_(commands::CommandCount(), kPlain) {
   auto set = [&](std::initializer_list<const char*> names, Special s) {
     for (const char* n : names) {
       const commands::CommandId id = commands::LookupCommand(n);
@@ -147,6 +151,41 @@ std::optional<std::string_view> RequestRewriter::PatternIn(const Tenant& t, std:
     return pattern;
   }
   return Joined(t.glob_prefix, pattern);  // matches only what starts with the literal prefix
+}
+
+bool RequestRewriter::ConfineUnplacedKeys(const Tenant& tenant, const commands::CommandSpec& spec,
+                                          std::vector<std::string_view>* args) {
+  // A key count that does not fit the arguments (`SINTERCARD 0 k`, `ZUNIONSTORE d 3 a x`) is an
+  // error the server reports in its own words, which differ by command and by which check fails
+  // first. The command goes to the server so that it answers (in MULTI: queues it and fails at
+  // EXEC) as it would directly, with every argument that could be a key prefixed: the checks
+  // before the error read only the count, the arguments before the keys and the argument count,
+  // none of which change, and should the server run it after all, it reaches no other tenant.
+  std::span<const commands::KeySpec> specs = commands::KeySpecs(spec);
+  if (specs.empty()) return false;
+  size_t from = SIZE_MAX;
+  bool keynum = false;
+  for (const commands::KeySpec& k : specs) {
+    if (k.begin != commands::KeySpec::kIndex || k.index < 1 || (k.flags & commands::kKeyIncomplete) != 0) return false;
+    keynum |= k.find == commands::KeySpec::kKeynum;
+    from = std::min(from, static_cast<size_t>(k.index));
+  }
+  if (!keynum) return false;
+  std::vector<std::string_view>& out = *args;
+  size_t total = 0;
+  for (size_t i = from; i < out.size(); ++i) total += tenant.prefix.size() + out[i].size();
+  key_space_.clear();
+  key_space_.reserve(total);
+  for (size_t i = from; i < out.size(); ++i) {
+    const bool count = std::any_of(specs.begin(), specs.end(), [&](const commands::KeySpec& k) {
+      return k.find == commands::KeySpec::kKeynum && static_cast<size_t>(k.index + k.keynumidx) == i;
+    });
+    if (count) continue;
+    const size_t start = key_space_.size();
+    key_space_.append(tenant.prefix).append(out[i]);
+    out[i] = std::string_view(key_space_.data() + start, key_space_.size() - start);
+  }
+  return true;
 }
 
 RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId id, const commands::CommandSpec* spec,
@@ -302,7 +341,17 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         if (!tenancy_.allowed_scripts.contains(sha)) {
           return refuse(absl::StrCat("ERR keyguard: script ", sha, " is not in tenancy.allowed_scripts"));
         }
-      } else if (!EqualsIgnoreCase(sub, "exists") && !EqualsIgnoreCase(sub, "help")) {
+      } else if (EqualsIgnoreCase(sub, "exists")) {
+        // The script cache is the server's: EXISTS would tell whether anyone ran a script since
+        // the last flush, keyguard's own emulations (another tenant's DBSIZE) included. A tenant
+        // can run only allow-listed scripts, so only those are asked; the others become "",
+        // which names no script, and answer 0 in their place.
+        for (size_t i = 2; i < args.size(); ++i) {
+          const std::string sha = absl::AsciiStrToLower(std::string(args[i]));
+          const bool own = std::find(own_scripts_.begin(), own_scripts_.end(), sha) != own_scripts_.end();
+          if (own || !tenancy_.allowed_scripts.contains(sha)) set(i, std::string_view());
+        }
+      } else if (!EqualsIgnoreCase(sub, "help")) {
         return refuse(NotAllowed(display()));  // FLUSH, KILL, DEBUG act on every tenant's scripts
       }
       break;
@@ -314,8 +363,15 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         bool on = args.size() > 2 && EqualsIgnoreCase(args[2], "on");
         bool bcast = false, prefixed = false;
         for (size_t i = 3; i < args.size(); ++i) {
-          if (EqualsIgnoreCase(args[i], "redirect")) {
+          if (EqualsIgnoreCase(args[i], "redirect") && i + 1 < args.size()) {
+            // The server sends invalidations to any connection named here; only the tenant's own
+            // may be named. Not a number: the server refuses it (and redirects nowhere).
             ++i;
+            int64_t client_id;
+            if (resp::ParseRedisInt(args[i], &client_id) &&
+                (connections_ == nullptr || !connections_->Serves(client_id, tenant))) {
+              return refuse("ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant");
+            }
           } else if (EqualsIgnoreCase(args[i], "prefix") && i + 1 < args.size()) {
             ++i;
             set(i, Joined(tenant.prefix, args[i]));
@@ -329,6 +385,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
           append("PREFIX");
           append(tenant.prefix);
         }
+      } else if (EqualsIgnoreCase(sub, "trackinginfo")) {
+        r.reply = ReplyRewrite::kTrackingInfo;
       } else {
         handled = false;  // the category check below refuses KILL, LIST, PAUSE, UNBLOCK, ...
       }
@@ -389,7 +447,13 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   }
   static const uint32_t kReach = commands::AclCategoryMask("admin") | commands::AclCategoryMask("dangerous");
   if (!handled && (spec->acl & kReach) != 0) return refuse(NotAllowed(display()));
-  if (!keys_ok) return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
+  if (!keys_ok) {
+    if (!ConfineUnplacedKeys(tenant, *spec, out)) {
+      return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
+    }
+    r.modified = true;
+    return r;
+  }
   // All prefixed keys in one reserved buffer: no allocation per key, and no view moves.
   size_t total = 0;
   for (const commands::KeyRef& k : keys) total += tenant.prefix.size() + (*out)[k.pos].size();

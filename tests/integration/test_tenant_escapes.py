@@ -6,9 +6,9 @@ import tempfile
 
 import pytest
 
-from conftest import Keyguard, wait_blocked
+from conftest import Keyguard, wait_blocked, wait_until
 from resp import RespConn, encode
-from test_tenants import CONFIG, as_user, direct, kg, raw, server  # noqa: F401 (fixtures)
+from test_tenants import CONFIG, GET_SCRIPT, as_user, direct, error, kg, raw, server  # noqa: F401 (fixtures)
 
 
 def replies(c, data, n):
@@ -290,3 +290,167 @@ def test_a_nul_in_an_option_word_hides_nothing(kg, direct):
     # COPY ... DB\0 1 is COPY ... DB 1 to the server: refused like it.
     assert str(c.call("COPY", "src", "dst", b"DB\x00", "1")) == "ERR keyguard: COPY ... DB is not allowed for tenants"
     assert c.call("PING") == "PONG"
+
+
+# #12 side channels: a key count that does not fit the arguments. keyguard answered "wrong number
+# of arguments" for every one; the server's own texts differ by command and by which check fails.
+BAD_NUMKEYS = [
+    ("SINTERCARD", "0", "k"), ("SINTERCARD", "x", "k"), ("SINTERCARD", "2", "k"), ("SINTERCARD", "-1", "k"),
+    ("ZUNIONSTORE", "d", "3", "a", "x"), ("ZUNIONSTORE", "d", "0", "a"), ("ZUNIONSTORE", "d", "x", "a"),
+    ("ZINTERSTORE", "d", "-1", "a"), ("ZDIFFSTORE", "d", "2", "a"), ("ZINTER", "0", "a"), ("ZUNION", "2", "a"),
+    ("ZDIFF", "9", "a"), ("ZINTERCARD", "0", "a"), ("ZINTERCARD", "2", "a"), ("LMPOP", "0", "LEFT"),
+    ("LMPOP", "x", "a", "LEFT"), ("LMPOP", "3", "a", "LEFT"), ("BLMPOP", "0", "0", "a", "LEFT"),
+    ("BLMPOP", "x", "9", "a", "LEFT"), ("ZMPOP", "-1", "a", "MIN"), ("BZMPOP", "0", "5", "a", "MIN"),
+    ("EVAL", GET_SCRIPT, "-1"), ("EVAL", GET_SCRIPT, "2", "a"),
+]
+
+
+@pytest.mark.parametrize("args", BAD_NUMKEYS, ids=[" ".join(a[:1] + a[2:]) for a in BAD_NUMKEYS])
+def test_bad_key_counts_get_the_servers_own_error(kg, direct, server, args):
+    direct.zadd("tenant:b:a", {"m": 1})
+    direct.rpush("tenant:b:x", "v")
+    before = sorted(direct.keys("*"))
+    plain = RespConn(server.port)
+    c = raw(kg, "alice")
+    try:
+        expected = plain.exchange(encode(*args), replies=1)
+        assert expected.startswith(b"-ERR ") and b"keyguard" not in expected, expected
+        assert c.exchange(encode(*args), replies=1) == expected
+        # In a transaction the server queues the command and fails it at EXEC (or, for a wrong
+        # arity, refuses it and aborts EXEC), as it does directly.
+        block = encode("MULTI") + encode(*args) + encode("EXEC")
+        expected = plain.exchange(block, replies=3)
+        assert expected.startswith(b"+OK\r\n+QUEUED\r\n*1\r\n-ERR ") or b"-EXECABORT" in expected, expected
+        assert c.exchange(block, replies=3) == expected
+    finally:
+        plain.close()
+    assert sorted(direct.keys("*")) == before
+    assert direct.zrange("tenant:b:a", 0, -1) == ["m"] and direct.lrange("tenant:b:x", 0, -1) == ["v"]
+
+
+REDIRECT_REFUSED = "ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant"
+
+
+def tracking_of(direct, client_id):
+    """(flags, redir) of the server's connection `client_id`, read on a direct connection."""
+    for c in direct.client_list():
+        if int(c["id"]) == client_id:
+            return c["flags"], int(c["redir"])
+    return None
+
+
+def test_tracking_redirect_names_only_the_tenants_own_connections(kg, direct, server):
+    # #12 side channels: CLIENT TRACKING REDIRECT took any client id, so alice could send the
+    # invalidations of her reads to bob's connection, or learn which ids exist from the error.
+    bob = raw(kg, "bob")
+    bob_id = bob.call("CLIENT", "ID")
+    plain = RespConn(server.port)
+    plain_id = plain.call("CLIENT", "ID")
+    sink = raw(kg, "alice")
+    sink_id = sink.call("CLIENT", "ID")
+    c = raw(kg, "alice")
+    c_id = c.call("CLIENT", "ID")
+    for target in (bob_id, plain_id, 987654321, -1):
+        for args in (("ON", "REDIRECT", target), ("ON", "BCAST", "REDIRECT", target), ("OFF", "REDIRECT", target),
+                     ("ON", "REDIRECT", sink_id, "REDIRECT", target)):
+            assert error(c, "CLIENT", "TRACKING", *args) == REDIRECT_REFUSED, (args, target)
+    assert tracking_of(direct, c_id) == ("N", -1)  # the server saw none of them
+    # Not a number: the server's own error.
+    assert error(c, "CLIENT", "TRACKING", "ON", "REDIRECT", "x") == "ERR value is not an integer or out of range"
+    # The tenant's own connection: as Redis does it.
+    assert c.call("CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) == "OK"
+    assert tracking_of(direct, c_id) == ("t", sink_id)
+    assert c.call("CLIENT", "TRACKING", "OFF") == "OK"
+    # A connection that logs out and in as bob is bob's from then on.
+    assert sink.call("RESET") == "RESET" and sink.call("AUTH", "bob", "bob-secret") == "OK"
+    assert error(c, "CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) == REDIRECT_REFUSED
+    assert bob.call("CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) == "OK"
+    assert tracking_of(direct, bob_id) == ("t", sink_id)
+    # A closed connection's id is forgotten with it (keyguard unregisters before it closes upstream).
+    mine = raw(kg, "alice")
+    mine_id = mine.call("CLIENT", "ID")
+    assert c.call("CLIENT", "TRACKING", "ON", "REDIRECT", mine_id) == "OK"
+    assert c.call("CLIENT", "TRACKING", "OFF") == "OK"
+    mine.close()
+    wait_until(lambda: tracking_of(direct, mine_id) is None, "the closed connection to leave the server")
+    assert error(c, "CLIENT", "TRACKING", "ON", "REDIRECT", mine_id) == REDIRECT_REFUSED
+    assert tracking_of(direct, c_id) == ("N", -1)
+    plain.close()
+
+
+@pytest.mark.parametrize("args", [("CLIENT", "KILL", "ID", "1"), ("CLIENT", "KILL", "127.0.0.1:1"),
+                                  ("CLIENT", "KILL", "SKIPME", "no", "ID", "1"), ("CLIENT", "UNBLOCK", "1"),
+                                  ("CLIENT", "UNBLOCK", "1", "ERROR"), ("CLIENT", "LIST", "ID", "1")])
+def test_other_commands_taking_a_client_id_are_refused(kg, direct, args):
+    c = raw(kg, "alice")
+    assert error(c, *args) == "ERR keyguard: command '%s %s' is not allowed for tenants" % args[:2]
+
+
+@pytest.mark.parametrize("resp3", [False, True], ids=["resp2", "resp3"])
+def test_trackinginfo_shows_the_clients_own_prefixes(kg, direct, server, resp3):
+    # #12 side channels: CLIENT TRACKINGINFO showed the prefixes as the server holds them, with
+    # the tenant's prefix. Through keyguard it must read as it does on a connection of its own.
+    plain = RespConn(server.port)
+    c = raw(kg, "alice", resp3=resp3)
+    if resp3:
+        plain.call("HELLO", "3")
+    try:
+        for tracking in (("ON", "BCAST", "PREFIX", "user:", "PREFIX", "x"), ("ON", "BCAST"), ("ON",)):
+            block = (encode("CLIENT", "TRACKING", *tracking) + encode("CLIENT", "TRACKINGINFO") +
+                     encode("MULTI") + encode("CLIENT", "TRACKINGINFO") + encode("EXEC") +
+                     encode("CLIENT", "TRACKING", "OFF"))
+            expected = plain.exchange(block, replies=6)
+            assert c.exchange(block, replies=6) == expected, tracking
+            assert b"tenant:" not in expected
+        # The server holds the tenant's prefixes: its own write is announced, bob's is not.
+        c_id = c.call("CLIENT", "ID")
+        assert c.call("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "user:") == "OK"
+        assert [x["flags"] for x in direct.client_list() if int(x["id"]) == c_id] == ["tB"]
+        direct.set("tenant:b:user:1", "bob")
+        direct.set("tenant:a:user:1", "alice")
+        if resp3:
+            assert c.read()[1] == b">2\r\n$10\r\ninvalidate\r\n*1\r\n$6\r\nuser:1\r\n"
+        assert c.call("CLIENT", "TRACKINGINFO") == (
+            {b"flags": ("set", [b"on", b"bcast"]), b"redirect": 0, b"prefixes": [b"user:"]} if resp3 else
+            [b"flags", [b"on", b"bcast"], b"redirect", 0, b"prefixes", [b"user:"]])
+    finally:
+        plain.close()
+
+
+def monitored_eval_scripts(mon, n):
+    """The script bodies of the next `n` EVALs a MONITOR connection reports (sdscatrepr-quoted)."""
+    import codecs
+    import re
+    scripts = []
+    while len(scripts) < n:
+        line = mon.value()
+        words = [codecs.escape_decode(w)[0] for w in re.findall(rb'"((?:[^"\\]|\\.)*)"', line.encode())]
+        if words and words[0].upper() == b"EVAL":
+            scripts.append(words[1])
+    return scripts
+
+
+def test_script_exists_does_not_tell_what_others_ran(kg, direct, server):
+    # #12 side channels: keyguard emulates DBSIZE, RANDOMKEY and FLUSHDB with EVAL, which puts its
+    # scripts in the server's cache: SCRIPT EXISTS of their SHA1s told alice whether bob had used
+    # them since the last SCRIPT FLUSH (and of any SHA1 whether any client had run that script).
+    import hashlib
+    direct.script_flush()
+    mon = RespConn(server.port)
+    assert mon.call("MONITOR") == "OK"
+    bob = raw(kg, "bob")
+    assert bob.call("SET", "k", "v") == "OK"
+    assert bob.call("DBSIZE") == 1 and bob.call("RANDOMKEY") == b"k" and bob.call("FLUSHDB") == "OK"
+    own = [hashlib.sha1(s).hexdigest() for s in monitored_eval_scripts(mon, 3)]
+    mon.close()
+    other = direct.script_load("return 'not a tenant script'")
+    allowed = hashlib.sha1(GET_SCRIPT.encode()).hexdigest()
+    assert direct.script_exists(*own, other, allowed) == [True, True, True, True, False]  # the server knows them
+    c = raw(kg, "alice")
+    shas = own + [s.upper() for s in own] + [other, allowed, allowed.upper()]
+    assert c.call("SCRIPT", "EXISTS", *shas) == [0] * 9
+    assert c.call("SCRIPT", "LOAD", GET_SCRIPT) == allowed.encode()
+    assert c.call("SCRIPT", "EXISTS", *shas) == [0] * 7 + [1, 1]  # an allowed script: as the server says
+    out = c.exchange(encode("MULTI") + encode("SCRIPT", "EXISTS", own[0], allowed) + encode("EXEC"), replies=3)
+    assert out == b"+OK\r\n+QUEUED\r\n*1\r\n*2\r\n:0\r\n:1\r\n"
+    assert direct.script_exists(*own) == [True, True, True]  # nothing was flushed

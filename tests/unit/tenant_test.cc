@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "keyguard/commands/command_table.h"
 #include "keyguard/config/v1/config.pb.h"
 #include "keyguard/resp/encoder.h"
@@ -178,6 +179,10 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
   EXPECT_EQ(Req({"SELECT", "0"}), "SELECT 0");
   EXPECT_EQ(Req({"EVAL", "return 1", "0"}), "EVAL return 1 0");  // on the allow-list
   EXPECT_EQ(Req({"CLIENT", "SETNAME", "x"}), "CLIENT SETNAME x");
+  // SCRIPT EXISTS asks the server only about allow-listed scripts ("" names none: 0).
+  const std::string sha = Sha1Hex("return 1");
+  EXPECT_EQ(Req({"SCRIPT", "EXISTS", "ff", absl::AsciiStrToUpper(sha), sha}),
+            "SCRIPT EXISTS  " + absl::AsciiStrToUpper(sha) + " " + sha);
   EXPECT_EQ(Req({"MEMORY", "USAGE", "k"}), "MEMORY USAGE tenant:a:k");
   EXPECT_EQ(Req({"FLUSHDB"}).substr(0, 5), "EVAL ");
   EXPECT_EQ(Req({"FLUSHALL", "ASYNC"}).find("0 tenant:a:* tenant:a:"), Req({"FLUSHDB"}).find("0 tenant:a:* tenant:a:"));
@@ -185,6 +190,12 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
   EXPECT_NE(Req({"RANDOMKEY"}, &r).find("RANDOMKEY"), std::string::npos);
   EXPECT_EQ(r, ReplyRewrite::kBulkKey);
   EXPECT_EQ(Req({"GET"}), "REFUSE: ERR wrong number of arguments for 'get' command");
+  // A key count that does not fit goes to the server for its own error, every possible key
+  // prefixed and the counts (and the timeout before them) as they came.
+  EXPECT_EQ(Req({"ZUNIONSTORE", "d", "3", "a", "x"}), "ZUNIONSTORE tenant:a:d 3 tenant:a:a tenant:a:x");
+  EXPECT_EQ(Req({"SINTERCARD", "0", "k"}), "SINTERCARD 0 tenant:a:k");
+  EXPECT_EQ(Req({"BLMPOP", "1", "9", "a", "LEFT"}), "BLMPOP 1 9 tenant:a:a tenant:a:LEFT");
+  EXPECT_EQ(Req({"LMPOP", "0", "LEFT"}), "LMPOP 0 tenant:a:LEFT");
 }
 
 TEST_F(TenantTest, RepliesLoseThePrefix) {
@@ -195,6 +206,13 @@ TEST_F(TenantTest, RepliesLoseThePrefix) {
   EXPECT_EQ(Rep(ReplyRewrite::kFirstKey, "*-1\r\n"), "*-1\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$10\r\ntenant:a:k\r\n"), "$1\r\nk\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$-1\r\n"), "$-1\r\n");
+  // CLIENT TRACKINGINFO: prefixes lose the tenant's; one without it is never shown.
+  EXPECT_EQ(Rep(ReplyRewrite::kTrackingInfo, "*6\r\n$5\r\nflags\r\n*2\r\n$2\r\non\r\n$5\r\nbcast\r\n$8\r\nredirect\r\n"
+                                             ":0\r\n$8\r\nprefixes\r\n*3\r\n$9\r\ntenant:a:\r\n$10\r\ntenant:a:u\r\n$2\r\nxx\r\n"),
+            "*6\r\n$5\r\nflags\r\n*2\r\n$2\r\non\r\n$5\r\nbcast\r\n$8\r\nredirect\r\n:0\r\n$8\r\nprefixes\r\n*2\r\n"
+            "$0\r\n\r\n$1\r\nu\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kTrackingInfo, "%1\r\n$8\r\nprefixes\r\n*1\r\n$10\r\ntenant:b:u\r\n"),
+            "%1\r\n$8\r\nprefixes\r\n*0\r\n");
   // XREAD: RESP2 array of [key, entries], RESP3 map.
   EXPECT_EQ(Rep(ReplyRewrite::kStreams, "*1\r\n*2\r\n$10\r\ntenant:a:s\r\n*0\r\n"), "*1\r\n*2\r\n$1\r\ns\r\n*0\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kStreams, "%1\r\n$10\r\ntenant:a:s\r\n*0\r\n"), "%1\r\n$1\r\ns\r\n*0\r\n");
@@ -267,6 +285,23 @@ TEST_F(TenantTest, ModuleCommandsNeedCompleteKeySpecs) {
   EXPECT_EQ(Req({"TMOD.SEARCH", "idx", "*"}),
             "REFUSE: ERR keyguard: command 'TMOD.SEARCH' does not declare all its keys, so it cannot be confined to the "
             "tenant");
+}
+
+TEST_F(TenantTest, TrackingRedirectNamesOnlyTheTenantsConnections) {
+  const std::string refused = "REFUSE: ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant";
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), refused);  // no registry: none is known
+  Connections connections;
+  Tenant other{"b", "tenant:b:", "tenant:b:"};
+  connections.Set(7, tenancy_->static_tenant());
+  connections.Set(8, &other);
+  rewriter_ = std::make_unique<RequestRewriter>(*tenancy_, &connections);
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), "CLIENT TRACKING on REDIRECT 7");
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", std::string("redirect\0", 9), "8"}), refused);  // a NUL ends the word for Redis
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "off", "REDIRECT", "7", "REDIRECT", "9"}), refused);
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "x"}), "CLIENT TRACKING on REDIRECT x");  // the server's error
+  connections.Set(7, nullptr);
+  EXPECT_EQ(connections.size(), 1u);
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), refused);
 }
 
 TEST(TenancyConfigTest, Validation) {

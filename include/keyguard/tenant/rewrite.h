@@ -2,6 +2,7 @@
 // with plain argument lists and reply frames.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
+#include "keyguard/tenant/connections.h"
 #include "keyguard/tenant/tenancy.h"
 
 namespace keyguard::tenant {
@@ -27,6 +29,7 @@ enum class ReplyRewrite : uint8_t {
   kChannelCounts, // PUBSUB NUMSUB / SHARDNUMSUB: [channel, count, ...]
   kInfo,          // INFO: without the # Keyspace section (other tenants' key counts)
   kExec,          // EXEC: element i rewritten as queued command i
+  kTrackingInfo,  // CLIENT TRACKINGINFO: [name, value, ...] or a map; "prefixes" lose the prefix
 };
 
 struct RequestResult {
@@ -43,7 +46,9 @@ struct RequestResult {
 // Rewrites requests for one tenant. One per worker; not thread-safe.
 class RequestRewriter {
  public:
-  explicit RequestRewriter(const Tenancy& tenancy);
+  // `connections` says which upstream client ids a CLIENT TRACKING REDIRECT may name (those of
+  // the tenant's own connections); without it every REDIRECT is refused.
+  explicit RequestRewriter(const Tenancy& tenancy, const Connections* connections = nullptr);
 
   // `args` is the request as the policy stage left it (name first); `keys` are its keys as
   // FindKeys found them (`keys_ok` false when the arguments did not fit the key specs). On
@@ -57,6 +62,10 @@ class RequestRewriter {
   std::string_view Own(std::string s);
   // `a` followed by `b`, owned here.
   std::string_view Joined(std::string_view a, std::string_view b);
+  // For a command whose key count does not fit its arguments (FindKeys placed no keys): prefixes
+  // every argument from the first key position on except the counts, in `args`. False when the
+  // command's keys are not given by a count (the caller refuses it).
+  bool ConfineUnplacedKeys(const Tenant& tenant, const commands::CommandSpec& spec, std::vector<std::string_view>* args);
   std::string_view ChannelIn(const Tenant& t, std::string_view channel);
   // The pattern confined to the tenant, or nullopt when its structure cannot be proven confined
   // (a keyspace pattern whose head is not literal, or in shared-channel mode a pattern that may
@@ -64,6 +73,8 @@ class RequestRewriter {
   std::optional<std::string_view> PatternIn(const Tenant& t, std::string_view pattern);
 
   const Tenancy& tenancy_;
+  const Connections* connections_;
+  std::array<std::string, 3> own_scripts_;  // SHA1s of the emulation scripts (FLUSH*, DBSIZE, RANDOMKEY)
   std::deque<std::string> owned_;
   std::string key_space_;      // the prefixed keys of the last request
   std::vector<uint8_t> kind_;  // by CommandId: the special handling below
