@@ -31,19 +31,9 @@ int8_t HelloVersion(std::span<const std::string_view> args) {
   return 0;
 }
 
-ConnectionState::ReplyMode ConnectionState::TakeReplyMode() {
-  // After SYNC/PSYNC the server treats the connection as a replica and answers nothing (REPLCONF
-  // ACK): whatever keyguard would say (a refusal) would corrupt the stream.
-  ReplyMode m{skip_next_reply_, reply_off_ || skip_next_reply_ || replication_stream_};
-  skip_next_reply_ = false;
-  return m;
-}
-
-ConnectionState::Effects ConnectionState::OnForward(commands::CommandId id, std::span<const std::string_view> args,
-                                                    ReplyMode mode, bool tenant, Pending* p) {
-  const commands::KnownCommands& known = commands::Known();
-  // By command id: the commands whose effect on connection state is followed here.
-  static const std::vector<uint8_t> kChangesState = [&known] {
+const std::vector<uint8_t>& ConnectionState::ChangesStateTable() {
+  static const std::vector<uint8_t> table = [] {
+    const commands::KnownCommands& known = commands::Known();
     std::vector<uint8_t> t(commands::CommandCount(), 0);
     for (commands::CommandId c : {known.reset, known.multi, known.exec, known.discard, known.watch, known.unwatch,
                                   known.hello, known.monitor, known.client, known.sync, known.psync, known.subscribe,
@@ -53,21 +43,12 @@ ConnectionState::Effects ConnectionState::OnForward(commands::CommandId id, std:
     }
     return t;
   }();
-  Effects e;
-  e.silent = mode.silent;
-  if (tenant) p->expect = Pending::Expect::kNotQueued;
-  const bool changes_state = id < kChangesState.size() && kChangesState[id] != 0;
-  if (!changes_state) {
-    // The common case: a command that changes no connection state, queued inside MULTI.
-    if (in_multi_) {
-      // The reply is +QUEUED whatever the command; its effects come with EXEC, whose reply
-      // carries this command's reply at this index.
-      if (tenant) multi_rewrites_.push_back(p->rewrite);
-      p->rewrite = 0;
-      p->expect = Pending::Expect::kQueued;
-    }
-    return e;
-  }
+  return table;
+}
+
+ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id, std::span<const std::string_view> args,
+                                                         ReplyMode mode, bool tenant, Pending* p, Effects e) {
+  const commands::KnownCommands& known = commands::Known();
   if (id == known.quit) {
     e.stop_reading = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
     quit_sent_ = true;
@@ -122,9 +103,7 @@ ConnectionState::Effects ConnectionState::OnForward(commands::CommandId id, std:
     EndTransaction();
   } else if (in_multi_) {
     // Queued like any command: UNWATCH, HELLO, MONITOR, CLIENT, SYNC, the subscribe family.
-    if (tenant) multi_rewrites_.push_back(p->rewrite);
-    p->rewrite = 0;
-    p->expect = Pending::Expect::kQueued;
+    Queued(tenant, p);
   } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe || id == known.unsubscribe ||
              id == known.punsubscribe || id == known.sunsubscribe) {
     const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
@@ -161,8 +140,7 @@ ConnectionState::Effects ConnectionState::OnForward(commands::CommandId id, std:
   return e;
 }
 
-bool ConnectionState::OnReply(const Pending& p, bool error) {
-  if (error) return false;
+bool ConnectionState::OnModeReply(const Pending& p) {
   switch (p.kind) {
     case Kind::kHello:
       if (p.hello_version != 0) protocol_ = p.hello_version;

@@ -35,8 +35,14 @@ class ConnectionState {
     bool skipped = false;  // CLIENT REPLY SKIP is spent on this command
     bool silent = false;   // no reply is shown: OFF, SKIP, or after SYNC/PSYNC
   };
-  // Call once per command, first: consumes a pending SKIP.
-  ReplyMode TakeReplyMode();
+  // Call once per command, first: consumes a pending SKIP. After SYNC/PSYNC the server treats
+  // the connection as a replica and answers nothing (REPLCONF ACK): whatever keyguard would say
+  // (a refusal) would corrupt the stream.
+  ReplyMode TakeReplyMode() {
+    ReplyMode m{skip_next_reply_, reply_off_ || skip_next_reply_ || replication_stream_};
+    skip_next_reply_ = false;
+    return m;
+  }
 
   // keyguard answered the command in place (a refusal): inside MULTI the server would not have
   // queued it, so EXEC must abort.
@@ -56,11 +62,22 @@ class ConnectionState {
   // expectation, subscribe and HELLO fields; for a tenant, the EXEC's per-command rewrites from
   // `p->rewrite` of each queued command) and moves the state as the server will.
   Effects OnForward(commands::CommandId id, std::span<const std::string_view> args, ReplyMode mode, bool tenant,
-                    Pending* p);
+                    Pending* p) {
+    Effects e;
+    e.silent = mode.silent;
+    if (tenant) p->expect = Pending::Expect::kNotQueued;
+    if (id < changes_state_.size() && changes_state_[id] != 0) return OnStateCommand(id, args, mode, tenant, p, e);
+    // The common case: a command that changes no connection state.
+    if (in_multi_) Queued(tenant, p);
+    return e;
+  }
 
   // The reply to `p` arrived: HELLO, MONITOR and RESET take effect if it is not an error.
   // Returns true when a RESET took effect.
-  bool OnReply(const Pending& p, bool error);
+  bool OnReply(const Pending& p, bool error) {
+    if (error || p.kind == Pending::Kind::kForward) return false;
+    return OnModeReply(p);
+  }
 
   // Subscribe confirmations: `kind` is the first element of a confirmation.
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
@@ -82,11 +99,25 @@ class ConnectionState {
   const std::string& client_name() const { return client_name_; }
 
  private:
+  Effects OnStateCommand(commands::CommandId id, std::span<const std::string_view> args, ReplyMode mode, bool tenant,
+                         Pending* p, Effects e);
+  bool OnModeReply(const Pending& p);
+  // Queued inside MULTI: the reply is +QUEUED whatever the command; its effects come with EXEC,
+  // whose reply carries this command's reply at this index.
+  void Queued(bool tenant, Pending* p) {
+    if (tenant) multi_rewrites_.push_back(p->rewrite);
+    p->rewrite = 0;
+    p->expect = Pending::Expect::kQueued;
+  }
   void EndTransaction() {
     in_multi_ = multi_aborted_ = false;
     watching_ = false;
     multi_rewrites_.clear();
   }
+
+  // By command id: 1 for the commands whose effect on connection state is followed here.
+  const std::vector<uint8_t>& changes_state_ = ChangesStateTable();
+  static const std::vector<uint8_t>& ChangesStateTable();
 
   int protocol_ = 2;
   bool monitor_ = false;

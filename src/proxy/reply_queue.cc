@@ -28,16 +28,6 @@ bool ReplyQueue::QueueLocal(std::string& text, commands::CommandId id, bool clos
   return true;
 }
 
-size_t ReplyQueue::TakeLocalsAtHead(std::deque<std::string>* out) {
-  size_t n = 0;
-  while (!q_.empty() && q_.front().kind == Pending::Kind::kLocal) {
-    out->push_back(std::move(q_.front().text));
-    Pop();
-    ++n;
-  }
-  return n;
-}
-
 bool ReplyQueue::ClientWaiting() const {
   return std::any_of(q_.begin(), q_.end(), [](const Pending& p) { return p.kind != Pending::Kind::kInternal; });
 }

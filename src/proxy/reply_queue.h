@@ -67,7 +67,7 @@ class ReplyQueue {
   std::deque<Pending>::const_iterator begin() const { return q_.begin(); }
   std::deque<Pending>::const_iterator end() const { return q_.end(); }
 
-  Pending& Push(Pending p) { return q_.emplace_back(std::move(p)); }
+  Pending& Push(Pending&& p) { return q_.emplace_back(std::move(p)); }
   // Ends the head entry. Keys of entries no longer pending are dropped from the arena.
   void Pop() {
     q_.pop_front();
@@ -76,9 +76,14 @@ class ReplyQueue {
   // keyguard's own reply, in its place after every earlier reply. False when nothing is pending:
   // then nothing was queued and the caller sends `text` at once.
   bool QueueLocal(std::string& text, commands::CommandId id, bool close_after);
-  // Moves the texts of keyguard's replies now at the head to `out`, in order, ending them.
-  // Returns how many it moved.
-  size_t TakeLocalsAtHead(std::deque<std::string>* out);
+  // Whether the head entry is a reply keyguard made, due now.
+  bool LocalAtHead() const { return !q_.empty() && q_.front().kind == Pending::Kind::kLocal; }
+  // Ends the head entry (LocalAtHead) and returns its text.
+  std::string TakeLocal() {
+    std::string text = std::move(q_.front().text);
+    Pop();
+    return text;
+  }
   // Whether an entry waits for a reply the client sees (keyguard's own AUTH does not count).
   bool ClientWaiting() const;
   // Ends every entry: returns what the client is owed in their place (keyguard's replies as

@@ -96,7 +96,8 @@ Session::Session(Worker& worker, tcp::socket client)
       request_framer_(worker.config.limits),
       reply_framer_(worker.config.limits),
       queue_event_(worker.io),
-      id_(worker.next_session_id++) {
+      id_(worker.next_session_id++),
+      detectors_(worker.config.hygiene, worker.hygiene, sink_, id_) {
   worker_.shard->client_connections.Add(1);
   worker_.shard->client_connections_total.Add();
   worker_.session_count.fetch_add(1, std::memory_order_relaxed);
@@ -406,17 +407,17 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   if (worker_.config.hygiene.enabled) {
     // The detectors look at the client's own names (args); their rewrites apply on top of what
     // the policy and the tenant stage made (out): positions are the same.
-    verdict_ = Verdict{};
-    verdict_out_ = out;
-    if (!pending_ttl_.empty()) FlushPendingTtl(false);
-    reply_check = DetectRequest(id, args);
-    if (!verdict_.refusal.empty()) {
+    edit_.Reset(out);
+    std::string refusal;
+    reply_check = detectors_.OnRequest(id, args, edit_, state_.watching(), tenant_ != nullptr, &refusal);
+    if (!refusal.empty()) {
       policy_owned_.clear();
-      Refuse(id, "hygiene", std::move(verdict_.refusal), skipped, silent);
+      edit_.Release();
+      Refuse(id, "hygiene", std::move(refusal), skipped, silent);
       return;
     }
-    if (verdict_.modified) {
-      out = hygiene_args_;
+    if (edit_.modified()) {
+      out = edit_.args();
       modified = true;
     }
   }
@@ -426,6 +427,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     bytes = Encode(out);
   }
   if (!policy_owned_.empty()) policy_owned_.clear();
+  edit_.Release();
 
   Pending p;
   p.rewrite = rewrite;
@@ -462,7 +464,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
   if (upstream_client_id_ != 0) worker_.connections->Set(upstream_client_id_, t);
-  detector_scope_ = DetectorScope(t);
+  detectors_.set_scope(DetectorScope(t));
   if (t != nullptr) reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
   if (t == nullptr) {
     tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
@@ -744,96 +746,6 @@ void Session::Warn(const policy::Violation& v, std::string_view key, commands::C
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
-namespace {
-
-// How the hygiene detectors look at a command.
-enum ReplyCheck : uint8_t { kNoCheck = 0, kStringRead = 1, kCollectionRead = 2 };
-// How a TTL argument counts: relative seconds or milliseconds, or an absolute Unix time.
-enum TtlUnit : uint8_t { kNoTtl, kSeconds, kMillis, kUnixSeconds, kUnixMillis };
-
-struct HygieneInfo {
-  int8_t value_pos = 0;      // position of the value of a string write (0: none)
-  bool pairs = false;        // MSET-style key value pairs from position 1
-  bool rmw_write = false;    // a write that replaces a serialized value
-  uint8_t reply = kNoCheck;
-  bool keys = false;
-  bool flush = false;
-  bool field_value_pairs = false;  // a RESP2 reply alternates fields and values (HGETALL)
-  const char* suggestion = "";
-  bool del = false;          // DEL: frees its keys in one blocking step
-  bool unlink = false;       // UNLINK: the keys are gone
-  int8_t ttl_pos = 0;        // EXPIRE family, SETEX, PSETEX: the TTL argument
-  uint8_t ttl_unit = kNoTtl;
-  int8_t options_from = 0;   // SET, GETEX: EX/PX/EXAT/PXAT/KEEPTTL among the arguments from here
-  bool needs_ttl = false;    // creates a string value: cache and session patterns want a TTL
-  bool probe = false;        // the reply does not show the key's size
-  const char* type = "";     // the type a collection read shows
-};
-
-const std::vector<HygieneInfo>& HygieneTable() {
-  static const std::vector<HygieneInfo> table = [] {
-    std::vector<HygieneInfo> t(commands::CommandCount());
-    auto at = [&](const char* name) -> HygieneInfo& { return t[commands::LookupCommand(name)]; };
-    for (const char* n : {"set", "setnx", "getset"}) at(n) = HygieneInfo{2, false, true};
-    for (const char* n : {"setex", "psetex"}) at(n) = HygieneInfo{3, false, true};
-    at("append") = HygieneInfo{2, false, false};
-    at("setrange") = HygieneInfo{3, false, false};
-    for (const char* n : {"mset", "msetnx"}) at(n) = HygieneInfo{0, true, true};
-    for (const char* n : {"set", "setnx", "getset", "mset", "msetnx"}) at(n).needs_ttl = true;
-    at("set").options_from = 3;
-    at("getex").options_from = 2;
-    at("setex").ttl_pos = 2;
-    at("setex").ttl_unit = kSeconds;
-    at("psetex").ttl_pos = 2;
-    at("psetex").ttl_unit = kMillis;
-    at("expire").ttl_pos = at("pexpire").ttl_pos = at("expireat").ttl_pos = at("pexpireat").ttl_pos = 2;
-    at("expire").ttl_unit = kSeconds;
-    at("pexpire").ttl_unit = kMillis;
-    at("expireat").ttl_unit = kUnixSeconds;
-    at("pexpireat").ttl_unit = kUnixMillis;
-    for (const char* n : {"get", "getex", "getdel"}) at(n).reply = kStringRead;
-    for (const char* n : {"hgetall", "hkeys", "hvals"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "hash";
-      at(n).suggestion = "read it in pages with HSCAN, or only the fields you need with HMGET";
-    }
-    at("hgetall").field_value_pairs = true;
-    for (const char* n : {"smembers", "sinter", "sunion", "sdiff"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "set";
-      at(n).suggestion = "read it in pages with SSCAN";
-    }
-    at("lrange").reply = kCollectionRead;
-    at("lrange").type = "list";
-    at("lrange").suggestion = "read it in windows: LRANGE key start start+N";
-    for (const char* n : {"zrange", "zrevrange", "zrangebyscore", "zrevrangebyscore", "zrangebylex", "zrevrangebylex"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "zset";
-      at(n).suggestion = "read it in pages with ZSCAN or ZRANGE windows with LIMIT";
-    }
-    for (const char* n : {"xrange", "xrevrange"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "stream";
-      at(n).suggestion = "read it in pages with XRANGE ... COUNT N";
-    }
-    at("keys").keys = true;
-    at("flushall").flush = true;
-    at("flushdb").flush = true;
-    at("del").del = true;
-    at("unlink").unlink = true;
-    // Replies that do not show how big the key is.
-    for (const char* n : {"hget", "hmget", "hexists", "hincrby", "hincrbyfloat", "hstrlen", "sismember", "smismember",
-                          "zscore", "zmscore", "zrank", "zrevrank", "zincrby", "lindex", "lset", "expire", "pexpire",
-                          "expireat", "pexpireat", "persist", "getrange", "setrange"}) {
-      at(n).probe = true;
-    }
-    return t;
-  }();
-  return table;
-}
-
-}  // namespace
-
 void ReportFinding(Worker& worker, hygiene::Finding f) {
   metrics::WorkerShard& shard = *worker.shard;
   const char* kind = hygiene::KindName(f.kind);
@@ -849,343 +761,22 @@ void ReportFinding(Worker& worker, hygiene::Finding f) {
   if (worker.findings != nullptr) worker.findings->Add(f);
 }
 
-hygiene::Finding Session::NewFinding(hygiene::Kind kind, std::string_view key, commands::CommandId id) {
-  const hygiene::Settings& settings = worker_.config.hygiene;
-  hygiene::Finding f{kind};
-  f.action = settings.action(kind);
-  f.key = hygiene::ShownKey(key, settings.finding_keys);
-  f.key_pattern = worker_.shard->PatternLabel(policy::KeyPattern(key), worker_.live->key_policy->max_key_patterns());
-  f.command = CommandNameOf(id);
-  f.client = client_address_;
-  f.client_name = state_.client_name();
-  if (tenant_ != nullptr) f.tenant = tenant_->name;
-  return f;
+void Session::Sink::Stamp(hygiene::Finding* f, std::string_view key, commands::CommandId id) {
+  Worker& worker = session.worker_;
+  const hygiene::Settings& settings = worker.config.hygiene;
+  f->action = settings.action(f->kind);
+  f->key = hygiene::ShownKey(key, settings.finding_keys);
+  f->key_pattern = worker.shard->PatternLabel(policy::KeyPattern(key), worker.live->key_policy->max_key_patterns());
+  f->command = CommandNameOf(id);
+  f->client = session.client_address_;
+  f->client_name = session.state_.client_name();
+  if (session.tenant_ != nullptr) f->tenant = session.tenant_->name;
 }
 
-void Session::Emit(hygiene::Finding f, std::string_view key, commands::CommandId id) {
-  hygiene::Finding full = NewFinding(f.kind, key, id);
-  full.format = std::move(f.format);
-  full.suggestion = std::move(f.suggestion);
-  full.bytes = f.bytes;
-  full.elements = f.elements;
-  full.fields_changed = f.fields_changed;
-  full.fields_total = f.fields_total;
-  full.keys = f.keys;
-  full.ttl_s = f.ttl_s;
-  // Callers mark the findings they rewrote; a rewrite rule whose command could not be rewritten
-  // (MSET cannot carry a TTL) warns.
-  if (full.action == hygiene::Action::kRewrite && f.action != hygiene::Action::kRewrite) {
-    full.action = hygiene::Action::kWarn;
-  }
-  if (full.action == hygiene::Action::kReject && hygiene::CanReject(full.kind) && verdict_.refusal.empty()) {
-    verdict_.refusal = absl::StrCat("ERR keyguard: ", hygiene::KindName(full.kind), ": ", full.suggestion);
-  }
-  ReportFinding(worker_, std::move(full));
-}
+void Session::Sink::Report(hygiene::Finding f) { ReportFinding(session.worker_, std::move(f)); }
 
-std::vector<std::string_view>& Session::HygieneArgs() {
-  if (!verdict_.modified) {
-    hygiene_args_.assign(verdict_out_.begin(), verdict_out_.end());
-    verdict_.modified = true;
-  }
-  return hygiene_args_;
-}
-
-void Session::RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements) {
-  hygiene::KeySize s;
-  s.type.assign(type.data(), type.size());
-  s.bytes = bytes;
-  s.elements = elements;
-  s.at_ms = hygiene::UnixMs();
-  worker_.sizes.Put(SizeKey(key), std::move(s));
-}
-
-uint64_t Session::SizeKey(std::string_view key) const { return hygiene::Fingerprint(key, detector_scope_); }
-
-void Session::FlushPendingTtl(bool all) {
-  const int64_t now_ms = hygiene::UnixMs();
-  while (!pending_ttl_.empty() && (all || pending_ttl_.front().deadline_ms <= now_ms)) {
-    PendingTtl t = std::move(pending_ttl_.front());
-    pending_ttl_.pop_front();
-    const hygiene::TtlPattern& pattern = worker_.config.hygiene.ttl_patterns[t.pattern];
-    hygiene::Finding f{hygiene::Kind::kMissingTtl};
-    f.suggestion = absl::StrCat(pattern.session ? "session" : "cache", " key (", pattern.glob,
-                                ") written without a TTL: give it one (SET ... EX seconds), or it stays until evicted");
-    Emit(std::move(f), t.key, t.command);
-  }
-}
-
-uint8_t Session::DetectRequest(commands::CommandId id, std::span<const std::string_view> args) {
-  const auto& table = HygieneTable();
-  if (id >= table.size()) return kNoCheck;
-  const HygieneInfo& info = table[id];
-  const hygiene::Settings& settings = worker_.config.hygiene;
-  hygiene::SizeCache& sizes = worker_.sizes;
-  auto write = [&](std::string_view key, std::string_view value) {
-    const bool big = value.size() >= settings.big_string_bytes;
-    if (big) {
-      hygiene::Finding f{hygiene::Kind::kBigStringWrite};
-      f.bytes = static_cast<int64_t>(value.size());
-      f.suggestion = value.size() >= settings.huge_string_bytes
-                         ? "huge value: split it (a Hash or several keys) or keep it outside Redis"
-                         : "big value: store the parts you update separately (a Hash), or compress it";
-      Emit(std::move(f), key, id);
-      RememberSize(key, "string", static_cast<int64_t>(value.size()), -1);
-    } else if (!sizes.empty()) {
-      sizes.Erase(SizeKey(key));
-    }
-    if (!info.rmw_write) return;
-    if (value.size() < 256 && hygiene::DetectFormat(value) == hygiene::Format::kNone) {
-      std::string parent;
-      std::vector<std::string> names;
-      if (worker_.attributes.OnWrite(key, -1, &parent, &names, detector_scope_)) {
-        hygiene::Finding f{hygiene::Kind::kHashCandidate};
-        f.elements = static_cast<int64_t>(names.size());
-        f.suggestion = absl::StrCat("one attribute per key: keep them in one Hash, HSET ", parent);
-        for (const std::string& n : names) absl::StrAppend(&f.suggestion, " ", n, " ...");
-        Emit(std::move(f), parent, id);
-      }
-    }
-    if (worker_.rmw.idle()) return;
-    std::vector<hygiene::RmwTracker::Result> results;
-    worker_.rmw.OnWrite(key, id_, value, state_.watching(), hygiene::UnixMs(), &results, detector_scope_);
-    for (const auto& r : results) {
-      hygiene::Finding f{r.kind};
-      f.format = hygiene::FormatName(r.format);
-      f.fields_changed = r.fields_changed;
-      f.fields_total = r.fields_total;
-      if (r.kind == hygiene::Kind::kSerializedRmw) {
-        f.suggestion = r.fields_total >= 0
-                           ? absl::StrCat("changed ", r.fields_changed, " of ", r.fields_total,
-                                          " fields: store it as a Hash and update fields with HSET / HINCRBY, or use "
-                                          "JSON.SET on a path for nested data")
-                           : "store it as a Hash and update fields with HSET / HINCRBY, or use JSON.SET on a path";
-      } else {
-        f.suggestion = "another connection wrote this key between this connection's read and write: use WATCH/MULTI, "
-                       "a Lua script, or field updates on a Hash";
-      }
-      Emit(std::move(f), key, id);
-    }
-  };
-  if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
-    write(args[1], args[info.value_pos]);
-  } else if (info.pairs) {
-    for (size_t i = 1; i + 1 < args.size(); i += 2) write(args[i], args[i + 1]);
-  } else if (info.keys && args.size() > 1) {
-    hygiene::Finding f{hygiene::Kind::kKeysCommand};
-    f.suggestion = "KEYS blocks the server while it walks every key: use SCAN with MATCH and COUNT";
-    Emit(std::move(f), args[1], id);
-  } else if (info.flush) {
-    bool async = false;
-    for (size_t i = 1; i < args.size(); ++i) async |= EqualsIgnoreCase(args[i], "async");
-    if (!async) {
-      hygiene::Finding f{hygiene::Kind::kFlushWithoutAsync};
-      f.suggestion = absl::StrCat(absl::AsciiStrToUpper(CommandNameOf(id)), " ASYNC frees memory in the background");
-      // Under tenancy the flush is an emulation over the tenant's keys, not this command.
-      if (settings.action(f.kind) == hygiene::Action::kRewrite && tenant_ == nullptr && args.size() == 1) {
-        HygieneArgs().push_back("ASYNC");
-        f.action = hygiene::Action::kRewrite;
-      }
-      Emit(std::move(f), "", id);
-    }
-  } else if (info.del) {
-    if (!sizes.empty()) {
-      const int64_t now_ms = hygiene::UnixMs();
-      bool rewritten = false;
-      for (size_t i = 1; i < args.size(); ++i) {
-        const uint64_t h = SizeKey(args[i]);
-        const hygiene::KeySize* s = sizes.Get(h, now_ms);
-        if (s != nullptr && sizes.IsBig(*s)) {
-          hygiene::Finding f{hygiene::Kind::kDelBigKey};
-          f.bytes = s->bytes >= 0 ? s->bytes : s->memory;
-          f.elements = s->elements;
-          f.suggestion = "DEL frees a big key in one blocking step: use UNLINK, which frees it in the background";
-          if (settings.action(f.kind) == hygiene::Action::kRewrite && !rewritten) {
-            HygieneArgs()[0] = "UNLINK";
-            rewritten = true;
-          }
-          if (rewritten) f.action = hygiene::Action::kRewrite;
-          Emit(std::move(f), args[i], id);
-        }
-        sizes.Erase(h);
-      }
-    }
-  } else if (info.unlink) {
-    if (!sizes.empty()) {
-      for (size_t i = 1; i < args.size(); ++i) sizes.Erase(SizeKey(args[i]));
-    }
-  }
-  if (info.ttl_pos > 0 || info.options_from > 0 || info.needs_ttl) DetectTtl(id, args);
-  if (args.size() > 1) {
-    if (info.reply == kCollectionRead && settings.action(hygiene::Kind::kWholeCollectionRead) == hygiene::Action::kReject &&
-        !sizes.empty()) {
-      // A read known in advance to return a big collection can be refused before it runs.
-      const hygiene::KeySize* s = sizes.Get(SizeKey(args[1]), hygiene::UnixMs());
-      if (s != nullptr && s->elements >= settings.big_collection_elements) {
-        hygiene::Finding f{hygiene::Kind::kWholeCollectionRead};
-        f.elements = s->elements;
-        f.suggestion = info.suggestion;
-        Emit(std::move(f), args[1], id);
-      }
-    }
-    if (info.probe && settings.probe && worker_.probe != nullptr &&
-        worker_.probe_queue.size() < hygiene::ProbeQueue::kCapacity) {
-      const uint64_t h = SizeKey(args[1]);
-      if (sizes.Get(h, hygiene::UnixMs()) == nullptr) {
-        hygiene::ProbeRequest r;
-        r.hash = h;
-        // The name the server stores: after the key policy's rewrite and the tenant prefix.
-        r.upstream_key = std::string(verdict_out_[1]);
-        r.finding = NewFinding(hygiene::Kind::kBigKeyAccess, args[1], id);
-        if (worker_.probe_queue.Push(std::move(r))) worker_.probe->Wake();
-      }
-    }
-  }
-  return args.size() > 1 ? info.reply : kNoCheck;
-}
-
-void Session::DetectTtl(commands::CommandId id, std::span<const std::string_view> args) {
-  const HygieneInfo& info = HygieneTable()[id];
-  const hygiene::Settings& settings = worker_.config.hygiene;
-  if (args.size() < 2) return;
-  // Where the TTL is and how it counts.
-  int ttl_arg = -1;
-  uint8_t unit = kNoTtl;
-  bool keepttl = false;
-  if (info.ttl_pos > 0 && args.size() > static_cast<size_t>(info.ttl_pos)) {
-    ttl_arg = info.ttl_pos;
-    unit = info.ttl_unit;
-  } else if (info.options_from > 0) {
-    for (size_t i = static_cast<size_t>(info.options_from); i < args.size(); ++i) {
-      const std::string_view o = args[i];
-      const uint8_t u = EqualsIgnoreCase(o, "ex")     ? kSeconds
-                        : EqualsIgnoreCase(o, "px")   ? kMillis
-                        : EqualsIgnoreCase(o, "exat") ? kUnixSeconds
-                        : EqualsIgnoreCase(o, "pxat") ? kUnixMillis
-                                                      : kNoTtl;
-      if (u != kNoTtl && i + 1 < args.size()) {
-        ttl_arg = static_cast<int>(i + 1);
-        unit = u;
-        ++i;
-      } else if (EqualsIgnoreCase(o, "keepttl") || EqualsIgnoreCase(o, "persist")) {
-        keepttl = true;
-      }
-    }
-  }
-  int64_t value = 0;
-  if (ttl_arg > 0 && resp::ParseRedisInt(args[ttl_arg], &value) && value > 0) {
-    const int64_t now_ms = hygiene::UnixMs();
-    const int64_t at_s = unit == kSeconds       ? now_ms / 1000 + value
-                         : unit == kMillis      ? (now_ms + value) / 1000
-                         : unit == kUnixSeconds ? value
-                                                : value / 1000;
-    const int64_t ttl_s = at_s - now_ms / 1000;
-    // A TTL given right after a write without one (on this connection) is what missing_ttl waits for.
-    if (!pending_ttl_.empty()) {
-      std::erase_if(pending_ttl_, [&](const PendingTtl& t) { return t.key == args[1]; });
-    }
-    if (const int64_t n = worker_.expiries.Add(at_s, detector_scope_); n > 0) {
-      hygiene::Finding f{hygiene::Kind::kExpiryClustering};
-      f.keys = n;
-      f.ttl_s = ttl_s;
-      f.suggestion = absl::StrCat(n, " keys expire in the same second: add random jitter to their TTLs so the server "
-                                     "does not expire them all at once");
-      Emit(std::move(f), args[1], id);
-    }
-    if (settings.action(hygiene::Kind::kExpiryClustering) == hygiene::Action::kRewrite &&
-        (unit == kSeconds || unit == kMillis)) {
-      // Spread relative TTLs: never shorter than asked, up to jitter_percent longer.
-      const int64_t extra = value * settings.jitter_percent / 100;
-      if (extra > 0) {
-        const int64_t jittered = value + static_cast<int64_t>(worker_.random() % static_cast<uint64_t>(extra + 1));
-        HygieneArgs()[ttl_arg] = policy_owned_.emplace_back(absl::StrCat(jittered));
-      }
-    }
-    // EXPIRE (or SET ... EX) on a big key: when it expires, the server frees it in one step.
-    const hygiene::KeySize* s = worker_.sizes.empty() ? nullptr : worker_.sizes.Get(SizeKey(args[1]), now_ms);
-    const int64_t bytes = info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)
-                              ? static_cast<int64_t>(args[info.value_pos].size())
-                              : -1;
-    if ((s != nullptr && worker_.sizes.IsBig(*s)) || (bytes >= 0 && static_cast<size_t>(bytes) >= settings.big_string_bytes)) {
-      hygiene::Finding f{hygiene::Kind::kExpireBigKey};
-      f.bytes = bytes >= 0 ? bytes : (s->bytes >= 0 ? s->bytes : s->memory);
-      if (s != nullptr && bytes < 0) f.elements = s->elements;
-      f.ttl_s = ttl_s;
-      f.suggestion = "a big key with a TTL is freed in one blocking step when it expires: delete it with UNLINK instead, "
-                     "or enable lazyfree-lazy-expire";
-      Emit(std::move(f), args[1], id);
-    }
-    return;
-  }
-  if (!info.needs_ttl || keepttl || settings.ttl_patterns.empty()) return;
-  // A string written without a TTL: cache and session patterns must have one.
-  auto check = [&](std::string_view key, bool can_rewrite) {
-    for (size_t i = 0; i < settings.ttl_patterns.size(); ++i) {
-      const hygiene::TtlPattern& pattern = settings.ttl_patterns[i];
-      if (!hygiene::GlobMatch(pattern.glob, key)) continue;
-      const hygiene::Action action = settings.action(hygiene::Kind::kMissingTtl);
-      if (action == hygiene::Action::kRewrite && can_rewrite) {
-        auto& out = HygieneArgs();
-        out.push_back("EX");
-        out.push_back(policy_owned_.emplace_back(absl::StrCat(pattern.default_ttl_s)));
-        hygiene::Finding f{hygiene::Kind::kMissingTtl};
-        f.action = hygiene::Action::kRewrite;
-        f.ttl_s = pattern.default_ttl_s;
-        f.suggestion = absl::StrCat(pattern.session ? "session" : "cache", " key (", pattern.glob,
-                                    ") written without a TTL: keyguard added EX ", pattern.default_ttl_s);
-        Emit(std::move(f), key, id);
-      } else if (action == hygiene::Action::kReject) {
-        hygiene::Finding f{hygiene::Kind::kMissingTtl};
-        f.suggestion = absl::StrCat(pattern.session ? "session" : "cache", " key (", pattern.glob,
-                                    ") needs a TTL: SET key value EX seconds");
-        Emit(std::move(f), key, id);
-      } else {
-        // Wait a moment: a following EXPIRE on this connection gives the key its TTL.
-        if (pending_ttl_.size() >= kMaxPendingTtl) FlushPendingTtlFront();
-        pending_ttl_.push_back(PendingTtl{std::string(key), hygiene::UnixMs() + settings.missing_ttl_window_ms,
-                                          static_cast<uint32_t>(i), id});
-      }
-      return;
-    }
-  };
-  if (info.pairs) {
-    for (size_t i = 1; i + 1 < args.size(); i += 2) check(args[i], false);
-  } else {
-    check(args[1], EqualsIgnoreCase(args[0], "set"));
-  }
-}
-
-void Session::FlushPendingTtlFront() {
-  pending_ttl_.front().deadline_ms = 0;  // the oldest goes now: the list is bounded
-  FlushPendingTtl(false);
-}
-
-void Session::DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk) {
-  const hygiene::Settings& settings = worker_.config.hygiene;
-  const std::string_view key = queue_.KeyOf(p);
-  if (p.reply_check == kStringRead && type == '$') {
-    if (bulk.size() >= settings.big_string_bytes) {
-      hygiene::Finding f{hygiene::Kind::kBigStringRead};
-      f.bytes = static_cast<int64_t>(bulk.size());
-      f.suggestion = "big value read whole: read the part you need (GETRANGE, or a Hash with HGET)";
-      Emit(std::move(f), key, p.command);
-      RememberSize(key, "string", static_cast<int64_t>(bulk.size()), -1);
-    }
-    if (!worker_.rmw.idle() || hygiene::DetectFormat(bulk) != hygiene::Format::kNone) {
-      worker_.rmw.OnRead(key, id_, bulk, hygiene::UnixMs(), DetectorScope(reply_tenant_));
-    }
-  } else if (p.reply_check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
-    const HygieneInfo& info = HygieneTable()[p.command];
-    const bool pairs = type == '*' && info.field_value_pairs;
-    const int64_t members = pairs ? size / 2 : size;
-    if (members >= settings.big_collection_elements) {
-      hygiene::Finding f{hygiene::Kind::kWholeCollectionRead};
-      f.elements = members;
-      f.suggestion = info.suggestion;
-      Emit(std::move(f), key, p.command);
-      RememberSize(key, info.type, -1, members);
-    }
-  }
+void Session::Sink::WakeProbe() {
+  if (session.worker_.probe != nullptr) session.worker_.probe->Wake();
 }
 
 void Session::Reply(std::string text, commands::CommandId id, bool close_after) {
@@ -1251,7 +842,7 @@ void Session::DeliverPush(std::string_view frame) {
 bool Session::ProcessUpstreamBytes(size_t* hint) {
   *hint = 0;
   deliver_.clear();
-  held_.clear();
+  if (!held_.empty()) held_.clear();
   const char* base = upstream_buf_.data();
   const size_t len = upstream_buf_.size();
   size_t pos = 0;
@@ -1399,7 +990,9 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
 void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now) {
   Pending& p = queue_.front();
   const bool error = reply_type == '-' || reply_type == '!';
-  if (p.reply_check != 0 && !error) DetectReply(p, reply_type, size, bulk);
+  if (p.reply_check != 0 && !error) {
+    detectors_.OnReply(p.command, p.reply_check, queue_.KeyOf(p), reply_type, size, bulk, DetectorScope(reply_tenant_));
+  }
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
     worker_.shard->ObserveReply(p.command, frame_len, aggregate ? size : -1);
@@ -1414,8 +1007,7 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
 }
 
 void Session::DeliverLocalsAtHead() {
-  const size_t n = queue_.TakeLocalsAtHead(&held_);
-  for (size_t i = held_.size() - n; i < held_.size(); ++i) AppendOut(held_[i]);
+  while (queue_.LocalAtHead()) AppendOut(held_.emplace_back(queue_.TakeLocal()));
 }
 
 void Session::NotifyQueue() {
@@ -1503,7 +1095,7 @@ void Session::Close() {
   if (closed_) return;
   auto self = shared_from_this();
   closed_ = true;
-  if (!pending_ttl_.empty()) FlushPendingTtl(true);  // no EXPIRE can follow any more
+  if (detectors_.has_pending_ttl()) detectors_.FlushPendingTtl(true);  // no EXPIRE can follow any more
   error_code ignored;
   client_.shutdown(tcp::socket::shutdown_both, ignored);
   client_.close(ignored);

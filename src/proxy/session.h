@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keyguard/hygiene/serialized.h"
+#include "keyguard/hygiene/traffic.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
 #include "proxy/asio.h"
@@ -78,23 +79,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // SKIP semantics.
   void Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent);
   void Warn(const policy::Violation& v, std::string_view key, commands::CommandId id);
-  // Hygiene: request-side checks; returns what the reply should be checked for.
-  // Findings with action reject leave the refusal in verdict_; rewrites go to HygieneArgs().
-  uint8_t DetectRequest(commands::CommandId id, std::span<const std::string_view> args);
-  void DetectTtl(commands::CommandId id, std::span<const std::string_view> args);
-  void DetectReply(const Pending& p, char type, int64_t size, std::string_view bulk);
-  // A finding about `key` (the client's name) from this client, with its rule's action.
-  hygiene::Finding NewFinding(hygiene::Kind kind, std::string_view key, commands::CommandId id);
-  void Emit(hygiene::Finding f, std::string_view key, commands::CommandId id);
-  // The arguments going upstream, as a vector the detectors may rewrite (copied once).
-  std::vector<std::string_view>& HygieneArgs();
-  // The size cache's key for a client key name (the tenant's prefix included).
-  uint64_t SizeKey(std::string_view key) const;
-  // A big key's size as a write or a reply showed it (-1: not that kind of size).
-  void RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements);
-  // missing_ttl findings whose window passed (all of them when the connection ends).
-  void FlushPendingTtl(bool all);
-  void FlushPendingTtlFront();
   // Hot and big keys (session_hot_keys.cc): counts string write sizes, and returns true when the
   // reply needs the command's first key (args[1]): an access to count (sampled; p->request_bytes
   // set) or a size to read from the reply. HotKeysReply runs for every reply with a key.
@@ -140,25 +124,20 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::string_view> tenant_args_;  // arguments after tenant prefixing
   std::deque<std::string> policy_owned_;       // rewritten keys cmd_args_ points to
   std::string rewritten_;                      // a reply rewritten for the tenant
-  std::vector<std::string_view> hygiene_args_; // arguments after the detectors' rewrites
-  struct Verdict {
-    std::string refusal;  // a finding whose rule rejects: the error text
-    bool modified = false;
-  };
-  Verdict verdict_;
-  std::span<const std::string_view> verdict_out_;  // the arguments before the detectors
-  // Writes without a TTL to cache/session patterns, waiting for an EXPIRE on this connection.
-  struct PendingTtl {
-    std::string key;
-    int64_t deadline_ms;
-    uint32_t pattern;
-    commands::CommandId command;
-  };
-  static constexpr size_t kMaxPendingTtl = 64;
-  std::deque<PendingTtl> pending_ttl_;
   std::vector<policy::Violation> violations_;
   std::string client_address_;
   uint64_t id_ = 0;        // per worker, for the hygiene trackers
+  // Where detectors_ report: findings stamped with this client (who and where), counted, logged.
+  struct Sink final : hygiene::FindingSink {
+    explicit Sink(Session& s) : session(s) {}
+    void Stamp(hygiene::Finding* f, std::string_view key, commands::CommandId id) override;
+    void Report(hygiene::Finding f) override;
+    void WakeProbe() override;
+    Session& session;
+  };
+  Sink sink_{*this};
+  hygiene::ConnectionDetectors detectors_;
+  hygiene::ArgEditor edit_;  // the detectors' rewrites of a command's arguments
 
   // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
   const tenant::Tenant* tenant_ = nullptr;
@@ -170,8 +149,6 @@ class Session : public std::enable_shared_from_this<Session> {
   metrics::Counter* tenant_sent_ = nullptr;
   bool upstream_auth_failed_ = false;
   bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
-  // The tenant's share of detector state and size cache: DetectorScope(tenant_).
-  uint64_t detector_scope_ = hygiene::kFnvBasis;
   // The server's CLIENT ID of the upstream connection, once known (0 before, and after it closed);
   // registered in worker_.connections with tenant_.
   int64_t upstream_client_id_ = 0;

@@ -80,7 +80,7 @@ awaitable<bool> SizeProbe::RoundTrip(const std::string& commands, size_t n) {
 
 awaitable<void> SizeProbe::Run() {
   auto self = shared_from_this();
-  hygiene::ProbeQueue& queue = worker_.probe_queue;
+  hygiene::ProbeQueue& queue = worker_.hygiene.probe_queue;
   bool connected = false;
   while (!stopped_) {
     if (queue.empty() || (batch_.clear(), queue.Take(hygiene::UnixMs(), kBatch, &batch_)) == 0) {
@@ -153,8 +153,8 @@ void SizeProbe::Learn(hygiene::ProbeRequest& r, std::string_view type, int64_t s
   (type == "string" ? s.bytes : s.elements) = size;
   s.memory = memory;
   s.at_ms = hygiene::UnixMs();
-  const bool big = worker_.sizes.IsBig(s);
-  worker_.sizes.Put(r.hash, s);
+  const bool big = worker_.hygiene.sizes.IsBig(s);
+  worker_.hygiene.sizes.Put(r.hash, s);
   if (!big) return;
   hygiene::Finding f = std::move(r.finding);
   f.bytes = s.bytes >= 0 ? s.bytes : memory;

@@ -11,6 +11,7 @@
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
 #include "keyguard/hygiene/sizes.h"
+#include "keyguard/hygiene/traffic.h"
 #include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/metrics/registry.h"
 #include "keyguard/resp/encoder.h"
@@ -59,19 +60,14 @@ struct Worker {
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;
-  hygiene::RmwTracker rmw{config.hygiene};  // serialized reads and writes on this worker
-  hygiene::AttributeTracker attributes{config.hygiene};  // one-attribute-per-key writes
+  hygiene::WorkerDetectors hygiene{config.hygiene};  // the detectors' state shared by this worker's sessions
   hygiene::FindingLog* findings = nullptr;
   hygiene::HotKeys hot{config.hygiene};  // hot and big keys; published on hot_timer's ticks
   asio::steady_timer hot_timer{io};
   uint64_t next_session_id = 1;
   int64_t warn_second = 0;  // rate limit of key-policy warn lines
   int warn_count = 0;
-  hygiene::SizeCache sizes{config.hygiene};            // key sizes seen lately
-  hygiene::ProbeQueue probe_queue{config.hygiene};     // keys waiting for the sizing probe
-  hygiene::ExpiryClusters expiries{config.hygiene};    // keys per expiry second
   std::shared_ptr<SizeProbe> probe;                    // with hygiene.probe
-  std::minstd_rand random{std::random_device{}()};     // TTL jitter
   tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
   std::string upstream_auth;  // the encoded AUTH for each upstream connection, or empty

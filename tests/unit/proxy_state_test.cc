@@ -245,11 +245,15 @@ TEST(ReplyQueueTest, LocalRepliesWaitForTheRepliesBeforeThem) {
   std::string a = "-ERR a\r\n", b = "-ERR b\r\n";
   EXPECT_TRUE(q.QueueLocal(a, 0, false));
   EXPECT_TRUE(q.QueueLocal(b, 0, true));
-  std::deque<std::string> out;
-  EXPECT_EQ(q.TakeLocalsAtHead(&out), 0u);  // the forwarded command's reply comes first
+  EXPECT_FALSE(q.LocalAtHead());  // the forwarded command's reply comes first
   q.Pop();
-  EXPECT_EQ(q.TakeLocalsAtHead(&out), 2u);
-  EXPECT_EQ(out, (std::deque<std::string>{"-ERR a\r\n", "-ERR b\r\n"}));
+  ASSERT_TRUE(q.LocalAtHead());
+  EXPECT_TRUE(q.front().close_after == false);
+  EXPECT_EQ(q.TakeLocal(), "-ERR a\r\n");
+  ASSERT_TRUE(q.LocalAtHead());
+  EXPECT_TRUE(q.front().close_after);
+  EXPECT_EQ(q.TakeLocal(), "-ERR b\r\n");
+  EXPECT_FALSE(q.LocalAtHead());
   EXPECT_TRUE(q.empty());
 }
 
@@ -257,17 +261,17 @@ TEST(ReplyQueueTest, AbortOwesEveryCommandAnErrorInOrder) {
   ReplyQueue q;
   Pending internal;
   internal.kind = Kind::kInternal;
-  q.Push(internal);
+  q.Push(Pending(internal));
   EXPECT_FALSE(q.ClientWaiting());
   Pending get;
   get.command = commands::LookupCommand("get");
-  q.Push(get);
+  q.Push(Pending(get));
   EXPECT_TRUE(q.ClientWaiting());
   std::string local = "+local\r\n";
   q.QueueLocal(local, 0, false);
   Pending set;
   set.command = commands::LookupCommand("set");
-  q.Push(set);
+  q.Push(Pending(set));
   std::vector<commands::CommandId> failed;
   EXPECT_EQ(q.Abort("-ERR gone\r\n", &failed), "-ERR gone\r\n+local\r\n-ERR gone\r\n");
   EXPECT_EQ(failed, (std::vector<commands::CommandId>{get.command, set.command}));
@@ -279,16 +283,16 @@ TEST(ReplyQueueTest, KeysLiveUntilTheirEntryEndsAndTheArenaIsTrimmed) {
   const std::string big(40 * 1024, 'x');
   Pending a, b, c;
   q.AttachKey(&a, big);
-  q.Push(a);
+  q.Push(Pending(a));
   q.AttachKey(&b, "k2");
-  q.Push(b);
-  q.Push(c);  // no key
+  q.Push(Pending(b));
+  q.Push(Pending(c));  // no key
   EXPECT_EQ(q.KeyOf(q.front()), big);
   q.Pop();
   EXPECT_EQ(q.KeyOf(q.front()), "k2");  // offsets are absolute: still valid after a trim
   Pending d;
   q.AttachKey(&d, big);
-  q.Push(d);
+  q.Push(Pending(d));
   q.Pop();
   q.Pop();  // c
   EXPECT_EQ(q.KeyOf(q.front()), big);

@@ -1,0 +1,134 @@
+// The hygiene detectors as traffic sees them: what one command (and its reply) on one connection
+// shows, turned into findings through a sink. Sans-io: the proxy session feeds it the client's
+// arguments and the arguments going upstream; tests feed it directly.
+//
+// State lives at two levels: per worker (WorkerDetectors: the read-modify-write and attribute
+// trackers, expiry clustering, the size cache and the sizing probe's queue, all bounded) and per
+// connection (ConnectionDetectors: writes without a TTL waiting for an EXPIRE). Every key is
+// hashed with the connection's scope (its tenant), so one tenant's activity never shows in
+// another's findings.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keyguard/commands/command_table.h"
+#include "keyguard/hygiene/detectors.h"
+#include "keyguard/hygiene/sizes.h"
+
+namespace keyguard::hygiene {
+
+// What a worker's connections share.
+struct WorkerDetectors {
+  explicit WorkerDetectors(const Settings& s) : rmw(s), attributes(s), sizes(s), probe_queue(s), expiries(s) {}
+  RmwTracker rmw;              // serialized reads and writes
+  AttributeTracker attributes;  // one-attribute-per-key writes
+  SizeCache sizes;             // key sizes seen lately
+  ProbeQueue probe_queue;      // keys waiting for the sizing probe
+  ExpiryClusters expiries;     // keys per expiry second
+  std::minstd_rand random{std::random_device{}()};  // TTL jitter
+};
+
+// The arguments of one command as the stages rewrite them: the stage input until the first edit,
+// then a copy; the strings the edits made are owned here until the command is encoded.
+class ArgEditor {
+ public:
+  void Reset(std::span<const std::string_view> base) {
+    base_ = base;
+    modified_ = false;
+  }
+  // The arguments to edit in place (copied from the input on the first call).
+  std::vector<std::string_view>& Edit() {
+    if (!modified_) {
+      args_.assign(base_.begin(), base_.end());
+      modified_ = true;
+    }
+    return args_;
+  }
+  // Keeps `s` alive until Release: the view may be stored in Edit()'s arguments.
+  std::string_view Own(std::string s) { return owned_.emplace_back(std::move(s)); }
+  bool modified() const { return modified_; }
+  std::span<const std::string_view> input() const { return base_; }
+  std::span<const std::string_view> args() const { return modified_ ? std::span<const std::string_view>(args_) : base_; }
+  // The command has been encoded: the owned strings may go.
+  void Release() {
+    if (!owned_.empty()) owned_.clear();
+  }
+
+ private:
+  std::span<const std::string_view> base_;
+  std::vector<std::string_view> args_;
+  std::deque<std::string> owned_;
+  bool modified_ = false;
+};
+
+// Where findings go. The proxy stamps who and where (client, tenant, key pattern, command name,
+// the rule's action) and counts and logs them.
+class FindingSink {
+ public:
+  virtual ~FindingSink() = default;
+  // Fills `f`'s key, key pattern, command, client, tenant and action for `key` (the client's
+  // name) under command `id`.
+  virtual void Stamp(Finding* f, std::string_view key, commands::CommandId id) = 0;
+  // A stamped finding.
+  virtual void Report(Finding f) = 0;
+  // The sizing probe has work queued.
+  virtual void WakeProbe() = 0;
+};
+
+// What the detectors look for in a command's reply (Pending::reply_check).
+enum ReplyCheck : uint8_t { kNoReplyCheck = 0, kStringRead = 1, kCollectionRead = 2 };
+
+class ConnectionDetectors {
+ public:
+  // `connection`: a per-worker id for the trackers (which connection read and wrote a key).
+  ConnectionDetectors(const Settings& settings, WorkerDetectors& worker, FindingSink& sink, uint64_t connection)
+      : settings_(settings), w_(worker), sink_(sink), connection_(connection) {}
+
+  // The scope of every key hash: the tenant's fingerprint (kFnvBasis without one).
+  void set_scope(uint64_t scope) { scope_ = scope; }
+  uint64_t SizeKey(std::string_view key) const { return Fingerprint(key, scope_); }
+
+  // One command before it is forwarded. `args` are the client's own names; `edit` holds what
+  // the earlier stages made of them (the server's names, for the sizing probe) and takes the
+  // detectors' rewrites. Returns what to look for in the reply; `*refusal` is set when a finding
+  // whose rule rejects fired (the command must not be forwarded).
+  uint8_t OnRequest(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit, bool watching,
+                    bool tenant, std::string* refusal);
+  // The reply (not an error) to a command OnRequest asked to see: `key` is its first key (the
+  // client's name), `scope` the scope of the connection when the reply arrived.
+  void OnReply(commands::CommandId id, uint8_t check, std::string_view key, char type, int64_t size,
+               std::string_view bulk, uint64_t scope);
+  // Writes without a TTL whose window for an EXPIRE passed (all of them when the connection ends).
+  void FlushPendingTtl(bool all);
+  bool has_pending_ttl() const { return !pending_ttl_.empty(); }
+
+ private:
+  void Emit(Finding f, std::string_view key, commands::CommandId id);
+  void DetectTtl(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit);
+  void RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements);
+  void FlushPendingTtlFront();
+
+  const Settings& settings_;
+  WorkerDetectors& w_;
+  FindingSink& sink_;
+  uint64_t connection_;
+  uint64_t scope_ = kFnvBasis;
+  std::string* refusal_ = nullptr;  // during OnRequest: where a rejecting finding's text goes
+  // Writes without a TTL to cache/session patterns, waiting for an EXPIRE on this connection.
+  struct PendingTtl {
+    std::string key;
+    int64_t deadline_ms;
+    uint32_t pattern;
+    commands::CommandId command;
+  };
+  static constexpr size_t kMaxPendingTtl = 64;
+  std::deque<PendingTtl> pending_ttl_;
+};
+
+}  // namespace keyguard::hygiene

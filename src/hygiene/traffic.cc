@@ -1,0 +1,426 @@
+#include "keyguard/hygiene/traffic.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "keyguard/resp/framer.h"
+
+namespace keyguard::hygiene {
+namespace {
+
+using commands::EqualsIgnoreCase;
+
+std::string CommandNameOf(commands::CommandId id) {
+  const std::string_view n = commands::CommandName(id);
+  return std::string(n.data(), n.size());
+}
+
+// How a TTL argument counts: relative seconds or milliseconds, or an absolute Unix time.
+enum TtlUnit : uint8_t { kNoTtl, kSeconds, kMillis, kUnixSeconds, kUnixMillis };
+
+struct HygieneInfo {
+  int8_t value_pos = 0;      // position of the value of a string write (0: none)
+  bool pairs = false;        // MSET-style key value pairs from position 1
+  bool rmw_write = false;    // a write that replaces a serialized value
+  uint8_t reply = kNoReplyCheck;
+  bool keys = false;
+  bool flush = false;
+  bool field_value_pairs = false;  // a RESP2 reply alternates fields and values (HGETALL)
+  const char* suggestion = "";
+  bool del = false;          // DEL: frees its keys in one blocking step
+  bool unlink = false;       // UNLINK: the keys are gone
+  int8_t ttl_pos = 0;        // EXPIRE family, SETEX, PSETEX: the TTL argument
+  uint8_t ttl_unit = kNoTtl;
+  int8_t options_from = 0;   // SET, GETEX: EX/PX/EXAT/PXAT/KEEPTTL among the arguments from here
+  bool needs_ttl = false;    // creates a string value: cache and session patterns want a TTL
+  bool probe = false;        // the reply does not show the key's size
+  const char* type = "";     // the type a collection read shows
+};
+
+const std::vector<HygieneInfo>& HygieneTable() {
+  static const std::vector<HygieneInfo> table = [] {
+    std::vector<HygieneInfo> t(commands::CommandCount());
+    auto at = [&](const char* name) -> HygieneInfo& { return t[commands::LookupCommand(name)]; };
+    for (const char* n : {"set", "setnx", "getset"}) at(n) = HygieneInfo{2, false, true};
+    for (const char* n : {"setex", "psetex"}) at(n) = HygieneInfo{3, false, true};
+    at("append") = HygieneInfo{2, false, false};
+    at("setrange") = HygieneInfo{3, false, false};
+    for (const char* n : {"mset", "msetnx"}) at(n) = HygieneInfo{0, true, true};
+    for (const char* n : {"set", "setnx", "getset", "mset", "msetnx"}) at(n).needs_ttl = true;
+    at("set").options_from = 3;
+    at("getex").options_from = 2;
+    at("setex").ttl_pos = 2;
+    at("setex").ttl_unit = kSeconds;
+    at("psetex").ttl_pos = 2;
+    at("psetex").ttl_unit = kMillis;
+    at("expire").ttl_pos = at("pexpire").ttl_pos = at("expireat").ttl_pos = at("pexpireat").ttl_pos = 2;
+    at("expire").ttl_unit = kSeconds;
+    at("pexpire").ttl_unit = kMillis;
+    at("expireat").ttl_unit = kUnixSeconds;
+    at("pexpireat").ttl_unit = kUnixMillis;
+    for (const char* n : {"get", "getex", "getdel"}) at(n).reply = kStringRead;
+    for (const char* n : {"hgetall", "hkeys", "hvals"}) {
+      at(n).reply = kCollectionRead;
+      at(n).type = "hash";
+      at(n).suggestion = "read it in pages with HSCAN, or only the fields you need with HMGET";
+    }
+    at("hgetall").field_value_pairs = true;
+    for (const char* n : {"smembers", "sinter", "sunion", "sdiff"}) {
+      at(n).reply = kCollectionRead;
+      at(n).type = "set";
+      at(n).suggestion = "read it in pages with SSCAN";
+    }
+    at("lrange").reply = kCollectionRead;
+    at("lrange").type = "list";
+    at("lrange").suggestion = "read it in windows: LRANGE key start start+N";
+    for (const char* n : {"zrange", "zrevrange", "zrangebyscore", "zrevrangebyscore", "zrangebylex", "zrevrangebylex"}) {
+      at(n).reply = kCollectionRead;
+      at(n).type = "zset";
+      at(n).suggestion = "read it in pages with ZSCAN or ZRANGE windows with LIMIT";
+    }
+    for (const char* n : {"xrange", "xrevrange"}) {
+      at(n).reply = kCollectionRead;
+      at(n).type = "stream";
+      at(n).suggestion = "read it in pages with XRANGE ... COUNT N";
+    }
+    at("keys").keys = true;
+    at("flushall").flush = true;
+    at("flushdb").flush = true;
+    at("del").del = true;
+    at("unlink").unlink = true;
+    // Replies that do not show how big the key is.
+    for (const char* n : {"hget", "hmget", "hexists", "hincrby", "hincrbyfloat", "hstrlen", "sismember", "smismember",
+                          "zscore", "zmscore", "zrank", "zrevrank", "zincrby", "lindex", "lset", "expire", "pexpire",
+                          "expireat", "pexpireat", "persist", "getrange", "setrange"}) {
+      at(n).probe = true;
+    }
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+void ConnectionDetectors::Emit(Finding f, std::string_view key, commands::CommandId id) {
+  Finding full{f.kind};
+  sink_.Stamp(&full, key, id);
+  full.format = std::move(f.format);
+  full.suggestion = std::move(f.suggestion);
+  full.bytes = f.bytes;
+  full.elements = f.elements;
+  full.fields_changed = f.fields_changed;
+  full.fields_total = f.fields_total;
+  full.keys = f.keys;
+  full.ttl_s = f.ttl_s;
+  // Callers mark the findings they rewrote; a rewrite rule whose command could not be rewritten
+  // (MSET cannot carry a TTL) warns.
+  if (full.action == Action::kRewrite && f.action != Action::kRewrite) {
+    full.action = Action::kWarn;
+  }
+  if (full.action == Action::kReject && CanReject(full.kind) && refusal_ != nullptr && refusal_->empty()) {
+    *refusal_ = absl::StrCat("ERR keyguard: ", KindName(full.kind), ": ", full.suggestion);
+  }
+  sink_.Report(std::move(full));
+}
+
+void ConnectionDetectors::RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements) {
+  KeySize s;
+  s.type.assign(type.data(), type.size());
+  s.bytes = bytes;
+  s.elements = elements;
+  s.at_ms = UnixMs();
+  w_.sizes.Put(SizeKey(key), std::move(s));
+}
+
+void ConnectionDetectors::FlushPendingTtl(bool all) {
+  const int64_t now_ms = UnixMs();
+  while (!pending_ttl_.empty() && (all || pending_ttl_.front().deadline_ms <= now_ms)) {
+    PendingTtl t = std::move(pending_ttl_.front());
+    pending_ttl_.pop_front();
+    const TtlPattern& pattern = settings_.ttl_patterns[t.pattern];
+    Finding f{Kind::kMissingTtl};
+    f.suggestion = absl::StrCat(pattern.session ? "session" : "cache", " key (", pattern.glob,
+                                ") written without a TTL: give it one (SET ... EX seconds), or it stays until evicted");
+    Emit(std::move(f), t.key, t.command);
+  }
+}
+
+uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit,
+                                       bool watching, bool tenant, std::string* refusal) {
+  refusal_ = refusal;
+  if (!pending_ttl_.empty()) FlushPendingTtl(false);
+  const auto& table = HygieneTable();
+  if (id >= table.size()) return kNoReplyCheck;
+  const HygieneInfo& info = table[id];
+  const Settings& settings = settings_;
+  SizeCache& sizes = w_.sizes;
+  auto write = [&](std::string_view key, std::string_view value) {
+    const bool big = value.size() >= settings.big_string_bytes;
+    if (big) {
+      Finding f{Kind::kBigStringWrite};
+      f.bytes = static_cast<int64_t>(value.size());
+      f.suggestion = value.size() >= settings.huge_string_bytes
+                         ? "huge value: split it (a Hash or several keys) or keep it outside Redis"
+                         : "big value: store the parts you update separately (a Hash), or compress it";
+      Emit(std::move(f), key, id);
+      RememberSize(key, "string", static_cast<int64_t>(value.size()), -1);
+    } else if (!sizes.empty()) {
+      sizes.Erase(SizeKey(key));
+    }
+    if (!info.rmw_write) return;
+    if (value.size() < 256 && DetectFormat(value) == Format::kNone) {
+      std::string parent;
+      std::vector<std::string> names;
+      if (w_.attributes.OnWrite(key, -1, &parent, &names, scope_)) {
+        Finding f{Kind::kHashCandidate};
+        f.elements = static_cast<int64_t>(names.size());
+        f.suggestion = absl::StrCat("one attribute per key: keep them in one Hash, HSET ", parent);
+        for (const std::string& n : names) absl::StrAppend(&f.suggestion, " ", n, " ...");
+        Emit(std::move(f), parent, id);
+      }
+    }
+    if (w_.rmw.idle()) return;
+    std::vector<RmwTracker::Result> results;
+    w_.rmw.OnWrite(key, connection_, value, watching, UnixMs(), &results, scope_);
+    for (const auto& r : results) {
+      Finding f{r.kind};
+      f.format = FormatName(r.format);
+      f.fields_changed = r.fields_changed;
+      f.fields_total = r.fields_total;
+      if (r.kind == Kind::kSerializedRmw) {
+        f.suggestion = r.fields_total >= 0
+                           ? absl::StrCat("changed ", r.fields_changed, " of ", r.fields_total,
+                                          " fields: store it as a Hash and update fields with HSET / HINCRBY, or use "
+                                          "JSON.SET on a path for nested data")
+                           : "store it as a Hash and update fields with HSET / HINCRBY, or use JSON.SET on a path";
+      } else {
+        f.suggestion = "another connection wrote this key between this connection's read and write: use WATCH/MULTI, "
+                       "a Lua script, or field updates on a Hash";
+      }
+      Emit(std::move(f), key, id);
+    }
+  };
+  if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
+    write(args[1], args[info.value_pos]);
+  } else if (info.pairs) {
+    for (size_t i = 1; i + 1 < args.size(); i += 2) write(args[i], args[i + 1]);
+  } else if (info.keys && args.size() > 1) {
+    Finding f{Kind::kKeysCommand};
+    f.suggestion = "KEYS blocks the server while it walks every key: use SCAN with MATCH and COUNT";
+    Emit(std::move(f), args[1], id);
+  } else if (info.flush) {
+    bool async = false;
+    for (size_t i = 1; i < args.size(); ++i) async |= EqualsIgnoreCase(args[i], "async");
+    if (!async) {
+      Finding f{Kind::kFlushWithoutAsync};
+      f.suggestion = absl::StrCat(absl::AsciiStrToUpper(CommandNameOf(id)), " ASYNC frees memory in the background");
+      // Under tenancy the flush is an emulation over the tenant's keys, not this command.
+      if (settings.action(f.kind) == Action::kRewrite && !tenant && args.size() == 1) {
+        edit.Edit().push_back("ASYNC");
+        f.action = Action::kRewrite;
+      }
+      Emit(std::move(f), "", id);
+    }
+  } else if (info.del) {
+    if (!sizes.empty()) {
+      const int64_t now_ms = UnixMs();
+      bool rewritten = false;
+      for (size_t i = 1; i < args.size(); ++i) {
+        const uint64_t h = SizeKey(args[i]);
+        const KeySize* s = sizes.Get(h, now_ms);
+        if (s != nullptr && sizes.IsBig(*s)) {
+          Finding f{Kind::kDelBigKey};
+          f.bytes = s->bytes >= 0 ? s->bytes : s->memory;
+          f.elements = s->elements;
+          f.suggestion = "DEL frees a big key in one blocking step: use UNLINK, which frees it in the background";
+          if (settings.action(f.kind) == Action::kRewrite && !rewritten) {
+            edit.Edit()[0] = "UNLINK";
+            rewritten = true;
+          }
+          if (rewritten) f.action = Action::kRewrite;
+          Emit(std::move(f), args[i], id);
+        }
+        sizes.Erase(h);
+      }
+    }
+  } else if (info.unlink) {
+    if (!sizes.empty()) {
+      for (size_t i = 1; i < args.size(); ++i) sizes.Erase(SizeKey(args[i]));
+    }
+  }
+  if (info.ttl_pos > 0 || info.options_from > 0 || info.needs_ttl) DetectTtl(id, args, edit);
+  if (args.size() > 1) {
+    if (info.reply == kCollectionRead && settings.action(Kind::kWholeCollectionRead) == Action::kReject &&
+        !sizes.empty()) {
+      // A read known in advance to return a big collection can be refused before it runs.
+      const KeySize* s = sizes.Get(SizeKey(args[1]), UnixMs());
+      if (s != nullptr && s->elements >= settings.big_collection_elements) {
+        Finding f{Kind::kWholeCollectionRead};
+        f.elements = s->elements;
+        f.suggestion = info.suggestion;
+        Emit(std::move(f), args[1], id);
+      }
+    }
+    if (info.probe && settings.probe && w_.probe_queue.size() < ProbeQueue::kCapacity) {
+      const uint64_t h = SizeKey(args[1]);
+      if (sizes.Get(h, UnixMs()) == nullptr) {
+        ProbeRequest r;
+        r.hash = h;
+        // The name the server stores: after the key policy's rewrite and the tenant prefix.
+        r.upstream_key = std::string(edit.input()[1]);
+        r.finding.kind = Kind::kBigKeyAccess;
+        sink_.Stamp(&r.finding, args[1], id);
+        if (w_.probe_queue.Push(std::move(r))) sink_.WakeProbe();
+      }
+    }
+  }
+  refusal_ = nullptr;
+  return args.size() > 1 ? info.reply : kNoReplyCheck;
+}
+
+void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit) {
+  const HygieneInfo& info = HygieneTable()[id];
+  const Settings& settings = settings_;
+  if (args.size() < 2) return;
+  // Where the TTL is and how it counts.
+  int ttl_arg = -1;
+  uint8_t unit = kNoTtl;
+  bool keepttl = false;
+  if (info.ttl_pos > 0 && args.size() > static_cast<size_t>(info.ttl_pos)) {
+    ttl_arg = info.ttl_pos;
+    unit = info.ttl_unit;
+  } else if (info.options_from > 0) {
+    for (size_t i = static_cast<size_t>(info.options_from); i < args.size(); ++i) {
+      const std::string_view o = args[i];
+      const uint8_t u = EqualsIgnoreCase(o, "ex")     ? kSeconds
+                        : EqualsIgnoreCase(o, "px")   ? kMillis
+                        : EqualsIgnoreCase(o, "exat") ? kUnixSeconds
+                        : EqualsIgnoreCase(o, "pxat") ? kUnixMillis
+                                                      : kNoTtl;
+      if (u != kNoTtl && i + 1 < args.size()) {
+        ttl_arg = static_cast<int>(i + 1);
+        unit = u;
+        ++i;
+      } else if (EqualsIgnoreCase(o, "keepttl") || EqualsIgnoreCase(o, "persist")) {
+        keepttl = true;
+      }
+    }
+  }
+  int64_t value = 0;
+  if (ttl_arg > 0 && resp::ParseRedisInt(args[ttl_arg], &value) && value > 0) {
+    const int64_t now_ms = UnixMs();
+    const int64_t at_s = unit == kSeconds       ? now_ms / 1000 + value
+                         : unit == kMillis      ? (now_ms + value) / 1000
+                         : unit == kUnixSeconds ? value
+                                                : value / 1000;
+    const int64_t ttl_s = at_s - now_ms / 1000;
+    // A TTL given right after a write without one (on this connection) is what missing_ttl waits for.
+    if (!pending_ttl_.empty()) {
+      std::erase_if(pending_ttl_, [&](const PendingTtl& t) { return t.key == args[1]; });
+    }
+    if (const int64_t n = w_.expiries.Add(at_s, scope_); n > 0) {
+      Finding f{Kind::kExpiryClustering};
+      f.keys = n;
+      f.ttl_s = ttl_s;
+      f.suggestion = absl::StrCat(n, " keys expire in the same second: add random jitter to their TTLs so the server "
+                                     "does not expire them all at once");
+      Emit(std::move(f), args[1], id);
+    }
+    if (settings.action(Kind::kExpiryClustering) == Action::kRewrite &&
+        (unit == kSeconds || unit == kMillis)) {
+      // Spread relative TTLs: never shorter than asked, up to jitter_percent longer.
+      const int64_t extra = value * settings.jitter_percent / 100;
+      if (extra > 0) {
+        const int64_t jittered = value + static_cast<int64_t>(w_.random() % static_cast<uint64_t>(extra + 1));
+        edit.Edit()[ttl_arg] = edit.Own(absl::StrCat(jittered));
+      }
+    }
+    // EXPIRE (or SET ... EX) on a big key: when it expires, the server frees it in one step.
+    const KeySize* s = w_.sizes.empty() ? nullptr : w_.sizes.Get(SizeKey(args[1]), now_ms);
+    const int64_t bytes = info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)
+                              ? static_cast<int64_t>(args[info.value_pos].size())
+                              : -1;
+    if ((s != nullptr && w_.sizes.IsBig(*s)) || (bytes >= 0 && static_cast<size_t>(bytes) >= settings.big_string_bytes)) {
+      Finding f{Kind::kExpireBigKey};
+      f.bytes = bytes >= 0 ? bytes : (s->bytes >= 0 ? s->bytes : s->memory);
+      if (s != nullptr && bytes < 0) f.elements = s->elements;
+      f.ttl_s = ttl_s;
+      f.suggestion = "a big key with a TTL is freed in one blocking step when it expires: delete it with UNLINK instead, "
+                     "or enable lazyfree-lazy-expire";
+      Emit(std::move(f), args[1], id);
+    }
+    return;
+  }
+  if (!info.needs_ttl || keepttl || settings.ttl_patterns.empty()) return;
+  // A string written without a TTL: cache and session patterns must have one.
+  auto check = [&](std::string_view key, bool can_rewrite) {
+    for (size_t i = 0; i < settings.ttl_patterns.size(); ++i) {
+      const TtlPattern& pattern = settings.ttl_patterns[i];
+      if (!GlobMatch(pattern.glob, key)) continue;
+      const Action action = settings.action(Kind::kMissingTtl);
+      if (action == Action::kRewrite && can_rewrite) {
+        auto& out = edit.Edit();
+        out.push_back("EX");
+        out.push_back(edit.Own(absl::StrCat(pattern.default_ttl_s)));
+        Finding f{Kind::kMissingTtl};
+        f.action = Action::kRewrite;
+        f.ttl_s = pattern.default_ttl_s;
+        f.suggestion = absl::StrCat(pattern.session ? "session" : "cache", " key (", pattern.glob,
+                                    ") written without a TTL: keyguard added EX ", pattern.default_ttl_s);
+        Emit(std::move(f), key, id);
+      } else if (action == Action::kReject) {
+        Finding f{Kind::kMissingTtl};
+        f.suggestion = absl::StrCat(pattern.session ? "session" : "cache", " key (", pattern.glob,
+                                    ") needs a TTL: SET key value EX seconds");
+        Emit(std::move(f), key, id);
+      } else {
+        // Wait a moment: a following EXPIRE on this connection gives the key its TTL.
+        if (pending_ttl_.size() >= kMaxPendingTtl) FlushPendingTtlFront();
+        pending_ttl_.push_back(PendingTtl{std::string(key), UnixMs() + settings.missing_ttl_window_ms,
+                                          static_cast<uint32_t>(i), id});
+      }
+      return;
+    }
+  };
+  if (info.pairs) {
+    for (size_t i = 1; i + 1 < args.size(); i += 2) check(args[i], false);
+  } else {
+    check(args[1], EqualsIgnoreCase(args[0], "set"));
+  }
+}
+
+void ConnectionDetectors::FlushPendingTtlFront() {
+  pending_ttl_.front().deadline_ms = 0;  // the oldest goes now: the list is bounded
+  FlushPendingTtl(false);
+}
+
+void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::string_view key, char type, int64_t size,
+                                  std::string_view bulk, uint64_t scope) {
+  const Settings& settings = settings_;
+  if (check == kStringRead && type == '$') {
+    if (bulk.size() >= settings.big_string_bytes) {
+      Finding f{Kind::kBigStringRead};
+      f.bytes = static_cast<int64_t>(bulk.size());
+      f.suggestion = "big value read whole: read the part you need (GETRANGE, or a Hash with HGET)";
+      Emit(std::move(f), key, id);
+      RememberSize(key, "string", static_cast<int64_t>(bulk.size()), -1);
+    }
+    if (!w_.rmw.idle() || DetectFormat(bulk) != Format::kNone) {
+      w_.rmw.OnRead(key, connection_, bulk, UnixMs(), scope);
+    }
+  } else if (check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
+    const HygieneInfo& info = HygieneTable()[id];
+    const bool pairs = type == '*' && info.field_value_pairs;
+    const int64_t members = pairs ? size / 2 : size;
+    if (members >= settings.big_collection_elements) {
+      Finding f{Kind::kWholeCollectionRead};
+      f.elements = members;
+      f.suggestion = info.suggestion;
+      Emit(std::move(f), key, id);
+      RememberSize(key, info.type, -1, members);
+    }
+  }
+}
+
+}  // namespace keyguard::hygiene
