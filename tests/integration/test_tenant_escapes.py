@@ -317,3 +317,13 @@ def test_names_holding_a_nul_are_refused(kg, direct, command):
     assert out == (b"-ERR keyguard: a command or subcommand name holding a NUL byte is not allowed for tenants\r\n"
                    b"$0\r\n\r\n$1\r\nx\r\n"), out
     assert direct.keys("*") == []
+
+
+@pytest.mark.parametrize("command", ["SORT", "SORT_RO"])
+def test_bare_sort_gets_the_servers_arity_error(kg, direct, command):
+    # Found by test_tenant_fuzz (seed 2): the key finder named argument 1 of a bare SORT_RO, and
+    # the tenant stage wrote the prefixed key past the end of the argument list (heap corruption:
+    # keyguard crashed with "malloc(): corrupted top size" or hung).
+    c = raw(kg, "alice")
+    out = c.exchange(pipeline((command,), ("PING", "x")), replies=2)
+    assert out == b"-ERR wrong number of arguments for '%s' command\r\n$1\r\nx\r\n" % command.lower().encode(), out
