@@ -125,6 +125,7 @@ bool KeysFromSpecs(const CommandSpec& cmd, std::span<const std::string_view> arg
 
 // The sort key, and for SORT the destination it really writes. BY and GET take patterns, not keys.
 void SortKeys(bool read_only, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
+  if (args.size() < 2) return;  // a bare SORT has no key (the server answers with an arity error)
   out->push_back(KeyRef{1, kKeyRo | kKeyAccess});
   const SortOptions o = ParseSort(read_only, args);
   if (o.store > 0) out->push_back(KeyRef{static_cast<uint32_t>(o.store), kKeyOw | kKeyUpdate});

@@ -1,5 +1,6 @@
 #include "proxy/session.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/ascii.h"
@@ -346,6 +347,16 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     }
     if (tenant_ != nullptr && state_.in_multi() && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply")) {
       Refuse(id, "tenant", "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped, silent);
+      return;
+    }
+    // A RESP2 server refuses CLIENT REPLY while the connection is subscribed, but keyguard
+    // follows OFF/SKIP when it forwards them: its replies would fall out of step with the
+    // server's, and a reply (INFO's keyspace) would pass with another command's filter. Whether
+    // the subscription holds when the server gets there is not known here, so fail closed.
+    if (tenant_ != nullptr && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply") &&
+        MayBeSubscribed()) {
+      Refuse(id, "tenant", "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants", skipped,
+             silent);
       return;
     }
   }
@@ -837,6 +848,11 @@ void Session::DeliverPush(std::string_view frame) {
     case tenant::ReplyAction::kDrop:
       break;
   }
+}
+
+bool Session::MayBeSubscribed() const {
+  return state_.subscribed() ||
+         std::any_of(queue_.begin(), queue_.end(), [](const Pending& p) { return p.kind == Kind::kSubscribe; });
 }
 
 bool Session::ProcessUpstreamBytes(size_t* hint) {

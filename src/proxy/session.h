@@ -91,6 +91,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void DeliverLocalsAtHead();
   // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
   void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
+  // Whether the connection has, or may have by the time the server reads the next command, a
+  // subscription: a tracked channel or a (un)subscribe still waiting for its confirmations.
+  bool MayBeSubscribed() const;
   void FailUpstream(metrics::UpstreamError reason);
   // Closes the upstream connection (and counts it gone, if it was up).
   void CloseUpstream();

@@ -198,6 +198,15 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     r.message = std::move(message);
     return r;
   };
+  // The server finds a name holding a NUL only when its hash shares a bucket with the name the
+  // NUL cuts it to (the lookup hashes every byte, compares with strcasecmp): by its random hash
+  // seed, "CLIENT REPLY\0x SKIP" runs as CLIENT REPLY SKIP on one server and is refused on the
+  // next. keyguard cannot know which, so connection state it follows could differ: refused.
+  if (args[0].find('\0') != std::string_view::npos ||
+      (args.size() > 1 && id != commands::kUnknownCommand && commands::Spec(id).sub_count > 0 &&
+       args[1].find('\0') != std::string_view::npos)) {
+    return refuse("ERR keyguard: a command or subcommand name holding a NUL byte is not allowed for tenants");
+  }
   if (id == commands::kUnknownCommand) {
     // A command keyguard cannot see the keys of (a module the upstream did not describe).
     return refuse(absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "' is not allowed for tenants"));
