@@ -25,6 +25,7 @@ struct Pending {
     kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
     kInternal,   // keyguard's own command (upstream AUTH, CLIENT ID): the reply is not the client's
     kReplicationStream,  // SYNC/PSYNC: from its reply on, upstream bytes are a stream passed as they are
+    kWalk,       // a tenant's FLUSH*/DBSIZE/RANDOMKEY: replies are walk steps; the session answers
   };
   Kind kind = Kind::kForward;
   commands::CommandId command = commands::kUnknownCommand;

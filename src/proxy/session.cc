@@ -175,13 +175,19 @@ awaitable<void> Session::ClientPump() {
   while (!closed_ && !stop_reading_) {
     // Backpressure: a slow upstream or a client that does not read its replies stops our reads.
     while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
-    while (!closed_ && queue_.size() >= max_pending) {
+    while (!closed_ && (queue_.size() >= max_pending || holding_)) {
       queue_waiter_ = true;
       queue_event_.expires_at(asio::steady_timer::time_point::max());
       error_code ignored;
       co_await queue_event_.async_wait(AwaitEc(ignored));
     }
     if (closed_) break;
+    if (resume_) {
+      // A walk ended: the commands read while it ran are next.
+      resume_ = false;
+      ProcessClientBytes(&hint);
+      continue;
+    }
     client_buf_.Prepare(hint);
     error_code ec;
     const size_t n = co_await client_.async_read_some(client_buf_.free_space(), AwaitEc(ec));
@@ -215,7 +221,7 @@ void Session::ProcessClientBytes(size_t* hint) {
   const size_t len = client_buf_.size();
   size_t pos = 0;
   const int64_t now = NowNs();
-  while (!stop_reading_) {
+  while (!stop_reading_ && !holding_) {
     const resp::Status st = request_framer_.Next(base + pos, len - pos);
     if (st == resp::Status::kNeedMore) {
       *hint = request_framer_.hint();
@@ -382,6 +388,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const bool check_policy = !worker_.live->key_policy->empty();
   std::span<const std::string_view> out = args;
   bool modified = false;
+  tenant::Walk walk = tenant::Walk::kNone;
   if (check_policy || tenant_ != nullptr) {
     const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
     key_refs_.clear();
@@ -412,6 +419,17 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
         modified = true;
       }
       rewrite = static_cast<uint8_t>(r.reply);
+      walk = r.walk;
+      if (walk != tenant::Walk::kNone && (state_.in_multi() || silent)) {
+        // A walk takes several round trips: it cannot be queued in a transaction, and under
+        // CLIENT REPLY OFF/SKIP the server would not answer its steps.
+        Refuse(id, "tenant",
+               absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
+                            " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants (keyguard walks "
+                            "the tenant's keys in steps)"),
+               skipped, silent);
+        return;
+      }
     }
   }
   uint8_t reply_check = 0;
@@ -431,6 +449,12 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
       out = edit_.args();
       modified = true;
     }
+  }
+  if (walk != tenant::Walk::kNone) {
+    if (!policy_owned_.empty()) policy_owned_.clear();
+    edit_.Release();
+    StartWalk(walk, id, now);
+    return;
   }
   splice_.clear();
   if (modified && !Splice(raw, raw_len, args, out, &bytes)) {
@@ -797,6 +821,101 @@ void Session::Reply(std::string text, commands::CommandId id, bool close_after) 
   client_out_.Send(text);
 }
 
+void Session::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) {
+  walk_ = WalkState{walk, id, 0, 0, "0", {}};
+  Pending p;
+  p.kind = Kind::kWalk;
+  p.command = id;
+  p.start_ns = now;
+  p.expect = Pending::Expect::kNotQueued;
+  queue_.Push(std::move(p));
+  holding_ = true;
+  walk_.request = tenant::WalkStep(*tenant_, walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
+  ForwardRaw(walk_.request.data(), walk_.request.size());  // sent with this batch
+}
+
+void Session::SendWalkStep() {
+  // The tenant's steps on this worker share a budget: a walk over many keys takes its time
+  // rather than the server's.
+  const uint32_t rate = worker_.config.tenancy->walk_steps_per_second;
+  if (rate != 0) {
+    Worker::WalkBudget& b = worker_.walk_budget[tenant_];
+    const int64_t now = NowNs();
+    if (b.at_ns == 0) b.tokens = rate;
+    b.tokens = std::min<double>(rate, b.tokens + static_cast<double>(now - b.at_ns) * rate / 1e9);
+    b.at_ns = now;
+    if (b.tokens < 1) {
+      const auto wait = std::chrono::nanoseconds(static_cast<int64_t>((1 - b.tokens) * 1e9 / rate) + 1);
+      if (walk_timer_ == nullptr) walk_timer_ = std::make_unique<asio::steady_timer>(worker_.io);
+      walk_timer_->expires_after(wait);
+      std::weak_ptr<Session> weak = shared_from_this();
+      walk_timer_->async_wait([weak](error_code e) {
+        if (auto s = weak.lock(); s && !e && !s->closed_ && s->upstream_ready_ && !s->queue_.empty() &&
+                                   s->queue_.front().kind == Kind::kWalk) {
+          s->SendWalkStep();
+        }
+      });
+      return;
+    }
+    b.tokens -= 1;
+  }
+  walk_.request = tenant::WalkStep(*tenant_, walk_.walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
+  upstream_out_.Send(walk_.request);
+}
+
+void Session::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now) {
+  if (type == '-' || type == '!') {
+    // The server refused a step (OOM, a script timeout, ...): the command fails with its error.
+    std::string text;
+    resp::AppendError(&text, head.empty() ? std::string_view("ERR keyguard: walk step failed") : head[0].text);
+    FinishWalk(std::move(text), true, now);
+    return;
+  }
+  int64_t seen = 0;
+  if (type != '*' || head.size() < 3 || !resp::ParseRedisInt(head[1].text, &seen) || seen < 0) {
+    FinishWalk("-ERR keyguard: unexpected reply to a key walk step\r\n", true, now);
+    return;
+  }
+  walk_.total += static_cast<uint64_t>(seen);
+  ++walk_.step;
+  walk_.cursor.assign(head[0].text.data(), head[0].text.size());
+  const std::string_view found = head[2].text;
+  const std::string_view prefix = reply_tenant_ != nullptr ? std::string_view(reply_tenant_->prefix) : std::string_view();
+  if (walk_.walk == tenant::Walk::kRandomkey && !found.empty()) {
+    std::string text;
+    resp::AppendBulk(&text, found.starts_with(prefix) ? found.substr(prefix.size()) : found);
+    FinishWalk(std::move(text), false, now);
+    return;
+  }
+  if (walk_.cursor != "0") {
+    SendWalkStep();
+    return;
+  }
+  switch (walk_.walk) {
+    case tenant::Walk::kDbsize:
+      FinishWalk(absl::StrCat(":", walk_.total, "\r\n"), false, now);
+      break;
+    case tenant::Walk::kRandomkey:
+      FinishWalk(state_.protocol() == 3 ? "_\r\n" : "$-1\r\n", false, now);
+      break;
+    default:
+      FinishWalk("+OK\r\n", false, now);
+      break;
+  }
+}
+
+void Session::FinishWalk(std::string reply, bool error, int64_t now) {
+  const Pending& p = queue_.front();
+  AppendOut(held_.emplace_back(std::move(reply)));
+  worker_.shard->CountCommand(p.command, error ? metrics::Outcome::kError : metrics::Outcome::kOk);
+  worker_.shard->ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));
+  queue_.Pop();
+  walk_ = WalkState{};
+  holding_ = false;
+  resume_ = true;  // ClientPump processes what was read meanwhile (NotifyQueue wakes it)
+  DeliverLocalsAtHead();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Upstream -> client
 
@@ -961,6 +1080,10 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       desynced_ = true;
       ok = false;
       break;
+    }
+    if (front->kind == Kind::kWalk) {
+      ContinueWalk(type, head, now);
+      continue;
     }
     if (front->hidden) {
       // The client asked not to see it.

@@ -86,6 +86,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void HotKeysReply(const Pending& p, char type, int64_t size, std::string_view bulk, size_t frame_len);
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
+  // Tenancy: FLUSH*/DBSIZE/RANDOMKEY as a walk over the tenant's keys in steps. While it runs no
+  // later command is processed (they wait in the client buffer), so its answer keeps its place.
+  void StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now);
+  // A step's reply (the kWalk entry at the head): the next step, or the answer.
+  void ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now);
+  void SendWalkStep();
+  void FinishWalk(std::string reply, bool error, int64_t now);
+
   // Upstream side.
   bool ProcessUpstreamBytes(size_t* hint);
   void DeliverLocalsAtHead();
@@ -155,6 +163,20 @@ class Session : public std::enable_shared_from_this<Session> {
   // The server's CLIENT ID of the upstream connection, once known (0 before, and after it closed);
   // registered in worker_.connections with tenant_.
   int64_t upstream_client_id_ = 0;
+
+  // The walk in progress (holding_: later commands wait until it ends; resume_: process them).
+  struct WalkState {
+    tenant::Walk walk = tenant::Walk::kNone;
+    commands::CommandId command = commands::kUnknownCommand;
+    uint64_t step = 0;
+    uint64_t total = 0;
+    std::string cursor;
+    std::string request;  // the step on its way upstream
+  };
+  WalkState walk_;
+  std::unique_ptr<asio::steady_timer> walk_timer_;  // a step waiting for the tenant's rate
+  bool holding_ = false;
+  bool resume_ = false;
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;

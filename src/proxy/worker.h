@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <random>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -71,6 +72,13 @@ struct Worker {
   tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
   std::string upstream_auth;  // the encoded AUTH for each upstream connection, or empty
+  // Tenancy: each tenant's budget of key-walk steps on this worker (a token bucket of
+  // walk_steps_per_second, up to one second's worth).
+  struct WalkBudget {
+    double tokens = 0;
+    int64_t at_ns = 0;
+  };
+  std::unordered_map<const tenant::Tenant*, WalkBudget> walk_budget;
 };
 
 // Counts a finding (keyguard_findings_total, keyguard_bigkey_access_total) and hands it to the

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/resp/encoder.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
 
@@ -44,21 +45,32 @@ enum Special : uint8_t {
   kMemory,     // MEMORY STATS counts every tenant's keys, like INFO's # Keyspace
 };
 
-// Server-side emulations, run as one EVAL so they take one reply in the pipeline like the command
-// they stand for. ARGV[1] is the tenant's escaped prefix followed by '*', ARGV[2] the raw prefix.
-constexpr std::string_view kFlushScript =
+// SHA1s of the whole-walk emulation scripts of earlier releases: a tenant's SCRIPT EXISTS still
+// answers 0 for them (another tenant may have run them through an older keyguard).
+constexpr std::string_view kOldFlushScript =
     "local c='0' repeat local r=redis.call('SCAN',c,'MATCH',ARGV[1],'COUNT',1000) c=r[1] "
     "for _,k in ipairs(r[2]) do redis.call('UNLINK',k) end until c=='0' return redis.status_reply('OK')";
-constexpr std::string_view kDbsizeScript =
+constexpr std::string_view kOldDbsizeScript =
     "local c='0' local n=0 repeat local r=redis.call('SCAN',c,'MATCH',ARGV[1],'COUNT',1000) c=r[1] n=n+#r[2] "
     "until c=='0' return n";
-// RANDOMKEY first (cheap when the tenant holds a fair share of the keys), then a SCAN for a
-// tenant with few keys among many.
-constexpr std::string_view kRandomkeyScript =
+constexpr std::string_view kOldRandomkeyScript =
     "for i=1,32 do local k=redis.call('RANDOMKEY') if not k then return false end "
     "if string.sub(k,1,#ARGV[2])==ARGV[2] then return k end end "
     "local c='0' repeat local r=redis.call('SCAN',c,'MATCH',ARGV[1],'COUNT',100) c=r[1] "
     "if #r[2]>0 then return r[2][math.random(#r[2])] end until c=='0' return false";
+
+// One step of a walk over the tenant's keys (WalkStep). ARGV: the walk (flush, dbsize or
+// randomkey), the tenant's escaped prefix followed by '*', the raw prefix, the SCAN cursor, the
+// COUNT, and the step number. RANDOMKEY's first step tries the server's RANDOMKEY (cheap when the
+// tenant holds a fair share of the keys) before it scans.
+constexpr std::string_view kWalkScript =
+    "local w,c=ARGV[1],ARGV[4] "
+    "if w=='randomkey' and ARGV[6]=='0' then for i=1,32 do local k=redis.call('RANDOMKEY') "
+    "if not k then return {'0',0,''} end if string.sub(k,1,#ARGV[3])==ARGV[3] then return {'0',0,k} end end end "
+    "local r=redis.call('SCAN',c,'MATCH',ARGV[2],'COUNT',ARGV[5]) local ks=r[2] "
+    "if w=='flush' then for _,k in ipairs(ks) do redis.call('UNLINK',k) end "
+    "elseif w=='randomkey' and #ks>0 then return {'0',#ks,ks[math.random(#ks)]} end "
+    "return {r[1],#ks,''}";
 
 std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(std::string(s)); }
 
@@ -75,7 +87,7 @@ std::string NotAllowed(std::string_view what) {
 RequestRewriter::RequestRewriter(const Tenancy& tenancy, const Connections* connections)
     : tenancy_(tenancy),
       connections_(connections),
-      own_scripts_{Sha1Hex(kFlushScript), Sha1Hex(kDbsizeScript), Sha1Hex(kRandomkeyScript)},
+      own_scripts_{Sha1Hex(kWalkScript), Sha1Hex(kOldFlushScript), Sha1Hex(kOldDbsizeScript), Sha1Hex(kOldRandomkeyScript)},
       kind_(commands::CommandCount(), kPlain) {
   auto set = [&](std::initializer_list<const char*> names, Special s) {
     for (const char* n : names) {
@@ -235,11 +247,6 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     out->push_back(v);
     r.modified = true;
   };
-  auto emulate = [&](std::string_view script) {
-    out->assign({std::string_view("EVAL"), script, std::string_view("0"), Joined(tenant.glob_prefix, "*"),
-                 std::string_view(tenant.prefix)});
-    r.modified = true;
-  };
   const std::string_view sub = args.size() > 1 ? args[1] : std::string_view();
   // The command as errors name it ("CLIENT KILL"); built only when something is refused.
   auto display = [&] {
@@ -250,16 +257,15 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   switch (kind_[id]) {
     case kFlush:
       if (tenancy_.flush == Emulation::kRefuse) return refuse(NotAllowed(display()));
-      emulate(kFlushScript);
+      r.walk = Walk::kFlush;
       return r;
     case kDbsize:
       if (tenancy_.dbsize == Emulation::kRefuse) return refuse(NotAllowed(display()));
-      emulate(kDbsizeScript);
+      r.walk = Walk::kDbsize;
       return r;
     case kRandomkey:
       if (tenancy_.randomkey == Emulation::kRefuse) return refuse(NotAllowed(display()));
-      emulate(kRandomkeyScript);
-      r.reply = ReplyRewrite::kBulkKey;
+      r.walk = Walk::kRandomkey;
       return r;
     case kKeys:
       if (args.size() == 2) set(1, Joined(tenant.glob_prefix, args[1]));
@@ -474,6 +480,16 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     set(k.pos, std::string_view(key_space_.data() + start, key_space_.size() - start));
   }
   return r;
+}
+
+std::string WalkStep(const Tenant& tenant, Walk walk, std::string_view cursor, uint64_t step, uint32_t count) {
+  const std::string glob = absl::StrCat(tenant.glob_prefix, "*");
+  const std::string count_text = absl::StrCat(count), step_text = absl::StrCat(step);
+  const std::string_view name = walk == Walk::kFlush ? "flush" : walk == Walk::kDbsize ? "dbsize" : "randomkey";
+  const std::string_view args[] = {"EVAL", kWalkScript, "0", name, glob, tenant.prefix, cursor, count_text, step_text};
+  std::string out;
+  resp::AppendCommand(&out, args);
+  return out;
 }
 
 }  // namespace keyguard::tenant

@@ -202,6 +202,13 @@ absl::StatusOr<std::shared_ptr<const Tenancy>> Tenancy::Compile(const v1::Tenanc
   t->flush = p.flush() == v1::REFUSE ? Emulation::kRefuse : Emulation::kEmulate;
   t->dbsize = p.dbsize() == v1::REFUSE ? Emulation::kRefuse : Emulation::kEmulate;
   t->randomkey = p.randomkey() == v1::REFUSE ? Emulation::kRefuse : Emulation::kEmulate;
+  if (p.has_walk_step_keys()) {
+    if (p.walk_step_keys() == 0 || p.walk_step_keys() > 100000) {
+      return FieldError("tenancy.walk_step_keys", "must be between 1 and 100000");
+    }
+    t->walk_step_keys = p.walk_step_keys();
+  }
+  if (p.has_walk_steps_per_second()) t->walk_steps_per_second = p.walk_steps_per_second();
   for (int i = 0; i < p.allowed_scripts_size(); ++i) {
     const std::string sha = absl::AsciiStrToLower(p.allowed_scripts(i));
     bool hex = sha.size() == 40;

@@ -32,6 +32,15 @@ enum class ReplyRewrite : uint8_t {
   kTrackingInfo,  // CLIENT TRACKINGINFO: [name, value, ...] or a map; "prefixes" lose the prefix
 };
 
+// A command keyguard answers by walking the tenant's keys one bounded step at a time, so no single
+// server-side call blocks every other client: FLUSHALL/FLUSHDB, DBSIZE, RANDOMKEY.
+enum class Walk : uint8_t { kNone, kFlush, kDbsize, kRandomkey };
+
+// The request for step `step` (0 first) of `walk` from SCAN `cursor`: one EVAL that SCANs up to
+// `count` keys matching the tenant's prefix (and UNLINKs them for a flush; RANDOMKEY first tries
+// the server's RANDOMKEY). Its reply is [next cursor, keys seen, a key found or ""].
+std::string WalkStep(const Tenant& tenant, Walk walk, std::string_view cursor, uint64_t step, uint32_t count);
+
 struct RequestResult {
   enum class Kind : uint8_t {
     kForward,  // forward `out` (when `modified`) or the request as it came
@@ -40,6 +49,7 @@ struct RequestResult {
   Kind kind = Kind::kForward;
   bool modified = false;
   ReplyRewrite reply = ReplyRewrite::kNone;
+  Walk walk = Walk::kNone;  // kForward: nothing is forwarded as is; the session walks the keys
   std::string message;  // kRefuse: the error text, without '-'
 };
 
@@ -74,7 +84,7 @@ class RequestRewriter {
 
   const Tenancy& tenancy_;
   const Connections* connections_;
-  std::array<std::string, 3> own_scripts_;  // SHA1s of the emulation scripts (FLUSH*, DBSIZE, RANDOMKEY)
+  std::array<std::string, 4> own_scripts_;  // SHA1s of keyguard's scripts (the walk step, and earlier emulations)
   std::deque<std::string> owned_;
   std::string key_space_;      // the prefixed keys of the last request
   std::vector<uint8_t> kind_;  // by CommandId: the special handling below

@@ -61,6 +61,8 @@ class Tenancy {
   Emulation flush = Emulation::kEmulate;
   Emulation dbsize = Emulation::kEmulate;
   Emulation randomkey = Emulation::kEmulate;
+  uint32_t walk_step_keys = 1000;        // keys one walk step SCANs
+  uint32_t walk_steps_per_second = 250;  // per tenant and worker; 0: no cap
   absl::flat_hash_set<std::string> allowed_scripts;    // lowercase hex SHA1
   absl::flat_hash_set<std::string> allowed_functions;  // as given
   std::vector<std::string> migrate_targets;           // "host:port"

@@ -1,0 +1,162 @@
+"""A tenant's FLUSHALL/FLUSHDB, DBSIZE and RANDOMKEY walk the tenant's keys in bounded steps
+(issue #12: one server-side walk over all keys blocked every tenant), each step one EVAL of a SCAN
+of walk_step_keys keys, at most walk_steps_per_second steps a second per tenant. Checked on a real
+redis-server: exact answers, the other tenant's keys untouched, the steps the server ran (MONITOR
+on a direct connection), replies in order behind a pipelined walk, and the refusals where a walk
+cannot run (inside MULTI, under CLIENT REPLY OFF/SKIP)."""
+import os
+import re
+import threading
+import time
+
+import pytest
+import redis
+
+from conftest import ROOT, Keyguard, Redis, wait_until
+from resp import RespConn, encode
+
+STEP_KEYS = 100
+CONFIG = open(os.path.join(ROOT, "examples", "tenants.yaml")).read().replace(
+    "tenancy:", "tenancy:\n  walk_step_keys: %d\n  walk_steps_per_second: 0" % STEP_KEYS, 1)
+SLOW = CONFIG.replace("walk_steps_per_second: 0", "walk_steps_per_second: 20")
+ALICE_KEYS, BOB_KEYS = 2500, 1500
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """One redis-server and one keyguard with the walk settings in front of it."""
+    r = Redis()
+    k = Keyguard(r.port, config=CONFIG)
+    yield r, k
+    assert k.stop() == 0, k.output()
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def server(stack):
+    return stack[0]
+
+
+@pytest.fixture(scope="module")
+def kg(stack):
+    return stack[1]
+
+
+@pytest.fixture
+def direct(server):
+    d = redis.Redis(port=server.port, decode_responses=True)
+    d.flushall()
+    pipe = d.pipeline(transaction=False)
+    for i in range(ALICE_KEYS):
+        pipe.set("tenant:a:k%d" % i, i)
+    for i in range(BOB_KEYS):
+        pipe.set("tenant:b:k%d" % i, i)
+    pipe.execute()
+    return d
+
+
+def as_user(port, user):
+    return redis.Redis(port=port, username=user, password=user + "-secret", decode_responses=True)
+
+
+class Monitor:
+    """The EVALs the server runs, from a MONITOR on a direct connection."""
+
+    def __init__(self, port):
+        self.conn = redis.Redis(port=port, decode_responses=True).connection_pool.get_connection("MONITOR")
+        self.conn.send_command("MONITOR")
+        assert self.conn.read_response() in ("OK", b"OK")
+        self.lines = []
+
+    def collect_until(self, marker):
+        """Reads MONITOR lines up to the one holding `marker` (a PING sent afterwards)."""
+        while True:
+            line = self.conn.read_response()
+            line = line.decode() if isinstance(line, bytes) else line
+            if marker in line:
+                return
+            self.lines.append(line)
+
+    def steps(self, walk):
+        return [l for l in self.lines if '"EVAL"' in l and '"%s"' % walk in l]
+
+    def close(self):
+        self.conn.disconnect()
+
+
+def test_dbsize_randomkey_flush_walk_in_steps_and_stay_inside_the_tenant(kg, server, direct):
+    mon = Monitor(server.port)
+    alice = as_user(kg.port, "alice")
+    assert alice.dbsize() == ALICE_KEYS
+    key = alice.randomkey()
+    assert key.startswith("k") and direct.exists("tenant:a:" + key)
+    assert alice.flushdb() is True
+    direct.echo("end-of-walks")
+    mon.collect_until("end-of-walks")
+    mon.close()
+    assert direct.keys("tenant:a:*") == [] and direct.dbsize() == BOB_KEYS
+    assert as_user(kg.port, "bob").dbsize() == BOB_KEYS
+    # DBSIZE and FLUSHDB each took at least ALICE_KEYS / STEP_KEYS steps, every one a SCAN of
+    # STEP_KEYS keys under alice's prefix.
+    for walk in ("dbsize", "flush"):
+        steps = mon.steps(walk)
+        assert len(steps) >= ALICE_KEYS // STEP_KEYS, (walk, len(steps))
+        assert all('"tenant:a:*" "tenant:a:"' in s and ' "%d" ' % STEP_KEYS in s for s in steps), steps[:2]
+        assert [s.rsplit('"', 2)[-2] for s in steps] == [str(i) for i in range(len(steps))]  # step numbers
+    assert 1 <= len(mon.steps("randomkey")) <= 2
+    assert alice.dbsize() == 0 and alice.randomkey() is None
+
+
+def test_pipelined_commands_wait_for_the_walk_and_keep_their_order(kg, direct):
+    c = RespConn(kg.port)
+    assert c.call("AUTH", "alice", "alice-secret") == "OK"
+    out = c.exchange(encode("SET", "x", "1") + encode("DBSIZE") + encode("GET", "x") + encode("DEL", "x") +
+                     encode("DBSIZE") + encode("RANDOMKEY") + encode("PING"), replies=7)
+    m = re.fullmatch(rb"\+OK\r\n:%d\r\n\$1\r\n1\r\n:1\r\n:%d\r\n\$\d+\r\n(k\d+)\r\n\+PONG\r\n"
+                     % (ALICE_KEYS + 1, ALICE_KEYS), out)
+    assert m and direct.exists("tenant:a:" + m.group(1).decode()), out
+    # RESP3: an empty tenant's RANDOMKEY is the RESP3 null.
+    c3 = RespConn(kg.port)
+    assert isinstance(c3.call("HELLO", "3", "AUTH", "bob", "bob-secret"), dict)
+    assert c3.call("FLUSHALL", "ASYNC") == "OK"
+    assert c3.exchange(encode("RANDOMKEY") + encode("DBSIZE"), replies=2) == b"_\r\n:0\r\n"
+    assert direct.dbsize() == ALICE_KEYS
+
+
+def test_a_walk_cannot_be_queued_or_silenced(kg, direct):
+    c = RespConn(kg.port)
+    assert c.call("AUTH", "alice", "alice-secret") == "OK"
+    assert c.call("MULTI") == "OK"
+    assert str(c.call("FLUSHDB")) == ("ERR keyguard: FLUSHDB inside MULTI or under CLIENT REPLY OFF/SKIP is not "
+                                      "allowed for tenants (keyguard walks the tenant's keys in steps)")
+    assert str(c.call("EXEC")) == "EXECABORT Transaction discarded because of previous errors."
+    # Under CLIENT REPLY OFF the refusal is silent too; nothing is flushed.
+    out = c.exchange(encode("CLIENT", "REPLY", "OFF") + encode("FLUSHALL") + encode("CLIENT", "REPLY", "ON") +
+                     encode("DBSIZE"), replies=2)
+    assert out == b"+OK\r\n:%d\r\n" % ALICE_KEYS
+    assert direct.dbsize() == ALICE_KEYS + BOB_KEYS
+
+
+def test_steps_are_rate_limited_per_tenant(server, direct):
+    k = Keyguard(server.port, config=SLOW)
+    try:
+        alice, bob = as_user(k.port, "alice"), as_user(k.port, "bob")
+        # 20 steps a second and a one-second burst: 26 steps take at least (26 - 20) / 20 s.
+        start = time.monotonic()
+        assert alice.dbsize() == ALICE_KEYS
+        assert time.monotonic() - start >= (ALICE_KEYS // STEP_KEYS + 1 - 20) / 20.0
+        # Meanwhile other clients are served between the steps: bob's budget is his own, and a
+        # direct client is never blocked by a walk.
+        result = {}
+
+        def walk():
+            result["alice"] = alice.dbsize()
+
+        t = threading.Thread(target=walk)
+        t.start()
+        assert bob.dbsize() == BOB_KEYS
+        assert direct.ping()
+        t.join()
+        assert result["alice"] == ALICE_KEYS
+    finally:
+        assert k.stop() == 0, k.output()
