@@ -4,20 +4,6 @@
 
 namespace keyguard::proxy {
 
-bool AsExpected(Pending::Expect expect, char type, std::string_view line) {
-  const bool error = type == '-' || type == '!';
-  const bool queued = type == '+' && line == "QUEUED";
-  switch (expect) {
-    case Pending::Expect::kAny: return true;
-    case Pending::Expect::kQueued: return queued || error;
-    case Pending::Expect::kNotQueued: return !queued;
-    case Pending::Expect::kMultiOk: return !error;
-    case Pending::Expect::kExecInMulti: return !(error && line.starts_with("ERR EXEC without MULTI"));
-    case Pending::Expect::kExecOutside: return error;
-  }
-  return false;
-}
-
 bool ReplyQueue::QueueLocal(std::string& text, commands::CommandId id, bool close_after) {
   if (q_.empty()) return false;
   Pending& p = q_.emplace_back();
@@ -44,13 +30,6 @@ std::string ReplyQueue::Abort(std::string_view error, std::vector<commands::Comm
   }
   Clear();
   return out;
-}
-
-void ReplyQueue::AttachKey(Pending* p, std::string_view key) {
-  p->keyed = true;
-  p->key_off = key_arena_base_ + key_arena_.size();
-  p->key_len = static_cast<uint32_t>(key.size());
-  key_arena_.append(key.data(), key.size());
 }
 
 void ReplyQueue::TrimKeys() {

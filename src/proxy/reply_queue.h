@@ -56,8 +56,21 @@ struct Pending {
   std::string text;           // kLocal: the reply
 };
 
-// Whether a reply (its type byte and first line) is what `expect` allows.
-bool AsExpected(Pending::Expect expect, char type, std::string_view line);
+// Whether a reply (its type byte and first line) is what `expect` allows. Inline: every reply
+// of a tenant is checked.
+inline bool AsExpected(Pending::Expect expect, char type, std::string_view line) {
+  const bool error = type == '-' || type == '!';
+  const bool queued = type == '+' && line == "QUEUED";
+  switch (expect) {
+    case Pending::Expect::kAny: return true;
+    case Pending::Expect::kQueued: return queued || error;
+    case Pending::Expect::kNotQueued: return !queued;
+    case Pending::Expect::kMultiOk: return !error;
+    case Pending::Expect::kExecInMulti: return !(error && line.starts_with("ERR EXEC without MULTI"));
+    case Pending::Expect::kExecOutside: return error;
+  }
+  return false;
+}
 
 class ReplyQueue {
  public:
@@ -94,7 +107,12 @@ class ReplyQueue {
 
   // The command's first key, kept for its reply (hygiene, hot keys): `p` must be the entry about
   // to be pushed, and keys are attached in push order.
-  void AttachKey(Pending* p, std::string_view key);
+  void AttachKey(Pending* p, std::string_view key) {
+    p->keyed = true;
+    p->key_off = key_arena_base_ + key_arena_.size();
+    p->key_len = static_cast<uint32_t>(key.size());
+    key_arena_.append(key.data(), key.size());
+  }
   std::string_view KeyOf(const Pending& p) const {
     return std::string_view(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
   }

@@ -500,7 +500,10 @@ void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
   if (upstream_client_id_ != 0) worker_.connections->Set(upstream_client_id_, t);
   detectors_.set_scope(DetectorScope(t));
-  if (t != nullptr) reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
+  if (t != nullptr) {
+    reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
+    reply_scope_ = DetectorScope(t);
+  }
   if (t == nullptr) {
     tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
     return;
@@ -1130,14 +1133,17 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
   Pending& p = queue_.front();
   const bool error = reply_type == '-' || reply_type == '!';
   if (p.reply_check != 0 && !error) {
-    detectors_.OnReply(p.command, p.reply_check, queue_.KeyOf(p), reply_type, size, bulk, DetectorScope(reply_tenant_));
+    detectors_.OnReply(p.command, p.reply_check, queue_.KeyOf(p), reply_type, size, bulk, reply_scope_);
   }
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
     worker_.shard->ObserveReply(p.command, frame_len, aggregate ? size : -1);
   }
   if (p.keyed && worker_.hot.enabled()) HotKeysReply(p, reply_type, size, bulk, frame_len);
-  if (state_.OnReply(p, error)) reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
+  if (state_.OnReply(p, error)) {
+    reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
+    reply_scope_ = DetectorScope(reply_tenant_);
+  }
   const bool exec_abort = p.kind == Kind::kExecAbort;
   worker_.shard->CountCommand(p.command, (error || exec_abort) ? metrics::Outcome::kError : metrics::Outcome::kOk);
   worker_.shard->ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));

@@ -155,6 +155,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The tenant replies and pushes are confined to. RESET logs the client out at once, but what
   // the server sends until its +RESET is still the old tenant's; nullptr drops every push.
   const tenant::Tenant* reply_tenant_ = nullptr;
+  uint64_t reply_scope_ = hygiene::kFnvBasis;  // DetectorScope(reply_tenant_), for the detectors
   metrics::Counter* tenant_commands_ = nullptr;
   metrics::Counter* tenant_received_ = nullptr;
   metrics::Counter* tenant_sent_ = nullptr;

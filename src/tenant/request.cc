@@ -74,6 +74,14 @@ constexpr std::string_view kWalkScript =
 
 std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(std::string(s)); }
 
+// A loop rather than memchr: command names are a few bytes, checked on every command.
+bool HasNul(std::string_view s) {
+  for (char c : s) {
+    if (c == '\0') return true;
+  }
+  return false;
+}
+
 constexpr std::string_view kUnconfinedPattern =
     "ERR keyguard: this pattern may match other tenants' channels; keyspace patterns must start with "
     "__keyspace@<db>__: literally";
@@ -88,7 +96,11 @@ RequestRewriter::RequestRewriter(const Tenancy& tenancy, const Connections* conn
     : tenancy_(tenancy),
       connections_(connections),
       own_scripts_{Sha1Hex(kWalkScript), Sha1Hex(kOldFlushScript), Sha1Hex(kOldDbsizeScript), Sha1Hex(kOldRandomkeyScript)},
-      kind_(commands::CommandCount(), kPlain) {
+      kind_(commands::CommandCount(), kPlain),
+      has_subcommands_(commands::CommandCount(), 0) {
+  for (size_t id = 1; id < has_subcommands_.size(); ++id) {
+    has_subcommands_[id] = commands::Spec(static_cast<commands::CommandId>(id)).sub_count > 0;
+  }
   auto set = [&](std::initializer_list<const char*> names, Special s) {
     for (const char* n : names) {
       const commands::CommandId id = commands::LookupCommand(n);
@@ -214,9 +226,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   // NUL cuts it to (the lookup hashes every byte, compares with strcasecmp): by its random hash
   // seed, "CLIENT REPLY\0x SKIP" runs as CLIENT REPLY SKIP on one server and is refused on the
   // next. keyguard cannot know which, so connection state it follows could differ: refused.
-  if (args[0].find('\0') != std::string_view::npos ||
-      (args.size() > 1 && id != commands::kUnknownCommand && commands::Spec(id).sub_count > 0 &&
-       args[1].find('\0') != std::string_view::npos)) {
+  if (HasNul(args[0]) || (args.size() > 1 && id != commands::kUnknownCommand && has_subcommands_[id] && HasNul(args[1]))) {
     return refuse("ERR keyguard: a command or subcommand name holding a NUL byte is not allowed for tenants");
   }
   if (id == commands::kUnknownCommand) {

@@ -88,6 +88,7 @@ class RequestRewriter {
   std::deque<std::string> owned_;
   std::string key_space_;      // the prefixed keys of the last request
   std::vector<uint8_t> kind_;  // by CommandId: the special handling below
+  std::vector<uint8_t> has_subcommands_;  // by CommandId: args[1] names a subcommand
 };
 
 enum class ReplyAction : uint8_t { kPass, kReplace, kDrop };
