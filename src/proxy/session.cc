@@ -338,21 +338,21 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     }
     static const uint32_t kNoAuth = commands::CommandFlagMask("no_auth");
     if (tenant_ == nullptr && (commands::Spec(id).flags & kNoAuth) == 0) {
-      Refuse(id, "noauth", "NOAUTH Authentication required.", skipped, silent);
+      Refuse(id, Refusal::kNoAuth, "NOAUTH Authentication required.", skipped, silent);
       return;
     }
     // keyguard tells RESP2 pub/sub messages from replies by the confirmations it reads in step
     // with its commands. Inside MULTI, and under CLIENT REPLY OFF/SKIP, Redis sends those out of
     // step, and a message of any tenant's keys would then pass as some command's reply.
     if (tenant_ != nullptr && subscribe && (state_.in_multi() || silent)) {
-      Refuse(id, "tenant",
+      Refuse(id, Refusal::kTenant,
              absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
                           " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants"),
              skipped, silent);
       return;
     }
     if (tenant_ != nullptr && state_.in_multi() && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply")) {
-      Refuse(id, "tenant", "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped, silent);
+      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped, silent);
       return;
     }
     // A RESP2 server refuses CLIENT REPLY while the connection is subscribed, but keyguard
@@ -361,7 +361,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // the subscription holds when the server gets there is not known here, so fail closed.
     if (tenant_ != nullptr && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply") &&
         MayBeSubscribed()) {
-      Refuse(id, "tenant", "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants", skipped,
+      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants", skipped,
              silent);
       return;
     }
@@ -373,12 +373,12 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     return;
   }
   if (id == commands::kUnknownCommand && worker_.live->reject_unknown_commands) {
-    Refuse(id, "unknown_command", absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"), skipped,
+    Refuse(id, Refusal::kUnknownCommand, absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"), skipped,
            silent);
     return;
   }
   if (worker_.deny[id]) {
-    Refuse(id, "deny_list",
+    Refuse(id, Refusal::kDenyList,
            absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])), "' is not allowed here"),
            skipped, silent);
     return;
@@ -396,14 +396,14 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (check_policy) {
       std::string refusal;
       if (!ApplyScriptPolicy(args, id, &refusal)) {
-        Refuse(id, "key_policy", std::move(refusal), skipped, silent);
+        Refuse(id, Refusal::kKeyPolicy, std::move(refusal), skipped, silent);
         return;
       }
     }
     if (check_policy && !key_refs_.empty()) {
       std::string refusal;
       if (!ApplyKeyPolicy(args, id, *spec, &modified, &refusal)) {
-        Refuse(id, "key_policy", std::move(refusal), skipped, silent);
+        Refuse(id, Refusal::kKeyPolicy, std::move(refusal), skipped, silent);
         return;
       }
       if (modified) out = cmd_args_;
@@ -411,7 +411,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (tenant_ != nullptr) {
       const tenant::RequestResult r = worker_.rewriter->Rewrite(*tenant_, id, spec, out, key_refs_, keys_ok, &tenant_args_);
       if (r.kind == tenant::RequestResult::Kind::kRefuse) {
-        Refuse(id, "tenant", r.message, skipped, silent);
+        Refuse(id, Refusal::kTenant, r.message, skipped, silent);
         return;
       }
       if (r.modified) {
@@ -423,7 +423,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
       if (walk != tenant::Walk::kNone && (state_.in_multi() || silent)) {
         // A walk takes several round trips: it cannot be queued in a transaction, and under
         // CLIENT REPLY OFF/SKIP the server would not answer its steps.
-        Refuse(id, "tenant",
+        Refuse(id, Refusal::kTenant,
                absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
                             " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants (keyguard walks "
                             "the tenant's keys in steps)"),
@@ -442,7 +442,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     if (!refusal.empty()) {
       policy_owned_.clear();
       edit_.Release();
-      Refuse(id, "hygiene", std::move(refusal), skipped, silent);
+      Refuse(id, Refusal::kHygiene, std::move(refusal), skipped, silent);
       return;
     }
     if (edit_.modified()) {
@@ -498,6 +498,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
 
 void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
+  tenant_rejected_.fill(nullptr);
   if (upstream_client_id_ != 0) worker_.connections->Set(upstream_client_id_, t);
   detectors_.set_scope(DetectorScope(t));
   if (t != nullptr) {
@@ -538,12 +539,12 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
   const tenant::Tenancy& tenancy = *worker_.config.tenancy;
   const bool hello = id == commands::Known().hello;
   if (state_.in_multi()) {
-    Refuse(id, "tenant", "ERR keyguard: AUTH and HELLO are not allowed inside MULTI", skipped, silent);
+    Refuse(id, Refusal::kTenant, "ERR keyguard: AUTH and HELLO are not allowed inside MULTI", skipped, silent);
     return;
   }
   if (hello && silent) {
     // keyguard must read HELLO's reply to know the protocol, and with it what is a push.
-    Refuse(id, "tenant", "ERR keyguard: HELLO under CLIENT REPLY OFF/SKIP is not allowed", skipped, silent);
+    Refuse(id, Refusal::kTenant, "ERR keyguard: HELLO under CLIENT REPLY OFF/SKIP is not allowed", skipped, silent);
     return;
   }
   std::string_view user, password;
@@ -557,7 +558,7 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
       user = args[1];
       password = args[2];
     } else {
-      Refuse(id, "tenant", "ERR wrong number of arguments for 'auth' command", skipped, silent);
+      Refuse(id, Refusal::kTenant, "ERR wrong number of arguments for 'auth' command", skipped, silent);
       return;
     }
     has_auth = true;
@@ -579,20 +580,20 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
     if (!tenancy.requires_auth()) {
       // Static tenancy: clients need no password, as with Redis's passwordless default user.
       if (!hello && args.size() == 2) {
-        Refuse(id, "auth",
+        Refuse(id, Refusal::kAuth,
                "ERR AUTH <password> called without any password configured for the default user. Are you sure "
                "your configuration is correct?",
                skipped, silent);
         return;
       }
       if (user != "default") {
-        Refuse(id, "auth", "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
+        Refuse(id, Refusal::kAuth, "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
         return;
       }
     } else {
       u = tenancy.Authenticate(user, password);
       if (u == nullptr) {
-        Refuse(id, "auth", "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
+        Refuse(id, Refusal::kAuth, "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
         return;
       }
       BindTenant(u->tenant);
@@ -605,7 +606,7 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
     return;
   }
   if (tenant_ == nullptr) {
-    Refuse(id, "noauth",
+    Refuse(id, Refusal::kNoAuth,
            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH "
            "<user> <pass> option can be used to authenticate the client and select the RESP protocol version at the "
            "same time",
@@ -626,11 +627,18 @@ void Session::HandleAuth(commands::CommandId id, std::span<const std::string_vie
   queue_.Push(std::move(p));
 }
 
-void Session::Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent) {
+void Session::Refuse(commands::CommandId id, Refusal reason, std::string message, bool skipped, bool silent) {
   worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
-  worker_.shard->commands_rejected.Get(absl::StrCat("reason=\"", reason, "\"")).Add();
+  const size_t r = static_cast<size_t>(reason);
+  worker_.rejected[r]->Add();
   if (tenant_ != nullptr) {
-    worker_.shard->tenant_rejected.Get(absl::StrCat("tenant=\"", tenant_->name, "\",reason=\"", reason, "\"")).Add();
+    // Resolved once per tenant binding and reason (a label string and a map lookup).
+    metrics::Counter*& c = tenant_rejected_[r];
+    if (c == nullptr) {
+      c = &worker_.shard->tenant_rejected.Get(
+          absl::StrCat("tenant=\"", tenant_->name, "\",reason=\"", RefusalName(reason), "\""));
+    }
+    c->Add();
   }
   state_.OnRefused();  // Redis fails EXEC after a refused queued command
   // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would

@@ -7,6 +7,7 @@
 // (pub/sub messages, RESP3 pushes, MONITOR lines) pass through without taking an entry.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "proxy/connection_state.h"
 #include "proxy/outbox.h"
 #include "proxy/read_buffer.h"
+#include "proxy/refusal.h"
 #include "proxy/reply_queue.h"
 #include "proxy/worker.h"
 
@@ -77,7 +79,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void DeliverPush(std::string_view frame);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
   // SKIP semantics.
-  void Refuse(commands::CommandId id, const char* reason, std::string message, bool skipped, bool silent);
+  void Refuse(commands::CommandId id, Refusal reason, std::string message, bool skipped, bool silent);
   void Warn(const policy::Violation& v, std::string_view key, commands::CommandId id);
   // Hot and big keys (session_hot_keys.cc): counts string write sizes, and returns true when the
   // reply needs the command's first key (args[1]): an access to count (sampled; p->request_bytes
@@ -159,6 +161,7 @@ class Session : public std::enable_shared_from_this<Session> {
   metrics::Counter* tenant_commands_ = nullptr;
   metrics::Counter* tenant_received_ = nullptr;
   metrics::Counter* tenant_sent_ = nullptr;
+  std::array<metrics::Counter*, kRefusalCount> tenant_rejected_{};  // by Refusal, resolved on first use
   bool upstream_auth_failed_ = false;
   bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
   // The server's CLIENT ID of the upstream connection, once known (0 before, and after it closed);

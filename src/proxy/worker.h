@@ -2,6 +2,7 @@
 // Everything here is used from that worker's thread only (the atomics are read by the server).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <random>
@@ -19,6 +20,7 @@
 #include "keyguard/tenant/connections.h"
 #include "keyguard/tenant/rewrite.h"
 #include "proxy/asio.h"
+#include "proxy/refusal.h"
 
 namespace keyguard::proxy {
 
@@ -31,6 +33,10 @@ struct Worker {
          tenant::Connections* conns = nullptr)
       : io(1), config(c), store(st), shard(s), upstream(up), connections(conns) {
     Refresh();
+    for (size_t r = 0; r < kRefusalCount; ++r) {
+      rejected[r] = &shard->commands_rejected.Get(
+          std::string("reason=\"") + RefusalName(static_cast<Refusal>(r)) + "\"");
+    }
     if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy, connections);
     if (!config.upstream_auth.password.empty()) {
       std::vector<std::string_view> auth = {"AUTH"};
@@ -56,6 +62,7 @@ struct Worker {
   std::shared_ptr<const config::ProxyConfig> live;  // reloadable settings (key policy, deny list)
   uint64_t live_version = 0;
   metrics::WorkerShard* shard;
+  std::array<metrics::Counter*, kRefusalCount> rejected{};  // keyguard_commands_rejected_total by reason
   tcp::endpoint upstream;
   std::vector<bool> deny;  // by command id, from `live`
   std::unordered_set<std::shared_ptr<Session>> sessions;
