@@ -1,3 +1,4 @@
+#include "keyguard/common/fnv.h"
 #include "keyguard/commands/command_table.h"
 
 #include <algorithm>
@@ -35,9 +36,7 @@ struct Table {
     for (size_t id = 1; id < kTopLevelCommands; ++id) Index(static_cast<CommandId>(id));
   }
   static uint64_t Hash(std::string_view lower) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : lower) h = (h ^ c) * 1099511628211ull;
-    return h;
+    return Fnv1a(lower);
   }
   void Index(CommandId id) {
     const std::string_view name = specs[top[id]].name;

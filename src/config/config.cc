@@ -1,3 +1,4 @@
+#include "keyguard/common/field_error.h"
 #include "keyguard/config/config.h"
 
 #include <set>
@@ -16,9 +17,6 @@ namespace {
 
 namespace v1 = keyguard::config::v1;
 
-absl::Status FieldError(absl::string_view path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
 
 absl::Status CompileHygiene(const v1::Hygiene& h, hygiene::Settings* out) {
   // Rules: the fields of HygieneRules are named after the finding kinds.

@@ -49,10 +49,7 @@ size_t SkipValue(std::string_view s, size_t i) {
 
 }  // namespace
 
-uint64_t Fingerprint(std::string_view bytes, uint64_t h) {
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+uint64_t Fingerprint(std::string_view bytes, uint64_t h) { return Fnv1a(bytes, h); }
 
 const char* FormatName(Format f) {
   switch (f) {

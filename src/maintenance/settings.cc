@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "config/yaml_proto.h"
+#include "keyguard/common/field_error.h"
 #include "keyguard/config/v1/config.pb.h"
 #include "keyguard/policy/key_policy.h"
 #include "re2/re2.h"
@@ -12,9 +13,6 @@ namespace {
 
 namespace pb = keyguard::config::v1;
 
-absl::Status FieldError(const std::string& path, std::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", absl::string_view(what.data(), what.size())));
-}
 
 Severity FromProto(pb::Severity s) {
   switch (s) {

@@ -1,3 +1,4 @@
+#include "keyguard/common/field_error.h"
 #include "keyguard/policy/key_policy.h"
 
 #include <algorithm>
@@ -12,9 +13,6 @@ namespace {
 
 namespace pb = keyguard::config::v1;
 
-absl::Status FieldError(const std::string& path, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
 
 Action ToAction(pb::Action a, Action fallback) {
   switch (a) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/common/field_error.h"
 #include "keyguard/config/v1/config.pb.h"
 
 namespace keyguard::tenant {
@@ -13,9 +14,6 @@ namespace {
 
 namespace v1 = keyguard::config::v1;
 
-absl::Status FieldError(const std::string& path, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
 
 absl::Status CheckPrefix(const std::string& prefix, const std::string& field) {
   if (prefix.empty()) return FieldError(field, "must not be empty");

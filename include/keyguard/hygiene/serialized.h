@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "keyguard/common/fnv.h"
+
 namespace keyguard::hygiene {
 
 enum class Format : uint8_t { kNone, kJsonObject, kJsonArray, kMessagePack, kJavaSerialized, kPickle, kPhpSerialize };
@@ -20,7 +22,7 @@ Format DetectFormat(std::string_view value);
 bool JsonTopLevelFields(std::string_view json, std::vector<std::pair<uint64_t, uint64_t>>* out);
 
 // FNV-1a 64's offset basis: the fingerprint of nothing.
-inline constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+using keyguard::kFnvBasis;
 // FNV-1a 64 of `bytes`; pass a previous result as `h` to hash a concatenation in parts.
 uint64_t Fingerprint(std::string_view bytes, uint64_t h = kFnvBasis);
 
