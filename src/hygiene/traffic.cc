@@ -310,10 +310,17 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
   int64_t value = 0;
   if (ttl_arg > 0 && resp::ParseRedisInt(args[ttl_arg], &value) && value > 0) {
     const int64_t now_ms = UnixMs();
-    const int64_t at_s = unit == kSeconds       ? now_ms / 1000 + value
-                         : unit == kMillis      ? (now_ms + value) / 1000
-                         : unit == kUnixSeconds ? value
-                                                : value / 1000;
+    // Any value the client sends, up to INT64_MAX: the sums saturate (the server refuses an
+    // expiry that overflows its own arithmetic; counting it is harmless).
+    int64_t at_s = value;
+    if (unit == kSeconds) {
+      if (__builtin_add_overflow(now_ms / 1000, value, &at_s)) at_s = INT64_MAX;
+    } else if (unit == kMillis) {
+      int64_t at_ms;
+      at_s = __builtin_add_overflow(now_ms, value, &at_ms) ? INT64_MAX / 1000 : at_ms / 1000;
+    } else if (unit == kUnixMillis) {
+      at_s = value / 1000;
+    }
     const int64_t ttl_s = at_s - now_ms / 1000;
     // A TTL given right after a write without one (on this connection) is what missing_ttl waits for.
     if (!pending_ttl_.empty()) {
@@ -327,8 +334,11 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
                                      "does not expire them all at once");
       Emit(std::move(f), args[1], id);
     }
-    if (settings.action(Kind::kExpiryClustering) == Action::kRewrite &&
-        (unit == kSeconds || unit == kMillis)) {
+    // Relative TTLs up to ~31,700 years (in either unit) are spread; a larger one is left as it
+    // came, so the jitter never makes an expiry the server accepts into one it refuses.
+    constexpr int64_t kMaxJitteredTtl = 1000000000000;
+    if (settings.action(Kind::kExpiryClustering) == Action::kRewrite && (unit == kSeconds || unit == kMillis) &&
+        value <= kMaxJitteredTtl) {
       // Spread relative TTLs: never shorter than asked, up to jitter_percent longer.
       const int64_t extra = value * settings.jitter_percent / 100;
       if (extra > 0) {

@@ -130,6 +130,14 @@ TEST_F(TrafficTest, JitterOnlyLengthensRelativeTtls) {
     EXPECT_LE(ttl, 150);
   }
   EXPECT_EQ(Send(c, "EXPIREAT k 4000000000").upstream[2], "4000000000");  // absolute: unchanged
+  // The largest values a client may send: no overflow (UBSan in CI), and never jittered into a
+  // value the server would refuse (found by the tenant fuzzer under UBSan).
+  for (const char* cmd : {"EXPIRE", "PEXPIRE", "EXPIREAT", "PEXPIREAT", "SETEX", "PSETEX"}) {
+    const std::string line = std::string(cmd) + " k 9223372036854775807" + (cmd[1] == 'S' || cmd[0] == 'S' ? " v" : "");
+    EXPECT_EQ(Send(c, line).upstream[2], "9223372036854775807") << line;
+  }
+  EXPECT_EQ(Send(c, "SET k v EX 9223372036854775807").upstream[4], "9223372036854775807");
+  EXPECT_EQ(Send(c, "SET k v PX 9223372036854775806").upstream[4], "9223372036854775806");
 }
 
 TEST_F(TrafficTest, SerializedReadModifyWriteAcrossConnectionsOfOneScopeOnly) {
