@@ -44,9 +44,7 @@ int Fail(const std::string& message) {
 
 // The proxy logs JSON lines only, start-up failures included (a log pipeline parses every line).
 int FailToStart(const std::string& message) {
-  const std::string line = absl::StrCat("{\"level\":\"error\",\"event\":\"startup_failed\",\"error\":",
-                                        keyguard::hygiene::JsonString(message), "}\n");
-  std::fwrite(line.data(), 1, line.size(), stderr);
+  keyguard::EventLine("error", "startup_failed").Str("error", message).Write(stderr);
   return 2;
 }
 

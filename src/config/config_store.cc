@@ -38,10 +38,11 @@ absl::Status ConfigStore::Reload(const char* trigger) {
   if (!loaded.ok()) {
     failures_.fetch_add(1);
     last_error_ = std::string(loaded.status().message());
-    const std::string line = absl::StrCat(
-        "{\"level\":\"error\",\"event\":\"config_reload_failed\",\"trigger\":\"", hygiene::JsonEscape(trigger),
-        "\",\"version\":", version_.load(), ",\"error\":\"", hygiene::JsonEscape(last_error_), "\"}\n");
-    std::fwrite(line.data(), 1, line.size(), stderr);
+    EventLine("error", "config_reload_failed")
+        .Str("trigger", trigger)
+        .Int("version", static_cast<int64_t>(version_.load()))
+        .Str("error", last_error_)
+        .Write(stderr);
     return loaded.status();
   }
   // Only the reloadable settings change; listen, upstream, admin, threads and limits stay as
@@ -54,9 +55,7 @@ absl::Status ConfigStore::Reload(const char* trigger) {
   last_error_.clear();
   reloads_.fetch_add(1);
   const uint64_t v = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  const std::string line = absl::StrCat("{\"level\":\"info\",\"event\":\"config_reloaded\",\"trigger\":\"",
-                                        hygiene::JsonEscape(trigger), "\",\"version\":", v, "}\n");
-  std::fwrite(line.data(), 1, line.size(), stderr);
+  EventLine("info", "config_reloaded").Str("trigger", trigger).Int("version", static_cast<int64_t>(v)).Write(stderr);
   return absl::OkStatus();
 }
 

@@ -8,24 +8,6 @@
 
 namespace keyguard::hygiene {
 
-std::string JsonEscape(std::string_view in) {
-  std::string out;
-  out.reserve(in.size());
-  for (unsigned char c : in) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x20 || c >= 0x7f) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  return out;
-}
-
-std::string JsonString(std::string_view in) { return absl::StrCat("\"", JsonEscape(in), "\""); }
-
 int64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

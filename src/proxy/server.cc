@@ -26,13 +26,6 @@
 namespace keyguard::proxy {
 namespace {
 
-// Lifecycle events, one JSON object per line on stdout (warnings and errors from sessions and
-// reloads go to stderr, also as JSON lines).
-void LogLine(const std::string& json) {
-  const std::string line = json + "\n";
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fflush(stdout);
-}
 
 awaitable<void> Accept(Worker& worker, tcp::acceptor& acceptor) {
   for (;;) {
@@ -135,12 +128,16 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   const size_t builtin = commands::CommandCount();
   auto added = ExtendCommandTable(*upstream, config.upstream_connect_timeout_ms + 3000);
   if (added.ok()) {
-    LogLine(absl::StrCat("{\"level\":\"info\",\"event\":\"command_table\",\"builtin\":", builtin - 1,
-                         ",\"added_from_upstream\":", *added, "}"));
+    EventLine("info", "command_table")
+        .Int("builtin", static_cast<int64_t>(builtin - 1))
+        .Int("added_from_upstream", static_cast<int64_t>(*added))
+        .Write(stdout);
   } else {
-    LogLine(absl::StrCat("{\"level\":\"warn\",\"event\":\"command_table\",\"builtin\":", builtin - 1,
-                         ",\"added_from_upstream\":0,\"error\":",
-                         hygiene::JsonString(absl::StrCat("upstream COMMAND INFO unavailable: ", added.status().message())), "}"));
+    EventLine("warn", "command_table")
+        .Int("builtin", static_cast<int64_t>(builtin - 1))
+        .Int("added_from_upstream", 0)
+        .Str("error", absl::StrCat("upstream COMMAND INFO unavailable: ", added.status().message()))
+        .Write(stdout);
   }
 
   int nthreads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -189,11 +186,13 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   const auto address = [](const tcp::endpoint& e) {
     return config::HostPort{e.address().to_string(), e.port()}.ToString();
   };
-  LogLine(absl::StrCat("{\"level\":\"info\",\"event\":\"listening\",\"version\":", hygiene::JsonString(KEYGUARD_VERSION),
-                       ",\"listen\":", hygiene::JsonString(address(bound)),
-                       ",\"upstream\":", hygiene::JsonString(config.upstream.ToString()),
-                       ",\"admin\":", hygiene::JsonString(absl::StrCat("http://", address(admin.endpoint()), "/metrics")),
-                       ",\"worker_threads\":", nthreads, "}"));
+  EventLine("info", "listening")
+      .Str("version", KEYGUARD_VERSION)
+      .Str("listen", address(bound))
+      .Str("upstream", config.upstream.ToString())
+      .Str("admin", absl::StrCat("http://", address(admin.endpoint()), "/metrics"))
+      .Int("worker_threads", static_cast<int64_t>(nthreads))
+      .Write(stdout);
 
   for (int i = 0; i < nthreads; ++i) {
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
@@ -227,8 +226,10 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   };
   signals.async_wait([&](error_code ec, int signo) {
     if (ec) return;
-    LogLine(absl::StrCat("{\"level\":\"info\",\"event\":\"draining\",\"signal\":", signo,
-                         ",\"drain_timeout_ms\":", config.drain_timeout_ms, "}"));
+    EventLine("info", "draining")
+        .Int("signal", signo)
+        .Int("drain_timeout_ms", static_cast<int64_t>(config.drain_timeout_ms))
+        .Write(stdout);
     draining = true;
     registry.draining().Add(1);
     deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config.drain_timeout_ms);
@@ -280,7 +281,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     w->io.restart();
     w->io.poll();
   }
-  LogLine("{\"level\":\"info\",\"event\":\"stopped\"}");
+  EventLine("info", "stopped").Write(stdout);
   return absl::OkStatus();
 }
 

@@ -784,12 +784,10 @@ void Session::Warn(const policy::Violation& v, std::string_view key, commands::C
     worker_.warn_count = 0;
   }
   if (++worker_.warn_count > kWarnBurst) return;
-  std::string line = absl::StrCat("{\"level\":\"warn\",\"event\":\"key_violation\",\"rule\":\"", hygiene::JsonEscape(v.rule->name),
-                                  "\",\"key\":\"", hygiene::JsonEscape(key), "\",\"command\":\"", CommandNameOf(id), "\"");
-  if (!v.suggestion.empty()) absl::StrAppend(&line, ",\"suggestion\":\"", hygiene::JsonEscape(v.suggestion), "\"");
-  absl::StrAppend(&line, ",\"client\":\"", hygiene::JsonEscape(client_address_), "\",\"client_name\":\"", hygiene::JsonEscape(state_.client_name()),
-                  "\"}\n");
-  std::fwrite(line.data(), 1, line.size(), stderr);
+  EventLine line("warn", "key_violation");
+  line.Str("rule", v.rule->name).Str("key", key).Str("command", commands::CommandName(id));
+  if (!v.suggestion.empty()) line.Str("suggestion", v.suggestion);
+  line.Str("client", client_address_).Str("client_name", state_.client_name()).Write(stderr);
 }
 
 void ReportFinding(Worker& worker, hygiene::Finding f) {
@@ -1072,8 +1070,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     if (front->kind == Kind::kInternal) {
       // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
       if (type == '-' || type == '!') {
-        std::fprintf(stderr, "{\"level\":\"error\",\"event\":\"upstream_auth_failed\",\"error\":\"%s\"}\n",
-                     hygiene::JsonEscape(kind).c_str());
+        EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
         upstream_auth_failed_ = true;
         ok = false;
         break;
@@ -1085,8 +1082,7 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     if (reply_tenant_ != nullptr && front->expect != Pending::Expect::kAny && !AsExpected(front->expect, type, kind)) {
       // The server's transaction state is not the one the reply filter follows (a command the
       // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.
-      std::fprintf(stderr, "{\"level\":\"error\",\"event\":\"transaction_state_differs\",\"command\":\"%s\"}\n",
-                   hygiene::JsonEscape(commands::Spec(front->command).name).c_str());
+      EventLine("error", "transaction_state_differs").Str("command", commands::Spec(front->command).name).Write(stderr);
       worker_.shard->unexpected_replies.Add();
       desynced_ = true;
       ok = false;

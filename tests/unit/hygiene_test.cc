@@ -162,3 +162,19 @@ TEST(AttributeTracker, ThreeAttributesUnderOneParentOnce) {
 
 }  // namespace
 }  // namespace keyguard::hygiene
+
+namespace keyguard {
+namespace {
+
+// The one JSON escaper and event-line builder every log line goes through.
+TEST(JsonLineTest, EscapesEveryByteReversiblyAndBuildsOneObjectPerLine) {
+  EXPECT_EQ(JsonEscape("plain"), "plain");
+  EXPECT_EQ(JsonEscape(std::string("q\"b\\c\n\x01\xff\x7f", 9)), "q\\\"b\\\\c\\u000a\\u0001\\u00ff\\u007f");
+  EXPECT_EQ(JsonString("a\"b"), "\"a\\\"b\"");
+  EXPECT_EQ(EventLine("warn", "key_violation").Str("key", "K\"1").Int("n", -3).Raw("o", "{}").Text(),
+            R"({"level":"warn","event":"key_violation","key":"K\"1","n":-3,"o":{}})");
+  EXPECT_EQ(EventLine("info", "stopped").Text(), R"({"level":"info","event":"stopped"})");
+}
+
+}  // namespace
+}  // namespace keyguard

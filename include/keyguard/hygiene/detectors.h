@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "keyguard/common/json_line.h"
 #include "keyguard/hygiene/serialized.h"
 #include "keyguard/policy/action.h"
 
@@ -110,13 +111,9 @@ struct Finding {
   int64_t ttl_s = -1;      // the TTL the command gave (or the rewrite added)
 };
 
-// The body of a JSON string for `in` (quotes and backslashes escaped, other bytes outside
-// printable ASCII as \u00XX), for the JSON lines keyguard logs: always valid JSON, whatever the
-// bytes (control characters, invalid UTF-8), and reversible (the decoded string's code points are
-// the original bytes: Python's `s.encode("latin-1")`). The one JSON escaper of the code base.
-std::string JsonEscape(std::string_view in);
-// The same in double quotes: a whole JSON string value.
-std::string JsonString(std::string_view in);
+// JSON string values of log lines and findings (keyguard/common/json_line.h).
+using keyguard::JsonEscape;
+using keyguard::JsonString;
 // Wall-clock milliseconds since the epoch.
 int64_t UnixMs();
 
