@@ -3,21 +3,20 @@
 //   keyguard check-config FILE
 //   keyguard audit ... | keyguard migrate ...   (src/maintenance)
 // Flags override the same settings from the config file.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <string>
-#include <algorithm>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/config/config.h"
 #include "keyguard/config/config_store.h"
 #include "keyguard/hygiene/detectors.h"
 #include "keyguard/maintenance/maintenance.h"
 #include "keyguard/proxy/server.h"
+#include "maintenance/args.h"
 
 namespace {
 
@@ -66,52 +65,48 @@ int main(int argc, char** argv) {
   if (!args.empty() && args[0] == "migrate") return keyguard::maintenance::RunMigrate({args.begin() + 1, args.end()});
   if (!args.empty() && args[0].rfind("--", 0) != 0) return Fail(absl::StrCat("unknown subcommand '", args[0], "'\n", kUsage));
 
-  std::map<std::string, std::string> flags;
-  const std::vector<std::string> valued = {"--config", "--listen", "--upstream", "--admin", "--threads"};
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (a == "--version") {
-      std::printf("keyguard %s\n", KEYGUARD_VERSION);
-      return 0;
-    }
-    std::string name = a, value;
-    const size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      name = a.substr(0, eq);
-      value = a.substr(eq + 1);
-    }
-    if (std::find(valued.begin(), valued.end(), name) == valued.end()) return FailToStart(absl::StrCat("unknown flag '", name, "' (keyguard --help lists them)"));
-    if (eq == std::string::npos) {
-      if (i + 1 >= args.size()) return FailToStart(absl::StrCat(name, " needs a value"));
-      value = args[++i];
-    }
-    flags[name] = value;
+  if (std::find(args.begin(), args.end(), "-h") != args.end()) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
+  auto parsed = keyguard::maintenance::ParseArgs(args, {"--config", "--listen", "--upstream", "--admin", "--threads"},
+                                                 {"--help", "--version"});
+  if (!parsed.ok()) {
+    std::string message(parsed.status().message());
+    if (message.rfind("unknown flag", 0) == 0) message += " (keyguard --help lists them)";
+    return FailToStart(message);
+  }
+  const keyguard::maintenance::Args& flags = *parsed;
+  if (flags.Has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (flags.Has("--version")) {
+    std::printf("keyguard %s\n", KEYGUARD_VERSION);
+    return 0;
+  }
+  if (!flags.positional.empty()) return FailToStart(absl::StrCat("unexpected argument '", flags.positional[0], "'"));
 
   ProxyConfig config;
-  if (flags.count("--config")) {
-    auto c = keyguard::config::LoadConfigFile(flags["--config"]);
+  if (flags.Has("--config")) {
+    auto c = keyguard::config::LoadConfigFile(flags.Str("--config"));
     if (!c.ok()) return FailToStart(std::string(c.status().message()));
     config = *c;
   }
   for (auto [flag, target] : {std::pair{"--listen", &config.listen}, std::pair{"--upstream", &config.upstream},
                               std::pair{"--admin", &config.admin}}) {
-    if (!flags.count(flag)) continue;
-    auto hp = keyguard::config::ParseHostPort(flags[flag], flag);
+    if (!flags.Has(flag)) continue;
+    auto hp = keyguard::config::ParseHostPort(flags.Str(flag), flag);
     if (!hp.ok()) return FailToStart(std::string(hp.status().message()));
     *target = *hp;
   }
-  if (flags.count("--threads")) {
-    int n;
-    if (!absl::SimpleAtoi(flags["--threads"], &n) || n < 0 || n > 256) return FailToStart("--threads: expected 0..256");
-    config.threads = n;
+  if (flags.Has("--threads")) {
+    auto n = flags.Int("--threads", 0, 0, 256);
+    if (!n.ok()) return FailToStart(std::string(n.status().message()));
+    config.threads = static_cast<int>(*n);
   }
   if (auto s = keyguard::config::Validate(config); !s.ok()) return FailToStart(std::string(s.message()));
-  auto status = keyguard::proxy::RunServer(config, flags.count("--config") ? flags["--config"] : "");
+  auto status = keyguard::proxy::RunServer(config, flags.Str("--config"));
   if (!status.ok()) return FailToStart(std::string(status.message()));
   return 0;
 }

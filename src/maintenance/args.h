@@ -1,4 +1,4 @@
-// Command-line flags of the maintenance subcommands: `--name value`, `--name=value`, bare
+// Command-line flags of keyguard and its subcommands: `--name value`, `--name=value`, bare
 // switches and positional words, with errors that name the flag.
 #pragma once
 
