@@ -36,10 +36,7 @@ constexpr char kUsage[] =
     "  --help, --version\n";
 
 // The subcommands (check-config, audit, migrate) write for people: "keyguard: PATH: field: what".
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "keyguard: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return keyguard::maintenance::UsageError("keyguard", message); }
 
 // The proxy logs JSON lines only, start-up failures included (a log pipeline parses every line).
 int FailToStart(const std::string& message) {

@@ -1,6 +1,9 @@
 #include "maintenance/args.h"
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +34,24 @@ std::string Args::Str(std::string_view name, std::string_view fallback) const {
   auto it = flags.find(name);
   return it == flags.end() ? std::string(fallback) : it->second;
 }
+
+namespace {
+std::atomic<bool> stop_requested{false};
+void RequestStop(int) { stop_requested = true; }
+}  // namespace
+
+int UsageError(std::string_view tool, std::string_view message) {
+  std::fprintf(stderr, "%.*s: %.*s\n", static_cast<int>(tool.size()), tool.data(), static_cast<int>(message.size()),
+               message.data());
+  return 2;
+}
+
+void CatchStopSignals() {
+  std::signal(SIGINT, RequestStop);
+  std::signal(SIGTERM, RequestStop);
+}
+
+bool StopRequested() { return stop_requested; }
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& args, std::initializer_list<std::string_view> valued,
                                std::initializer_list<std::string_view> switches) {

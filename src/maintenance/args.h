@@ -24,6 +24,15 @@ struct Args {
   std::string Str(std::string_view name, std::string_view fallback = "") const;
 };
 
+// Writes "<tool>: <message>" to stderr, for people, and returns 2: the exit code of a usage,
+// config or connection error.
+int UsageError(std::string_view tool, std::string_view message);
+
+// SIGINT and SIGTERM no longer end the process: a walk over the keyspace finishes its batch,
+// reports, and prints where to resume. StopRequested() says whether one arrived.
+void CatchStopSignals();
+bool StopRequested();
+
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& args, std::initializer_list<std::string_view> valued,
                                std::initializer_list<std::string_view> switches);
 

@@ -23,13 +23,7 @@
 namespace keyguard::maintenance {
 namespace {
 
-std::atomic<bool> stop_requested{false};
-void RequestStop(int) { stop_requested = true; }
-
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "keyguard audit: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return UsageError("keyguard audit", message); }
 
 int64_t IntOr(const Reply& r, int64_t fallback) { return r.kind == Reply::Kind::kInteger ? r.integer : fallback; }
 
@@ -121,8 +115,7 @@ int RunAudit(const std::vector<std::string>& argv) {
   // servers answer with an error, ignored; there OBJECT IDLETIME is read before any value.
   (void)link.Call({"CLIENT", "NO-TOUCH", "ON"});
 
-  std::signal(SIGINT, RequestStop);
-  std::signal(SIGTERM, RequestStop);
+  CatchStopSignals();
   Progress progress(isatty(STDERR_FILENO) && !args.Has("--no-progress") ? Progress::Mode::kTerminal : Progress::Mode::kOff, "",
                     info.dbsize);
   Pacer pacer(static_cast<uint32_t>(*rate));
@@ -211,7 +204,7 @@ int RunAudit(const std::vector<std::string>& argv) {
       info.complete = true;
       break;
     }
-    if ((*max_keys > 0 && info.scanned >= static_cast<uint64_t>(*max_keys)) || stop_requested) break;
+    if ((*max_keys > 0 && info.scanned >= static_cast<uint64_t>(*max_keys)) || StopRequested()) break;
     progress.Show(info.scanned);
     if (*pause > 0) std::this_thread::sleep_for(std::chrono::milliseconds(*pause));
   }

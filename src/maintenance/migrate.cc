@@ -33,13 +33,7 @@
 namespace keyguard::maintenance {
 namespace {
 
-std::atomic<bool> stop_requested{false};
-void RequestStop(int) { stop_requested = true; }
-
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "keyguard migrate: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return UsageError("keyguard migrate", message); }
 
 // One key's decision, atomically. KEYS: the old key, the new key, then the new key's nested keys.
 // ARGV[1]: mode: verify (read only), copy (write when no new key exists), refresh (also rewrite
@@ -461,8 +455,7 @@ int RunMigrate(const std::vector<std::string>& argv) {
   auto link = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
   if (!link.ok()) return Fail(std::string(link.status().message()));
 
-  std::signal(SIGINT, RequestStop);
-  std::signal(SIGTERM, RequestStop);
+  CatchStopSignals();
   Pacer pacer(static_cast<uint32_t>(*rate));
   const bool dry_run = args.Has("--dry-run") && kind != StepKind::kVerify;
   Step st{kind, *m, **link, pacer, dry_run, args.Has("--refresh"), args.Has("--new-keys-win"), args.Has("--verbose"), "", {}, false};
@@ -499,7 +492,7 @@ int RunMigrate(const std::vector<std::string>& argv) {
       break;
     }
     progress.Show(scanned);
-    if ((*max_keys > 0 && scanned >= static_cast<uint64_t>(*max_keys)) || stop_requested) break;
+    if ((*max_keys > 0 && scanned >= static_cast<uint64_t>(*max_keys)) || StopRequested()) break;
   }
   progress.Done();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
