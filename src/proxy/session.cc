@@ -1,6 +1,9 @@
 #include "proxy/session.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 
 #include "absl/strings/ascii.h"
@@ -186,6 +189,8 @@ awaitable<void> Session::ClientPump() {
       // A walk ended: the commands read while it ran are next.
       resume_ = false;
       ProcessClientBytes(&hint);
+      // Draining: what was read before is served, nothing more is read.
+      if (drain_after_walk_ && !holding_) stop_reading_ = true;
       continue;
     }
     client_buf_.Prepare(hint);
@@ -839,35 +844,49 @@ void Session::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) 
   p.expect = Pending::Expect::kNotQueued;
   queue_.Push(std::move(p));
   holding_ = true;
+  // The first step takes a token like every other: a pipeline of walks of one step each stays
+  // within the tenant's rate.
+  if (WaitForWalkToken()) return;  // the timer sends it, after this batch
   walk_.request = tenant::WalkStep(*tenant_, walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
   ForwardRaw(walk_.request.data(), walk_.request.size());  // sent with this batch
 }
 
-void Session::SendWalkStep() {
+bool Session::WaitForWalkToken() {
   // The tenant's steps on this worker share a budget: a walk over many keys takes its time
   // rather than the server's.
   const uint32_t rate = worker_.config.tenancy->walk_steps_per_second;
-  if (rate != 0) {
-    Worker::WalkBudget& b = worker_.walk_budget[tenant_];
-    const int64_t now = NowNs();
-    if (b.at_ns == 0) b.tokens = rate;
-    b.tokens = std::min<double>(rate, b.tokens + static_cast<double>(now - b.at_ns) * rate / 1e9);
-    b.at_ns = now;
-    if (b.tokens < 1) {
-      const auto wait = std::chrono::nanoseconds(static_cast<int64_t>((1 - b.tokens) * 1e9 / rate) + 1);
-      if (walk_timer_ == nullptr) walk_timer_ = std::make_unique<asio::steady_timer>(worker_.io);
-      walk_timer_->expires_after(wait);
-      std::weak_ptr<Session> weak = shared_from_this();
-      walk_timer_->async_wait([weak](error_code e) {
-        if (auto s = weak.lock(); s && !e && !s->closed_ && s->upstream_ready_ && !s->queue_.empty() &&
-                                   s->queue_.front().kind == Kind::kWalk) {
-          s->SendWalkStep();
-        }
-      });
-      return;
-    }
+  if (rate == 0) return false;
+  Worker::WalkBudget& b = worker_.walk_budget[tenant_];
+  const int64_t now = NowNs();
+  if (b.at_ns == 0) b.tokens = rate;
+  b.tokens = std::min<double>(rate, b.tokens + static_cast<double>(now - b.at_ns) * rate / 1e9);
+  b.at_ns = now;
+  if (b.tokens >= 1) {
     b.tokens -= 1;
+    return false;
   }
+  const auto wait = std::chrono::nanoseconds(static_cast<int64_t>((1 - b.tokens) * 1e9 / rate) + 1);
+  if (walk_timer_ == nullptr) walk_timer_ = std::make_unique<asio::steady_timer>(worker_.io);
+  walk_timer_->expires_after(wait);
+  std::weak_ptr<Session> weak = shared_from_this();
+  walk_timer_->async_wait([weak](error_code e) {
+    // The walk's entry need not be at the head yet (a first step waits behind earlier commands).
+    if (auto s = weak.lock(); s && !e && !s->closed_ && s->upstream_ready_ && s->walk_.walk != tenant::Walk::kNone) {
+      s->SendWalkStep();
+    }
+  });
+  return true;
+}
+
+bool Session::ClientGone() {
+  if (client_buf_.size() != 0) return false;  // commands held behind the walk are still served
+  char c;
+  const ssize_t n = ::recv(client_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void Session::SendWalkStep() {
+  if (WaitForWalkToken()) return;
   walk_.request = tenant::WalkStep(*tenant_, walk_.walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
   upstream_out_.Send(walk_.request);
 }
@@ -897,6 +916,13 @@ void Session::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar>
     return;
   }
   if (walk_.cursor != "0") {
+    if (walk_.walk != tenant::Walk::kFlush && ClientGone()) {
+      // DBSIZE/RANDOMKEY for a client that hung up and sent nothing after it: the answer has
+      // nobody to go to (while a walk runs the client's socket is not read, so its close is
+      // otherwise noticed only when the walk ends: a tenant could leave walks running).
+      FinishWalk("-ERR keyguard: the client closed the connection\r\n", true, now);
+      return;
+    }
     SendWalkStep();
     return;
   }
@@ -949,7 +975,7 @@ awaitable<void> Session::UpstreamPump() {
       FailUpstream(upstream_auth_failed_ ? metrics::UpstreamError::kAuth : metrics::UpstreamError::kProtocol);
       co_return;
     }
-    if (worker_.draining && queue_.empty() && !closing_) {
+    if (worker_.draining && queue_.empty() && !closing_ && !holding_ && !resume_) {
       co_await FlushAndClose();
       co_return;
     }
@@ -1232,6 +1258,11 @@ awaitable<void> Session::FlushAndClose() {
 }
 
 void Session::Drain() {
+  if (holding_ || resume_) {
+    // Commands read behind a walk are still to be served: ClientPump stops reading after them.
+    drain_after_walk_ = true;
+    return;
+  }
   stop_reading_ = true;  // commands already read are still served
   if (queue_.empty() && !closing_) {
     auto self = shared_from_this();

@@ -94,6 +94,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // A step's reply (the kWalk entry at the head): the next step, or the answer.
   void ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now);
   void SendWalkStep();
+  // Takes one of the tenant's step tokens on this worker; without one, arms the timer that calls
+  // SendWalkStep when one is due and returns true.
+  bool WaitForWalkToken();
+  // Whether the client hung up with nothing read behind the walk (a peek at its socket).
+  bool ClientGone();
   void FinishWalk(std::string reply, bool error, int64_t now);
 
   // Upstream side.
@@ -181,6 +186,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<asio::steady_timer> walk_timer_;  // a step waiting for the tenant's rate
   bool holding_ = false;
   bool resume_ = false;
+  bool drain_after_walk_ = false;  // Drain() came while commands were held behind a walk
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;

@@ -265,17 +265,24 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   };
   bool handled = true;
   switch (kind_[id]) {
+    // The walks answer as the server would, its argument errors included.
     case kFlush:
       if (tenancy_.flush == Emulation::kRefuse) return refuse(NotAllowed(display()));
+      if (args.size() > 2 || (args.size() == 2 && !commands::EqualsIgnoreCase(args[1], "async") &&
+                              !commands::EqualsIgnoreCase(args[1], "sync"))) {
+        return refuse("ERR syntax error");
+      }
       r.walk = Walk::kFlush;
       return r;
     case kDbsize:
-      if (tenancy_.dbsize == Emulation::kRefuse) return refuse(NotAllowed(display()));
-      r.walk = Walk::kDbsize;
-      return r;
     case kRandomkey:
-      if (tenancy_.randomkey == Emulation::kRefuse) return refuse(NotAllowed(display()));
-      r.walk = Walk::kRandomkey;
+      if ((kind_[id] == kDbsize ? tenancy_.dbsize : tenancy_.randomkey) == Emulation::kRefuse) {
+        return refuse(NotAllowed(display()));
+      }
+      if (args.size() != 1) {
+        return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
+      }
+      r.walk = kind_[id] == kDbsize ? Walk::kDbsize : Walk::kRandomkey;
       return r;
     case kKeys:
       if (args.size() == 2) set(1, Joined(tenant.glob_prefix, args[1]));

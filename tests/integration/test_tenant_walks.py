@@ -160,3 +160,72 @@ def test_steps_are_rate_limited_per_tenant(server, direct):
         assert result["alice"] == ALICE_KEYS
     finally:
         assert k.stop() == 0, k.output()
+
+
+CRAWL = CONFIG.replace("walk_steps_per_second: 0", "walk_steps_per_second: 5")
+
+
+def test_a_walks_first_step_takes_a_token_too(server, direct):
+    # RANDOMKEY of a tenant holding most keys ends in its first step (the server's RANDOMKEY): a
+    # pipeline of them is as many steps, and the rate holds for them as for any other.
+    k = Keyguard(server.port, config=SLOW)
+    try:
+        c = RespConn(k.port)
+        assert c.call("AUTH", "alice", "alice-secret") == "OK"
+        start = time.monotonic()
+        out = c.exchange(encode("RANDOMKEY") * 40 + encode("PING"), replies=41)
+        # 20 steps a second and a one-second burst: at least 40 steps take (40 - 20) / 20 s.
+        assert time.monotonic() - start >= (40 - 20) / 20.0
+        assert out.count(b"$") == 40 and out.endswith(b"+PONG\r\n"), out[-200:]
+    finally:
+        assert k.stop() == 0, k.output()
+
+
+def test_drain_serves_the_commands_held_behind_a_walk(server, direct):
+    k = Keyguard(server.port, config=CRAWL)
+    c = RespConn(k.port)
+    assert c.call("AUTH", "alice", "alice-secret") == "OK"
+    # 26 steps at 5 a second: SIGTERM comes while the walk runs, SET and GET wait behind it.
+    c.send_raw(encode("DBSIZE") + encode("SET", "after", "1") + encode("GET", "after"))
+    time.sleep(1.0)
+    assert k.stop() == 0, k.output()
+    assert c.exchange(b"", closed=True) == b":%d\r\n+OK\r\n$1\r\n1\r\n<closed>" % ALICE_KEYS
+    assert direct.get("tenant:a:after") == "1"
+
+
+def test_a_read_only_walk_stops_when_its_client_hangs_up(server, direct):
+    k = Keyguard(server.port, config=CRAWL)
+    try:
+        def evals():
+            return int(direct.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+
+        c = RespConn(k.port)
+        assert c.call("AUTH", "alice", "alice-secret") == "OK"
+        before = evals()
+        c.send_raw(encode("DBSIZE"))  # 26 steps at 5 a second
+        wait_until(lambda: evals() > before, "the walk to start")
+        c.close()
+        time.sleep(1.0)  # the step after the close notices it
+        stopped = evals()
+        time.sleep(1.0)
+        assert evals() == stopped and stopped - before < ALICE_KEYS // STEP_KEYS
+        # A FLUSH goes on to the end, as the server's would (another client's GET after it
+        # must not find the tenant's keys half gone).
+        c = RespConn(k.port)
+        assert c.call("AUTH", "alice", "alice-secret") == "OK"
+        c.send_raw(encode("FLUSHDB"))
+        c.close()
+        wait_until(lambda: direct.keys("tenant:a:*") == [], "the flush to finish")
+        assert direct.dbsize() == BOB_KEYS
+    finally:
+        assert k.stop() == 0, k.output()
+
+
+def test_walk_argument_errors_are_the_servers(kg, server, direct):
+    """A walk answers a wrong argument as the server does, and walks nothing."""
+    c = RespConn(kg.port)
+    assert c.call("AUTH", "alice", "alice-secret") == "OK"
+    raw = RespConn(server.port)
+    for args in (("DBSIZE", "x"), ("RANDOMKEY", "y"), ("FLUSHALL", "bogus"), ("FLUSHDB", "ASYNC", "x")):
+        assert str(c.call(*args)) == str(raw.call(*args)), args
+    assert direct.dbsize() == ALICE_KEYS + BOB_KEYS

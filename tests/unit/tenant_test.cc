@@ -192,6 +192,12 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
   EXPECT_EQ(Req({"FLUSHALL", "ASYNC"}), "WALK 1");
   EXPECT_EQ(Req({"DBSIZE"}), "WALK 2");
   EXPECT_EQ(Req({"RANDOMKEY"}), "WALK 3");
+  EXPECT_EQ(Req({"FLUSHALL", "sync"}), "WALK 1");
+  // With the server's own argument errors.
+  EXPECT_EQ(Req({"DBSIZE", "x"}), "REFUSE: ERR wrong number of arguments for 'dbsize' command");
+  EXPECT_EQ(Req({"RANDOMKEY", "y"}), "REFUSE: ERR wrong number of arguments for 'randomkey' command");
+  EXPECT_EQ(Req({"FLUSHALL", "bogus"}), "REFUSE: ERR syntax error");
+  EXPECT_EQ(Req({"FLUSHDB", "ASYNC", "x"}), "REFUSE: ERR syntax error");
   // One step: an EVAL of the walk script over the tenant's escaped glob, from a cursor.
   const std::string step = WalkStep(*tenancy_->static_tenant(), Walk::kDbsize, "1234", 7, 500);
   EXPECT_TRUE(absl::StartsWith(step, "*9\r\n$4\r\nEVAL\r\n")) << step;
