@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite:
+# Installs what is missing, checks the C++ formatting, builds, and runs the whole test suite:
 #   unit tests (framer fragment replay, hiredis differential, config, metrics),
 #   integration tests through keyguard against real redis-server (hiredis, redis-py, redis-cli,
 #   raw RESP), promtool on real /metrics, the packaging e2e tests (a real Prometheus scraping
@@ -16,6 +16,9 @@ step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 step "install"
 bash scripts/install-deps.sh all
 # Tests start their own redis-server on free ports; nothing else is needed running.
+
+step "format (.clang-format)"
+bash scripts/check_format.sh
 
 step "build (release)"
 bash scripts/build.sh release

@@ -34,23 +34,33 @@ size_t TopN(std::string_view target) {
 }  // namespace
 
 AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
-                         const config::ConfigStore& store, const hygiene::FindingLog& findings, const hygiene::HotKeysBoard& hot_keys,
-                         tcp::endpoint upstream, const std::atomic<bool>& draining)
-    : io_(io), registry_(registry), config_(config), store_(store), findings_(findings), hot_keys_(hot_keys),
+                         const config::ConfigStore& store, const hygiene::FindingLog& findings,
+                         const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream,
+                         const std::atomic<bool>& draining)
+    : io_(io),
+      registry_(registry),
+      config_(config),
+      store_(store),
+      findings_(findings),
+      hot_keys_(hot_keys),
       upstream_(upstream),
-      draining_(draining), acceptor_(io) {}
+      draining_(draining),
+      acceptor_(io) {}
 
 absl::Status AdminServer::Listen() {
   tcp::resolver resolver(io_);
   error_code ec;
   auto results = resolver.resolve(config_.admin.host, std::to_string(config_.admin.port), ec);
-  if (ec || results.empty()) return absl::UnavailableError(absl::StrCat("admin: cannot resolve ", config_.admin.ToString()));
+  if (ec || results.empty())
+    return absl::UnavailableError(absl::StrCat("admin: cannot resolve ", config_.admin.ToString()));
   const tcp::endpoint ep = results.begin()->endpoint();
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("admin: cannot listen on ", config_.admin.ToString(), ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(
+        absl::StrCat("admin: cannot listen on ", config_.admin.ToString(), ": ", ec.message()));
   endpoint_ = acceptor_.local_endpoint();
   asio::co_spawn(io_, Accept(), asio::detached);
   return absl::OkStatus();
@@ -132,7 +142,8 @@ awaitable<void> AdminServer::Serve(tcp::socket socket) {
       }
     } else {
       res.result(http::status::not_found);
-      res.body() = "not found; try /metrics, /healthz, /readyz, /config, /debug/findings, /debug/hotkeys, /debug/bigkeys\n";
+      res.body() =
+          "not found; try /metrics, /healthz, /readyz, /config, /debug/findings, /debug/hotkeys, /debug/bigkeys\n";
     }
     res.keep_alive(req.keep_alive());
     res.prepare_payload();

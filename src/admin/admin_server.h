@@ -17,8 +17,8 @@ class AdminServer {
  public:
   // Serves on `io` (its own thread); `upstream` is probed by /readyz; `draining` turns /readyz off.
   AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
-              const config::ConfigStore& store, const hygiene::FindingLog& findings, const hygiene::HotKeysBoard& hot_keys,
-              tcp::endpoint upstream, const std::atomic<bool>& draining);
+              const config::ConfigStore& store, const hygiene::FindingLog& findings,
+              const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream, const std::atomic<bool>& draining);
 
   // Binds and starts accepting.
   absl::Status Listen();

@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
   }
   if (!args.empty() && args[0] == "audit") return keyguard::maintenance::RunAudit({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "migrate") return keyguard::maintenance::RunMigrate({args.begin() + 1, args.end()});
-  if (!args.empty() && args[0].rfind("--", 0) != 0) return Fail(absl::StrCat("unknown subcommand '", args[0], "'\n", kUsage));
+  if (!args.empty() && args[0].rfind("--", 0) != 0)
+    return Fail(absl::StrCat("unknown subcommand '", args[0], "'\n", kUsage));
 
   if (std::find(args.begin(), args.end(), "-h") != args.end()) {
     std::fputs(kUsage, stdout);

@@ -18,7 +18,7 @@ namespace {
 
 // The live table: the generated one, plus what the upstream's COMMAND INFO added at start-up.
 struct Table {
-  std::vector<CommandSpec> specs;   // top-level commands and subcommands, by index
+  std::vector<CommandSpec> specs;  // top-level commands and subcommands, by index
   std::vector<KeySpec> key_specs;
   std::vector<uint32_t> top;        // CommandId -> index in specs
   std::deque<std::string> strings;  // names and keywords of added commands
@@ -31,13 +31,13 @@ struct Table {
   std::vector<Slot> slots;
   size_t max_len = 0;
 
-  Table() : specs(std::begin(kCommandSpecs), std::end(kCommandSpecs)), key_specs(std::begin(kKeySpecs), std::end(kKeySpecs)) {
+  Table()
+      : specs(std::begin(kCommandSpecs), std::end(kCommandSpecs)),
+        key_specs(std::begin(kKeySpecs), std::end(kKeySpecs)) {
     for (size_t id = 0; id < kTopLevelCommands; ++id) top.push_back(static_cast<uint32_t>(id));
     for (size_t id = 1; id < kTopLevelCommands; ++id) Index(static_cast<CommandId>(id));
   }
-  static uint64_t Hash(std::string_view lower) {
-    return Fnv1a(lower);
-  }
+  static uint64_t Hash(std::string_view lower) { return Fnv1a(lower); }
   void Index(CommandId id) {
     const std::string_view name = specs[top[id]].name;
     if (name.size() > max_len) max_len = name.size();
@@ -401,10 +401,17 @@ int16_t Small(const Value* v) {
 }
 
 uint32_t KeyFlagMask(std::string_view name) {
-  static constexpr std::pair<std::string_view, uint32_t> kNames[] = {
-      {"RO", kKeyRo}, {"RW", kKeyRw}, {"OW", kKeyOw}, {"RM", kKeyRm}, {"access", kKeyAccess},
-      {"update", kKeyUpdate}, {"insert", kKeyInsert}, {"delete", kKeyDelete}, {"not_key", kKeyNotKey},
-      {"incomplete", kKeyIncomplete}, {"variable_flags", kKeyVariableFlags}};
+  static constexpr std::pair<std::string_view, uint32_t> kNames[] = {{"RO", kKeyRo},
+                                                                     {"RW", kKeyRw},
+                                                                     {"OW", kKeyOw},
+                                                                     {"RM", kKeyRm},
+                                                                     {"access", kKeyAccess},
+                                                                     {"update", kKeyUpdate},
+                                                                     {"insert", kKeyInsert},
+                                                                     {"delete", kKeyDelete},
+                                                                     {"not_key", kKeyNotKey},
+                                                                     {"incomplete", kKeyIncomplete},
+                                                                     {"variable_flags", kKeyVariableFlags}};
   for (const auto& [n, m] : kNames) {
     if (EqualsIgnoreCase(n, name)) return m;
   }
@@ -479,7 +486,8 @@ absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply) {
   const auto v = resp::ParseValue(reply);
   if (!v) return absl::InvalidArgumentError("COMMAND INFO reply is not one RESP value");
   if (v->type == '-') return absl::UnavailableError(std::string(v->text));
-  if (v->type != '*') return absl::InvalidArgumentError(absl::StrCat("COMMAND INFO replied with type '", std::string(1, v->type), "'"));
+  if (v->type != '*')
+    return absl::InvalidArgumentError(absl::StrCat("COMMAND INFO replied with type '", std::string(1, v->type), "'"));
   Table& t = GetTable();
   int added = 0;
   for (const Value& c : v->elements) {
@@ -507,12 +515,12 @@ absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply) {
 
 const KnownCommands& Known() {
   static const KnownCommands known{
-      LookupCommand("multi"),        LookupCommand("exec"),         LookupCommand("discard"),
-      LookupCommand("subscribe"),    LookupCommand("psubscribe"),   LookupCommand("ssubscribe"),
-      LookupCommand("unsubscribe"),  LookupCommand("punsubscribe"), LookupCommand("sunsubscribe"),
-      LookupCommand("hello"),        LookupCommand("monitor"),      LookupCommand("reset"),
-      LookupCommand("quit"),         LookupCommand("client"),       LookupCommand("watch"),
-      LookupCommand("unwatch"),      LookupCommand("auth"),         LookupCommand("sync"),
+      LookupCommand("multi"),       LookupCommand("exec"),         LookupCommand("discard"),
+      LookupCommand("subscribe"),   LookupCommand("psubscribe"),   LookupCommand("ssubscribe"),
+      LookupCommand("unsubscribe"), LookupCommand("punsubscribe"), LookupCommand("sunsubscribe"),
+      LookupCommand("hello"),       LookupCommand("monitor"),      LookupCommand("reset"),
+      LookupCommand("quit"),        LookupCommand("client"),       LookupCommand("watch"),
+      LookupCommand("unwatch"),     LookupCommand("auth"),         LookupCommand("sync"),
       LookupCommand("psync")};
   return known;
 }

@@ -17,7 +17,6 @@ namespace {
 
 namespace v1 = keyguard::config::v1;
 
-
 absl::Status CompileHygiene(const v1::Hygiene& h, hygiene::Settings* out) {
   // Rules: the fields of HygieneRules are named after the finding kinds.
   const auto* desc = h.rules().GetDescriptor();
@@ -36,11 +35,13 @@ absl::Status CompileHygiene(const v1::Hygiene& h, hygiene::Settings* out) {
       default: break;
     }
     if (a == hygiene::Action::kRewrite && !hygiene::CanRewrite(kind)) {
-      return FieldError(path, "this rule has no rewrite (only del_big_key, flush_without_async, missing_ttl and "
-                              "expiry_clustering do)");
+      return FieldError(path,
+                        "this rule has no rewrite (only del_big_key, flush_without_async, missing_ttl and "
+                        "expiry_clustering do)");
     }
     if (a == hygiene::Action::kReject && !hygiene::CanReject(kind)) {
-      return FieldError(path, "this finding is only known from the reply, after the command ran: it cannot be rejected");
+      return FieldError(path,
+                        "this finding is only known from the reply, after the command ran: it cannot be rejected");
     }
     out->actions[k] = a;
   }
@@ -70,7 +71,8 @@ absl::Status CompileHygiene(const v1::Hygiene& h, hygiene::Settings* out) {
     out->expiry_cluster_keys = static_cast<int64_t>(h.expiry_cluster_keys());
   }
   if (h.has_jitter_percent()) {
-    if (h.jitter_percent() < 1 || h.jitter_percent() > 100) return FieldError("hygiene.jitter_percent", "must be between 1 and 100");
+    if (h.jitter_percent() < 1 || h.jitter_percent() > 100)
+      return FieldError("hygiene.jitter_percent", "must be between 1 and 100");
     out->jitter_percent = static_cast<int>(h.jitter_percent());
   }
   if (h.has_probe()) out->probe = h.probe();
@@ -198,7 +200,8 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
   if (h.has_enabled()) c.hygiene.enabled = h.enabled();
   if (h.has_big_string_bytes()) c.hygiene.big_string_bytes = h.big_string_bytes();
   if (h.has_huge_string_bytes()) c.hygiene.huge_string_bytes = h.huge_string_bytes();
-  if (h.has_big_collection_elements()) c.hygiene.big_collection_elements = static_cast<int64_t>(h.big_collection_elements());
+  if (h.has_big_collection_elements())
+    c.hygiene.big_collection_elements = static_cast<int64_t>(h.big_collection_elements());
   if (h.has_rmw_window_ms()) c.hygiene.rmw_window_ms = static_cast<int64_t>(h.rmw_window_ms());
   if (h.has_tracked_keys()) {
     if (auto s = range("hygiene.tracked_keys", static_cast<int64_t>(h.tracked_keys()), 1, 10000000); !s.ok()) return s;
@@ -209,15 +212,18 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     c.hygiene.findings_kept = h.findings_kept();
   }
   if (h.has_hot_keys_interval_s()) {
-    if (auto s = range("hygiene.hot_keys_interval_s", static_cast<int64_t>(h.hot_keys_interval_s()), 1, 86400); !s.ok()) return s;
+    if (auto s = range("hygiene.hot_keys_interval_s", static_cast<int64_t>(h.hot_keys_interval_s()), 1, 86400); !s.ok())
+      return s;
     c.hygiene.hot_keys_interval_s = static_cast<int64_t>(h.hot_keys_interval_s());
   }
   if (h.has_hot_keys_capacity()) {
-    if (auto s = range("hygiene.hot_keys_capacity", static_cast<int64_t>(h.hot_keys_capacity()), 0, 65536); !s.ok()) return s;
+    if (auto s = range("hygiene.hot_keys_capacity", static_cast<int64_t>(h.hot_keys_capacity()), 0, 65536); !s.ok())
+      return s;
     c.hygiene.hot_keys_capacity = h.hot_keys_capacity();
   }
   if (h.has_hot_keys_sample()) {
-    if (auto s = range("hygiene.hot_keys_sample", static_cast<int64_t>(h.hot_keys_sample()), 1, 1024); !s.ok()) return s;
+    if (auto s = range("hygiene.hot_keys_sample", static_cast<int64_t>(h.hot_keys_sample()), 1, 1024); !s.ok())
+      return s;
     c.hygiene.hot_keys_sample = static_cast<uint32_t>(h.hot_keys_sample());
   }
   if (auto s = CompileHygiene(h, &c.hygiene); !s.ok()) return s;

@@ -68,33 +68,33 @@ void ConfigStore::PollFile() {
 
 std::string ConfigStore::Describe() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return absl::StrCat("version: ", version_.load(), "\nsource: ", path_.empty() ? "(flags and defaults)" : path_,
-                      "\nlast_reload_trigger: ", last_trigger_, "\nreloads: ", reloads_.load(),
-                      "\nreload_failures: ", failures_.load(), "\nlast_reload_error: ",
-                      last_error_.empty() ? "none" : last_error_, "\n---\n", DescribeConfig(*current_));
+  return absl::StrCat(
+      "version: ", version_.load(), "\nsource: ", path_.empty() ? "(flags and defaults)" : path_,
+      "\nlast_reload_trigger: ", last_trigger_, "\nreloads: ", reloads_.load(), "\nreload_failures: ", failures_.load(),
+      "\nlast_reload_error: ", last_error_.empty() ? "none" : last_error_, "\n---\n", DescribeConfig(*current_));
 }
 
 std::string DescribeConfig(const ProxyConfig& c) {
-  std::string out = absl::StrCat("listen: ", c.listen.ToString(), "\nupstream: ", c.upstream.ToString(),
-                                 "\nadmin: ", c.admin.ToString(), "\nthreads: ", c.threads,
-                                 "\nupstream_connect_timeout_ms: ", c.upstream_connect_timeout_ms,
-                                 "\ndrain_timeout_ms: ", c.drain_timeout_ms, "\ndeny_commands: [",
-                                 absl::StrJoin(c.deny_commands, ", "), "]\nlimits:\n  max_bulk_len: ",
-                                 c.limits.max_bulk_len, "\n  max_multibulk_len: ", c.limits.max_multibulk_len,
-                                 "\n  max_inline_len: ", c.limits.max_inline_len,
-                                 "\n  max_pending_commands: ", c.max_pending_commands, "\n  max_output_buffer: ",
-                                 c.max_output_buffer, "\n  read_buffer_size: ", c.read_buffer_size,
-                                 "\nunknown_commands: ", c.reject_unknown_commands ? "reject" : "forward",
-                                 "\nkey_policy:", c.key_policy->empty() ? " off" : "", "\n");
+  std::string out = absl::StrCat(
+      "listen: ", c.listen.ToString(), "\nupstream: ", c.upstream.ToString(), "\nadmin: ", c.admin.ToString(),
+      "\nthreads: ", c.threads, "\nupstream_connect_timeout_ms: ", c.upstream_connect_timeout_ms,
+      "\ndrain_timeout_ms: ", c.drain_timeout_ms, "\ndeny_commands: [", absl::StrJoin(c.deny_commands, ", "),
+      "]\nlimits:\n  max_bulk_len: ", c.limits.max_bulk_len, "\n  max_multibulk_len: ", c.limits.max_multibulk_len,
+      "\n  max_inline_len: ", c.limits.max_inline_len, "\n  max_pending_commands: ", c.max_pending_commands,
+      "\n  max_output_buffer: ", c.max_output_buffer, "\n  read_buffer_size: ", c.read_buffer_size,
+      "\nunknown_commands: ", c.reject_unknown_commands ? "reject" : "forward",
+      "\nkey_policy:", c.key_policy->empty() ? " off" : "", "\n");
   for (const auto& r : c.key_policy->rules()) {
     absl::StrAppend(&out, "  - rule: ", r.name, "\n    action: ", policy::ActionName(r.action), "\n");
-    if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0) absl::StrAppend(&out, "    scoped: true\n");
+    if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0)
+      absl::StrAppend(&out, "    scoped: true\n");
   }
   const hygiene::Settings& h = c.hygiene;
   absl::StrAppend(&out, "hygiene:", h.enabled ? "" : " off", "\n");
   if (h.enabled) {
-    absl::StrAppend(&out, "  big_string_bytes: ", h.big_string_bytes, "\n  big_collection_elements: ",
-                    h.big_collection_elements, "\n  probe: ", h.probe ? "on" : "off", "\n  rules:\n");
+    absl::StrAppend(&out, "  big_string_bytes: ", h.big_string_bytes,
+                    "\n  big_collection_elements: ", h.big_collection_elements, "\n  probe: ", h.probe ? "on" : "off",
+                    "\n  rules:\n");
     for (size_t k = 0; k < hygiene::kKindCount; ++k) {
       absl::StrAppend(&out, "    ", hygiene::KindName(static_cast<hygiene::Kind>(k)), ": ",
                       hygiene::ActionName(h.actions[k]), "\n");
@@ -109,10 +109,15 @@ std::string DescribeConfig(const ProxyConfig& c) {
     absl::StrAppend(&out, "tenancy: off\n");
   } else {
     absl::StrAppend(&out, "tenancy:\n  mode: ", c.tenancy->requires_auth() ? "users" : "static", "\n");
-    for (const auto& t : c.tenancy->tenants()) absl::StrAppend(&out, "  - tenant: ", t->name, "\n    prefix: \"", t->prefix, "\"\n");
+    for (const auto& t : c.tenancy->tenants())
+      absl::StrAppend(&out, "  - tenant: ", t->name, "\n    prefix: \"", t->prefix, "\"\n");
     for (const auto& u : c.tenancy->users()) absl::StrAppend(&out, "  - user: ", u.name, " -> ", u.tenant->name, "\n");
   }
-  absl::StrAppend(&out, "upstream_auth: ", c.upstream_auth.password.empty() ? "none" : (c.upstream_auth.user.empty() ? "password" : absl::StrCat("user ", c.upstream_auth.user)), "\n");
+  absl::StrAppend(&out, "upstream_auth: ",
+                  c.upstream_auth.password.empty()
+                      ? "none"
+                      : (c.upstream_auth.user.empty() ? "password" : absl::StrCat("user ", c.upstream_auth.user)),
+                  "\n");
   return out;
 }
 

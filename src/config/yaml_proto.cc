@@ -66,7 +66,8 @@ struct Budget {
 absl::Status Enter(const YAML::Node& n, const std::string& path, int depth, Budget* b) {
   if (depth > kMaxYamlDepth) return Error(path, absl::StrCat("nested deeper than ", kMaxYamlDepth, " levels"));
   if (--b->values < 0) {
-    return Error(path, absl::StrCat("the document expands (through aliases) to more than ", kMaxExpandedValues, " values"));
+    return Error(path,
+                 absl::StrCat("the document expands (through aliases) to more than ", kMaxExpandedValues, " values"));
   }
   if (n.IsScalar()) {
     b->scalar_bytes -= static_cast<int64_t>(n.Scalar().size());
@@ -102,7 +103,8 @@ absl::Status ParseInt(const YAML::Node& n, const std::string& path, T* out) {
   const std::string& s = n.Scalar();
   if (!LooksLikeInteger(s)) return Error(path, "expected an integer");
   const auto out_of_range = [&] {
-    return Error(path, absl::StrCat("must be between ", std::numeric_limits<T>::min(), " and ", std::numeric_limits<T>::max()));
+    return Error(
+        path, absl::StrCat("must be between ", std::numeric_limits<T>::min(), " and ", std::numeric_limits<T>::max()));
   };
   if constexpr (std::is_signed_v<T>) {
     int64_t v;
@@ -134,7 +136,8 @@ absl::Status SetValue(const YAML::Node& n, Message* m, const FieldDescriptor* f,
   }
   if (auto s = Enter(n, path, depth, b); !s.ok()) return s;
   if (!n.IsScalar()) {
-    return Error(path, f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ? "expected a string" : "expected a scalar value");
+    return Error(path,
+                 f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ? "expected a string" : "expected a scalar value");
   }
   switch (f->cpp_type()) {
     case FieldDescriptor::CPPTYPE_STRING:
@@ -206,8 +209,7 @@ absl::Status SetValue(const YAML::Node& n, Message* m, const FieldDescriptor* f,
       }
       return Error(path, absl::StrCat("'", Shown(n.Scalar()), "' is not one of ", absl::StrJoin(names, ", ")));
     }
-    case FieldDescriptor::CPPTYPE_MESSAGE:
-      break;  // handled above
+    case FieldDescriptor::CPPTYPE_MESSAGE: break;  // handled above
   }
   return Error(path, "unsupported field type");
 }
@@ -229,8 +231,9 @@ absl::Status ToMessage(const YAML::Node& node, Message* message, const std::stri
     const std::string field_path = Join(path, Shown(key));
     // yaml-cpp does not implement merge keys: it would hand us "<<" as a field name.
     if (key == "<<" && k.Tag() == "?") {
-      return Error(field_path, "merge keys are not supported; write the fields out (an alias may stand for a whole "
-                               "value, as in `rules: *shared_rules`)");
+      return Error(field_path,
+                   "merge keys are not supported; write the fields out (an alias may stand for a whole "
+                   "value, as in `rules: *shared_rules`)");
     }
     const int line = k.Mark().is_null() ? 0 : k.Mark().line + 1;
     if (auto [it, fresh] = seen.emplace(key, line); !fresh) {
@@ -276,9 +279,10 @@ absl::Status CheckText(std::string_view t) {
         ++line;
         column = 1;
       } else if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Position(line, column), "control character 0x", absl::Hex(c, absl::kZeroPad2),
-            " is not allowed in YAML text (in a double-quoted string write it as \\x", absl::Hex(c, absl::kZeroPad2), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(Position(line, column), "control character 0x", absl::Hex(c, absl::kZeroPad2),
+                         " is not allowed in YAML text (in a double-quoted string write it as \\x",
+                         absl::Hex(c, absl::kZeroPad2), ")"));
       } else {
         ++column;
       }
@@ -328,7 +332,9 @@ class Census : public YAML::EventHandler {
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Count(mark); }
   void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Count(mark); }
-  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override { Count(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    Count(mark);
+  }
   void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
     Count(mark);
   }
@@ -349,7 +355,8 @@ absl::Status FromYamlException(const YAML::Exception& e) {
   if (const auto* deep = dynamic_cast<const YAML::DeepRecursion*>(&e); deep != nullptr) {
     // yaml-cpp's own recursion limit, which it reports as "bad file".
     return absl::InvalidArgumentError(absl::StrCat(Position(e.mark.line + 1, e.mark.column + 1),
-                                                   "nested deeper than yaml-cpp's limit (", deep->depth() - 1, " levels)"));
+                                                   "nested deeper than yaml-cpp's limit (", deep->depth() - 1,
+                                                   " levels)"));
   }
   return absl::InvalidArgumentError(absl::StrCat(Position(e.mark.line + 1, e.mark.column + 1), e.msg));
 }
@@ -367,8 +374,8 @@ absl::Status YamlToProto(const YAML::Node& node, Message* message, const std::st
 
 absl::Status YamlTextToProto(std::string_view yaml, Message* message) {
   if (static_cast<int64_t>(yaml.size()) > kMaxConfigFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the text is ", yaml.size(), " bytes; a config file may have at most ",
-                                                   kMaxConfigFileBytes, " (4 MiB)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the text is ", yaml.size(), " bytes; a config file may have at most ", kMaxConfigFileBytes, " (4 MiB)"));
   }
   if (auto s = CheckText(yaml); !s.ok()) return s;
   const std::string text(yaml);
@@ -387,13 +394,13 @@ absl::Status YamlTextToProto(std::string_view yaml, Message* message) {
       for (size_t i = 1; i < starts.size(); ++i) {
         const YAML::Mark& m = starts[i];
         if (m.pos == starts[i - 1].pos && m.pos >= 0 && static_cast<size_t>(m.pos) < text.size()) {
-          return absl::InvalidArgumentError(absl::StrCat(Position(m.line + 1, m.column + 1), "unexpected '",
-                                                         text.substr(m.pos, 1), "'"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(Position(m.line + 1, m.column + 1), "unexpected '", text.substr(m.pos, 1), "'"));
         }
       }
       const YAML::Mark& m = starts[1];
-      return absl::InvalidArgumentError(absl::StrCat(Position(m.line + 1, m.column + 1),
-                                                     "a second YAML document; a config file holds one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Position(m.line + 1, m.column + 1), "a second YAML document; a config file holds one"));
     }
     if (census.nodes > kMaxYamlNodes) {
       const YAML::Mark& m = census.over_limit;
@@ -421,15 +428,16 @@ absl::StatusOr<std::string> ReadConfigText(const std::string& path) {
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st;
-  if (::fstat(fd, &st) != 0) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
+  if (::fstat(fd, &st) != 0)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
   if (S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a file"));
   if (!S_ISREG(st.st_mode)) {
     const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : "a device";
     return absl::InvalidArgumentError(absl::StrCat(path, ": is not a regular file (", kind, ")"));
   }
   const auto too_big = [&](int64_t size) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", size, " bytes; a config file may have at most ",
-                                                   kMaxConfigFileBytes, " (4 MiB)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is ", size, " bytes; a config file may have at most ", kMaxConfigFileBytes, " (4 MiB)"));
   };
   if (st.st_size > kMaxConfigFileBytes) return too_big(st.st_size);
   std::string text;
@@ -440,7 +448,8 @@ absl::StatusOr<std::string> ReadConfigText(const std::string& path) {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read: ", std::strerror(errno)));
     if (n == 0) break;
     text.append(chunk, static_cast<size_t>(n));
-    if (static_cast<int64_t>(text.size()) > kMaxConfigFileBytes) return too_big(static_cast<int64_t>(text.size()));  // it grew
+    if (static_cast<int64_t>(text.size()) > kMaxConfigFileBytes)
+      return too_big(static_cast<int64_t>(text.size()));  // it grew
   }
   return text;
 }

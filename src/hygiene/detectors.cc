@@ -33,7 +33,6 @@ const char* KindName(Kind k) {
   return "unknown";
 }
 
-
 bool CanRewrite(Kind k) {
   return k == Kind::kDelBigKey || k == Kind::kFlushWithoutAsync || k == Kind::kMissingTtl ||
          k == Kind::kExpiryClustering;
@@ -46,21 +45,20 @@ bool CanReject(Kind k) {
 
 std::string ShownKey(std::string_view key, KeyMode mode) {
   switch (mode) {
-    case KeyMode::kRaw:
-      return std::string(key);
+    case KeyMode::kRaw: return std::string(key);
     case KeyMode::kHashed: {
       // FNV-1a 64: stable across restarts and processes, so one key's findings still group.
       return absl::StrCat("hash:", absl::Hex(Fingerprint(key), absl::kZeroPad16));
     }
-    case KeyMode::kRedacted:
-      return "";
+    case KeyMode::kRedacted: return "";
   }
   return "";
 }
 
 std::string FindingJson(const Finding& f, int64_t unix_ms) {
-  std::string out = absl::StrCat("{\"time_ms\":", unix_ms, ",\"kind\":", JsonString(KindName(f.kind)), ",\"rule\":",
-                                 JsonString(KindName(f.kind)), ",\"action\":", JsonString(ActionName(f.action)), ",\"key\":", JsonString(f.key),
+  std::string out = absl::StrCat("{\"time_ms\":", unix_ms, ",\"kind\":", JsonString(KindName(f.kind)),
+                                 ",\"rule\":", JsonString(KindName(f.kind)),
+                                 ",\"action\":", JsonString(ActionName(f.action)), ",\"key\":", JsonString(f.key),
                                  ",\"key_pattern\":", JsonString(f.key_pattern), ",\"command\":", JsonString(f.command),
                                  ",\"client\":", JsonString(f.client), ",\"client_name\":", JsonString(f.client_name));
   if (!f.tenant.empty()) absl::StrAppend(&out, ",\"tenant\":", JsonString(f.tenant));
@@ -93,8 +91,8 @@ void FindingLog::Add(const Finding& f) {
   std::string line = FindingJson(f, now_ms);
   std::lock_guard<std::mutex> lock(mu_);
   const std::string limit_key = absl::StrCat(KindName(f.kind), "|", f.key_pattern);
-  auto [it, fresh] = f.action == Action::kObserve ? std::make_pair(last_logged_.end(), false)
-                                                  : last_logged_.try_emplace(limit_key, 0);
+  auto [it, fresh] =
+      f.action == Action::kObserve ? std::make_pair(last_logged_.end(), false) : last_logged_.try_emplace(limit_key, 0);
   if (it != last_logged_.end() && (fresh || now_ms / 1000 - it->second >= 10)) {
     it->second = now_ms / 1000;
     const std::string log = absl::StrCat("{\"level\":\"", f.action == Action::kWarn ? "warn" : "info",
@@ -157,11 +155,13 @@ void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_vie
       int64_t changed = 0;
       // Plain pairs, not structured bindings: clang 14 (the fuzz build) cannot capture those.
       for (const auto& field : fields) {
-        auto old = std::find_if(e.fields.begin(), e.fields.end(), [&](const auto& f) { return f.first == field.first; });
+        auto old =
+            std::find_if(e.fields.begin(), e.fields.end(), [&](const auto& f) { return f.first == field.first; });
         if (old == e.fields.end() || old->second != field.second) ++changed;
       }
       for (const auto& field : e.fields) {
-        if (std::none_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == field.first; })) ++changed;
+        if (std::none_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == field.first; }))
+          ++changed;
       }
       rmw.fields_changed = changed;
       rmw.fields_total = static_cast<int64_t>(std::max(fields.size(), e.fields.size()));
@@ -180,7 +180,8 @@ bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string
                                std::vector<std::string>* attributes, uint64_t scope) {
   const size_t colon = key.rfind(':');
   // Only `parent:attribute` keys with a short attribute name that is not an id.
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 >= key.size() || key.size() - colon - 1 > 32) return false;
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 >= key.size() || key.size() - colon - 1 > 32)
+    return false;
   const std::string_view attribute = key.substr(colon + 1);
   // An id (all digits) is not an attribute. A plain loop: find_first_not_of with a character set
   // costs ~10 instructions a byte, and this runs for every small string write.

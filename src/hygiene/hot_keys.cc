@@ -85,9 +85,8 @@ std::vector<SpaceSaving::Entry> SpaceSaving::Entries() const {
   std::vector<Entry> out;
   out.reserve(slots_.size());
   for (const Slot& s : slots_) out.push_back(Entry{s.item, s.count, s.error});
-  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
-    return a.count != b.count ? a.count > b.count : a.item < b.item;
-  });
+  std::sort(out.begin(), out.end(),
+            [](const Entry& a, const Entry& b) { return a.count != b.count ? a.count > b.count : a.item < b.item; });
   return out;
 }
 
@@ -245,8 +244,9 @@ std::string Quoted(std::string_view s) { return JsonString(s); }
 // "key":..,"tenant":..,"key_pattern":.. of an item.
 std::string KeyFields(absl::string_view item, HotKeysBoard::PatternFn pattern) {
   const TenantKey tk = SplitHotKeyItem(item);
-  return absl::StrCat("\"key\":", Quoted(tk.key), ",\"tenant\":", tk.tenant.empty() ? "null" : Quoted(tk.tenant),
-                      ",\"key_pattern\":", Quoted(absl::string_view(pattern(std::string_view(tk.key.data(), tk.key.size())))));
+  return absl::StrCat(
+      "\"key\":", Quoted(tk.key), ",\"tenant\":", tk.tenant.empty() ? "null" : Quoted(tk.tenant),
+      ",\"key_pattern\":", Quoted(absl::string_view(pattern(std::string_view(tk.key.data(), tk.key.size())))));
 }
 
 // Counts are scaled by the sampling interval `scale` (1: every command counted, exact bounds).
@@ -281,10 +281,10 @@ std::string HotKeysBoard::HotKeysJson(size_t n) const {
     }
   }
   const uint64_t scale = Scale();
-  std::string out = absl::StrCat("{\"interval_s\":", settings_.hot_keys_interval_s, ",\"capacity\":",
-                                 settings_.hot_keys_capacity, ",\"sample_rate\":", absl::StrFormat("%.6g", 1.0 / scale),
-                                 ",\"counts_scaled_by\":", scale, ",\"current_interval_start_ms\":", oldest_start_ms,
-                                 ",\"workers\":[", tracked, "],\"by_count\":[");
+  std::string out =
+      absl::StrCat("{\"interval_s\":", settings_.hot_keys_interval_s, ",\"capacity\":", settings_.hot_keys_capacity,
+                   ",\"sample_rate\":", absl::StrFormat("%.6g", 1.0 / scale), ",\"counts_scaled_by\":", scale,
+                   ",\"current_interval_start_ms\":", oldest_start_ms, ",\"workers\":[", tracked, "],\"by_count\":[");
   AppendEntries(&out, MergeTop(count_parts, n), pattern_, scale);
   absl::StrAppend(&out, "],\"by_bytes\":[");
   AppendEntries(&out, MergeTop(bytes_parts, n), pattern_, scale);
@@ -300,7 +300,8 @@ std::string HotKeysBoard::BigKeysJson(size_t n) const {
     for (const Published& p : slots_) {
       for (const LargestKeys::Entry& e : p.*field) {
         auto [it, inserted] = best.try_emplace(e.item, &e);
-        if (!inserted && (e.size > it->second->size || (e.size == it->second->size && e.seen_ms > it->second->seen_ms))) {
+        if (!inserted &&
+            (e.size > it->second->size || (e.size == it->second->size && e.seen_ms > it->second->seen_ms))) {
           it->second = &e;
         }
       }
@@ -343,9 +344,8 @@ void HotKeysBoard::AppendMetrics(std::string* out) const {
   }
   std::vector<std::pair<uint64_t, std::string>> ranked;
   for (auto& [pattern, n] : by_pattern) ranked.emplace_back(n, pattern);
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
+  std::sort(ranked.begin(), ranked.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
   if (ranked.size() > 10) ranked.resize(10);
   absl::StrAppend(out,
                   "# HELP keyguard_hot_key_pattern_accesses Accesses in the last complete hot-key interval, by key "

@@ -67,14 +67,13 @@ const char* FormatName(Format f) {
 Format DetectFormat(std::string_view value) {
   if (value.size() < 2) return Format::kNone;
   const unsigned char b0 = value[0], b1 = value[1];
-  if (b0 == 0xAC && b1 == 0xED) return Format::kJavaSerialized;               // STREAM_MAGIC
-  if (b0 == 0x80 && b1 >= 2 && b1 <= 5) return Format::kPickle;               // PROTO opcode
-  if ((b0 >= 0x81 && b0 <= 0x8F) || b0 == 0xDE || b0 == 0xDF) {                // fixmap, map16/32
+  if (b0 == 0xAC && b1 == 0xED) return Format::kJavaSerialized;  // STREAM_MAGIC
+  if (b0 == 0x80 && b1 >= 2 && b1 <= 5) return Format::kPickle;  // PROTO opcode
+  if ((b0 >= 0x81 && b0 <= 0x8F) || b0 == 0xDE || b0 == 0xDF) {  // fixmap, map16/32
     return value.size() >= 3 ? Format::kMessagePack : Format::kNone;
   }
-  if ((b0 == 'a' || b0 == 'O') && b1 == ':' && value.find(":{") != std::string_view::npos &&
-      value.back() == '}') {
-    return Format::kPhpSerialize;                                             // a:2:{...} O:8:"Foo":1:{...}
+  if ((b0 == 'a' || b0 == 'O') && b1 == ':' && value.find(":{") != std::string_view::npos && value.back() == '}') {
+    return Format::kPhpSerialize;  // a:2:{...} O:8:"Foo":1:{...}
   }
   const std::string_view t = Trim(value);
   if (t.size() >= 2 && t.front() == '{' && t.back() == '}') return Format::kJsonObject;

@@ -20,22 +20,22 @@ std::string CommandNameOf(commands::CommandId id) {
 enum TtlUnit : uint8_t { kNoTtl, kSeconds, kMillis, kUnixSeconds, kUnixMillis };
 
 struct HygieneInfo {
-  int8_t value_pos = 0;      // position of the value of a string write (0: none)
-  bool pairs = false;        // MSET-style key value pairs from position 1
-  bool rmw_write = false;    // a write that replaces a serialized value
+  int8_t value_pos = 0;    // position of the value of a string write (0: none)
+  bool pairs = false;      // MSET-style key value pairs from position 1
+  bool rmw_write = false;  // a write that replaces a serialized value
   uint8_t reply = kNoReplyCheck;
   bool keys = false;
   bool flush = false;
   bool field_value_pairs = false;  // a RESP2 reply alternates fields and values (HGETALL)
   const char* suggestion = "";
-  bool del = false;          // DEL: frees its keys in one blocking step
-  bool unlink = false;       // UNLINK: the keys are gone
-  int8_t ttl_pos = 0;        // EXPIRE family, SETEX, PSETEX: the TTL argument
+  bool del = false;     // DEL: frees its keys in one blocking step
+  bool unlink = false;  // UNLINK: the keys are gone
+  int8_t ttl_pos = 0;   // EXPIRE family, SETEX, PSETEX: the TTL argument
   uint8_t ttl_unit = kNoTtl;
-  int8_t options_from = 0;   // SET, GETEX: EX/PX/EXAT/PXAT/KEEPTTL among the arguments from here
-  bool needs_ttl = false;    // creates a string value: cache and session patterns want a TTL
-  bool probe = false;        // the reply does not show the key's size
-  const char* type = "";     // the type a collection read shows
+  int8_t options_from = 0;  // SET, GETEX: EX/PX/EXAT/PXAT/KEEPTTL among the arguments from here
+  bool needs_ttl = false;   // creates a string value: cache and session patterns want a TTL
+  bool probe = false;       // the reply does not show the key's size
+  const char* type = "";    // the type a collection read shows
 };
 
 const std::vector<HygieneInfo>& HygieneTable() {
@@ -74,7 +74,8 @@ const std::vector<HygieneInfo>& HygieneTable() {
     at("lrange").reply = kCollectionRead;
     at("lrange").type = "list";
     at("lrange").suggestion = "read it in windows: LRANGE key start start+N";
-    for (const char* n : {"zrange", "zrevrange", "zrangebyscore", "zrevrangebyscore", "zrangebylex", "zrevrangebylex"}) {
+    for (const char* n :
+         {"zrange", "zrevrange", "zrangebyscore", "zrevrangebyscore", "zrangebylex", "zrevrangebylex"}) {
       at(n).reply = kCollectionRead;
       at(n).type = "zset";
       at(n).suggestion = "read it in pages with ZSCAN or ZRANGE windows with LIMIT";
@@ -90,9 +91,10 @@ const std::vector<HygieneInfo>& HygieneTable() {
     at("del").del = true;
     at("unlink").unlink = true;
     // Replies that do not show how big the key is.
-    for (const char* n : {"hget", "hmget", "hexists", "hincrby", "hincrbyfloat", "hstrlen", "sismember", "smismember",
-                          "zscore", "zmscore", "zrank", "zrevrank", "zincrby", "lindex", "lset", "expire", "pexpire",
-                          "expireat", "pexpireat", "persist", "getrange", "setrange"}) {
+    for (const char* n :
+         {"hget",    "hmget",    "hexists",   "hincrby",  "hincrbyfloat", "hstrlen", "sismember", "smismember",
+          "zscore",  "zmscore",  "zrank",     "zrevrank", "zincrby",      "lindex",  "lset",      "expire",
+          "pexpire", "expireat", "pexpireat", "persist",  "getrange",     "setrange"}) {
       at(n).probe = true;
     }
     return t;
@@ -195,8 +197,9 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
                                           "JSON.SET on a path for nested data")
                            : "store it as a Hash and update fields with HSET / HINCRBY, or use JSON.SET on a path";
       } else {
-        f.suggestion = "another connection wrote this key between this connection's read and write: use WATCH/MULTI, "
-                       "a Lua script, or field updates on a Hash";
+        f.suggestion =
+            "another connection wrote this key between this connection's read and write: use WATCH/MULTI, "
+            "a Lua script, or field updates on a Hash";
       }
       Emit(std::move(f), key, id);
     }
@@ -330,8 +333,9 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
       Finding f{Kind::kExpiryClustering};
       f.keys = n;
       f.ttl_s = ttl_s;
-      f.suggestion = absl::StrCat(n, " keys expire in the same second: add random jitter to their TTLs so the server "
-                                     "does not expire them all at once");
+      f.suggestion = absl::StrCat(n,
+                                  " keys expire in the same second: add random jitter to their TTLs so the server "
+                                  "does not expire them all at once");
       Emit(std::move(f), args[1], id);
     }
     // Relative TTLs up to ~31,700 years (in either unit) are spread; a larger one is left as it
@@ -351,13 +355,15 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
     const int64_t bytes = info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)
                               ? static_cast<int64_t>(args[info.value_pos].size())
                               : -1;
-    if ((s != nullptr && w_.sizes.IsBig(*s)) || (bytes >= 0 && static_cast<size_t>(bytes) >= settings.big_string_bytes)) {
+    if ((s != nullptr && w_.sizes.IsBig(*s)) ||
+        (bytes >= 0 && static_cast<size_t>(bytes) >= settings.big_string_bytes)) {
       Finding f{Kind::kExpireBigKey};
       f.bytes = bytes >= 0 ? bytes : (s->bytes >= 0 ? s->bytes : s->memory);
       if (s != nullptr && bytes < 0) f.elements = s->elements;
       f.ttl_s = ttl_s;
-      f.suggestion = "a big key with a TTL is freed in one blocking step when it expires: delete it with UNLINK instead, "
-                     "or enable lazyfree-lazy-expire";
+      f.suggestion =
+          "a big key with a TTL is freed in one blocking step when it expires: delete it with UNLINK instead, "
+          "or enable lazyfree-lazy-expire";
       Emit(std::move(f), args[1], id);
     }
     return;
@@ -387,8 +393,8 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
       } else {
         // Wait a moment: a following EXPIRE on this connection gives the key its TTL.
         if (pending_ttl_.size() >= kMaxPendingTtl) FlushPendingTtlFront();
-        pending_ttl_.push_back(PendingTtl{std::string(key), UnixMs() + settings.missing_ttl_window_ms,
-                                          static_cast<uint32_t>(i), id});
+        pending_ttl_.push_back(
+            PendingTtl{std::string(key), UnixMs() + settings.missing_ttl_window_ms, static_cast<uint32_t>(i), id});
       }
       return;
     }

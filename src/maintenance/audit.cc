@@ -60,7 +60,8 @@ int RunAudit(const std::vector<std::string>& argv) {
     std::fputs(kAuditUsage, stdout);
     return 0;
   }
-  if (!args.positional.empty()) return Fail(absl::StrCat("unexpected argument '", args.positional[0], "'\n", kAuditUsage));
+  if (!args.positional.empty())
+    return Fail(absl::StrCat("unexpected argument '", args.positional[0], "'\n", kAuditUsage));
   auto loaded = LoadMaintenanceConfig(args.Str("--config"));
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   MaintenanceConfig& cfg = *loaded;
@@ -93,7 +94,8 @@ int RunAudit(const std::vector<std::string>& argv) {
     s.fail_on = *f;
   }
   std::string cursor = args.Str("--cursor", "0");
-  if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit)) return Fail("--cursor: expected a SCAN cursor");
+  if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit))
+    return Fail("--cursor: expected a SCAN cursor");
 
   auto link_or = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
   if (!link_or.ok()) return Fail(std::string(link_or.status().message()));
@@ -116,8 +118,9 @@ int RunAudit(const std::vector<std::string>& argv) {
   (void)link.Call({"CLIENT", "NO-TOUCH", "ON"});
 
   CatchStopSignals();
-  Progress progress(isatty(STDERR_FILENO) && !args.Has("--no-progress") ? Progress::Mode::kTerminal : Progress::Mode::kOff, "",
-                    info.dbsize);
+  Progress progress(
+      isatty(STDERR_FILENO) && !args.Has("--no-progress") ? Progress::Mode::kTerminal : Progress::Mode::kOff, "",
+      info.dbsize);
   Pacer pacer(static_cast<uint32_t>(*rate));
   const auto start = std::chrono::steady_clock::now();
   const std::string match = args.Str("--match");

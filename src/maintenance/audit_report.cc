@@ -134,7 +134,8 @@ void AuditReport::Add(const KeyRecord& r) {
     Example e{r.key, violations[0].suggestion, 0, 0, {}};
     for (size_t i = 1; i < violations.size(); ++i) {
       const std::string& name = violations[i].rule->name;
-      if (name != violations[0].rule->name && std::find(e.also.begin(), e.also.end(), name) == e.also.end()) e.also.push_back(name);
+      if (name != violations[0].rule->name && std::find(e.also.begin(), e.also.end(), name) == e.also.end())
+        e.also.push_back(name);
     }
     Note(&naming_[violations[0].rule->name], pattern, std::move(e));
     Count(Severity::kWarning);
@@ -161,8 +162,9 @@ void AuditReport::Add(const KeyRecord& r) {
     Count(Severity::kInfo);
   }
 
-  const bool cold = scan_.lfu ? r.lfu_freq == 0
-                              : r.idle_seconds >= 0 && static_cast<uint64_t>(r.idle_seconds) >= settings_.cold_after_seconds;
+  const bool cold = scan_.lfu
+                        ? r.lfu_freq == 0
+                        : r.idle_seconds >= 0 && static_cast<uint64_t>(r.idle_seconds) >= settings_.cold_after_seconds;
   if (cold) {
     ++p.cold_keys;
     Note(&cold_, pattern, Example{r.key, "", scan_.lfu ? r.lfu_freq : r.idle_seconds, r.memory});
@@ -189,7 +191,8 @@ void AuditReport::Add(const KeyRecord& r) {
   if (settings_.top_keys > 0 && r.memory >= 0) {
     if (top_.size() < settings_.top_keys || r.memory > top_.back().memory) {
       TopKey k{r.key, r.type, r.memory, r.size, r.pttl_ms};
-      auto at = std::upper_bound(top_.begin(), top_.end(), k, [](const TopKey& a, const TopKey& b) { return a.memory > b.memory; });
+      auto at = std::upper_bound(top_.begin(), top_.end(), k,
+                                 [](const TopKey& a, const TopKey& b) { return a.memory > b.memory; });
       top_.insert(at, std::move(k));
       if (top_.size() > settings_.top_keys) top_.pop_back();
     }
@@ -220,10 +223,11 @@ std::string AuditReport::Table() const {
   for (const auto& [name, p] : patterns_) {
     bool first = true;
     for (const auto& [type, t] : p.types) {
-      patterns.Row({first ? Printable(name) : "", type, absl::StrCat(t.keys), Bytes(t.memory),
-                    first ? absl::StrCat(p.no_ttl_keys) : "",
-                    first ? absl::StrFormat("%s (%.0f%%)", Bytes(p.no_ttl_memory), 100 * Share(p.no_ttl_memory, p.memory)) : "",
-                    first ? absl::StrCat(p.cold_keys) : ""});
+      patterns.Row(
+          {first ? Printable(name) : "", type, absl::StrCat(t.keys), Bytes(t.memory),
+           first ? absl::StrCat(p.no_ttl_keys) : "",
+           first ? absl::StrFormat("%s (%.0f%%)", Bytes(p.no_ttl_memory), 100 * Share(p.no_ttl_memory, p.memory)) : "",
+           first ? absl::StrCat(p.cold_keys) : ""});
       first = false;
     }
   }
@@ -246,9 +250,11 @@ std::string AuditReport::Table() const {
     t.AppendTo(&out);
     absl::StrAppend(&out, "  (each key once, under the first rule it breaks: user rules before built-in ones)\n");
   }
-  if (section(absl::StrFormat("big keys (strings >= %d bytes, collections >= %d members; warning, huge strings critical)",
-                              proxy_.hygiene.big_string_bytes, proxy_.hygiene.big_collection_elements).c_str(),
-              !big_.empty())) {
+  if (section(
+          absl::StrFormat("big keys (strings >= %d bytes, collections >= %d members; warning, huge strings critical)",
+                          proxy_.hygiene.big_string_bytes, proxy_.hygiene.big_collection_elements)
+              .c_str(),
+          !big_.empty())) {
     TextTable t;
     t.Row({"TYPE", "KEYS", "KEY", "SIZE", "MEMORY"});
     for (const auto& [type, g] : big_) {
@@ -266,9 +272,11 @@ std::string AuditReport::Table() const {
               cold_.keys > 0)) {
     TextTable t;
     t.Row({"KEY", s.lfu ? "FREQ" : "IDLE", "MEMORY"});
-    for (const Example& e : cold_.examples) t.Row({Printable(e.key), s.lfu ? absl::StrCat(e.number) : Duration(e.number), Bytes(e.memory)});
+    for (const Example& e : cold_.examples)
+      t.Row({Printable(e.key), s.lfu ? absl::StrCat(e.number) : Duration(e.number), Bytes(e.memory)});
     t.AppendTo(&out);
-    if (cold_.keys > cold_.examples.size()) absl::StrAppend(&out, "  ... ", cold_.keys - cold_.examples.size(), " more\n");
+    if (cold_.keys > cold_.examples.size())
+      absl::StrAppend(&out, "  ... ", cold_.keys - cold_.examples.size(), " more\n");
   }
   if (section("serialized objects in strings", !serialized_.empty() || json_documents_.keys > 0)) {
     TextTable t;
@@ -325,9 +333,14 @@ std::string AuditReport::Json() const {
   for (const auto& [name, p] : patterns_) {
     JsonValue types = JsonValue::object();
     for (const auto& [type, t] : p.types) types[type] = {{"keys", t.keys}, {"memory", t.memory}};
-    patterns.push_back({{"pattern", name}, {"keys", p.keys}, {"memory", p.memory}, {"no_ttl_keys", p.no_ttl_keys},
-                        {"no_ttl_memory", p.no_ttl_memory}, {"no_ttl_memory_share", Share(p.no_ttl_memory, p.memory)},
-                        {"cold_keys", p.cold_keys}, {"types", types}});
+    patterns.push_back({{"pattern", name},
+                        {"keys", p.keys},
+                        {"memory", p.memory},
+                        {"no_ttl_keys", p.no_ttl_keys},
+                        {"no_ttl_memory", p.no_ttl_memory},
+                        {"no_ttl_memory_share", Share(p.no_ttl_memory, p.memory)},
+                        {"cold_keys", p.cold_keys},
+                        {"types", types}});
   }
   j["patterns"] = patterns;
   auto by_pattern = [](const Group& g) {
@@ -339,7 +352,8 @@ std::string AuditReport::Json() const {
   for (const auto& [rule, g] : naming_) {
     JsonValue ex = JsonValue::array();
     for (const Example& e : g.examples) ex.push_back({{"key", e.key}, {"suggestion", e.detail}, {"also", e.also}});
-    naming.push_back({{"rule", rule}, {"severity", "warning"}, {"keys", g.keys}, {"patterns", by_pattern(g)}, {"examples", ex}});
+    naming.push_back(
+        {{"rule", rule}, {"severity", "warning"}, {"keys", g.keys}, {"patterns", by_pattern(g)}, {"examples", ex}});
   }
   j["naming"] = naming;
   JsonValue big = JsonValue::array();
@@ -364,17 +378,20 @@ std::string AuditReport::Json() const {
     }
   }
   for (const Example& e : json_documents_.examples) {
-    serialized.push_back({{"key", e.key}, {"format", e.detail}, {"depth", e.number}, {"suggestion", "json"}, {"severity", "info"}});
+    serialized.push_back(
+        {{"key", e.key}, {"format", e.detail}, {"depth", e.number}, {"suggestion", "json"}, {"severity", "info"}});
   }
   JsonValue serialized_counts = JsonValue::object();
   for (const auto& [format, g] : serialized_) serialized_counts[format] = g.keys;
-  j["serialized"] = {{"hash_candidates", serialized_counts}, {"json_documents", json_documents_.keys}, {"examples", serialized}};
+  j["serialized"] = {
+      {"hash_candidates", serialized_counts}, {"json_documents", json_documents_.keys}, {"examples", serialized}};
   JsonValue top = JsonValue::array();
   for (const TopKey& k : top_) {
     top.push_back({{"key", k.key}, {"type", k.type}, {"memory", k.memory}, {"size", k.size}, {"pttl_ms", k.pttl_ms}});
   }
   j["top_keys"] = top;
-  j["findings"] = {{"critical", Findings(Severity::kCritical)}, {"warning", Findings(Severity::kWarning)},
+  j["findings"] = {{"critical", Findings(Severity::kCritical)},
+                   {"warning", Findings(Severity::kWarning)},
                    {"info", Findings(Severity::kInfo)}};
   return Dump(j);
 }
@@ -396,13 +413,15 @@ std::string AuditReport::Prometheus() const {
   family("keyguard_audit_memory_bytes", "MEMORY USAGE of the inspected keys, by key pattern and type.");
   for (const auto& [name, p] : patterns_) {
     for (const auto& [type, t] : p.types) {
-      absl::StrAppend(&out, "keyguard_audit_memory_bytes{key_pattern=\"", Label(name), "\",type=\"", Label(type), "\"} ", t.memory, "\n");
+      absl::StrAppend(&out, "keyguard_audit_memory_bytes{key_pattern=\"", Label(name), "\",type=\"", Label(type),
+                      "\"} ", t.memory, "\n");
     }
   }
   family("keyguard_audit_keys", "Inspected keys, by key pattern and type.");
   for (const auto& [name, p] : patterns_) {
     for (const auto& [type, t] : p.types) {
-      absl::StrAppend(&out, "keyguard_audit_keys{key_pattern=\"", Label(name), "\",type=\"", Label(type), "\"} ", t.keys, "\n");
+      absl::StrAppend(&out, "keyguard_audit_keys{key_pattern=\"", Label(name), "\",type=\"", Label(type), "\"} ",
+                      t.keys, "\n");
     }
   }
   family("keyguard_audit_keys_without_ttl", "Inspected keys without a TTL, by key pattern.");
@@ -411,7 +430,8 @@ std::string AuditReport::Prometheus() const {
   }
   family("keyguard_audit_memory_without_ttl_bytes", "MEMORY USAGE of keys without a TTL, by key pattern.");
   for (const auto& [name, p] : patterns_) {
-    absl::StrAppend(&out, "keyguard_audit_memory_without_ttl_bytes{key_pattern=\"", Label(name), "\"} ", p.no_ttl_memory, "\n");
+    absl::StrAppend(&out, "keyguard_audit_memory_without_ttl_bytes{key_pattern=\"", Label(name), "\"} ",
+                    p.no_ttl_memory, "\n");
   }
   family("keyguard_audit_cold_keys", "Keys idle longer than audit.cold_after_seconds, by key pattern.");
   for (const auto& [name, p] : patterns_) {
@@ -421,25 +441,28 @@ std::string AuditReport::Prometheus() const {
          "Keys breaking the key policy, each once, by the first rule it breaks (user rules first) and key pattern.");
   for (const auto& [rule, g] : naming_) {
     for (const auto& [pattern, n] : g.by_pattern) {
-      absl::StrAppend(&out, "keyguard_audit_naming_violations{rule=\"", Label(rule), "\",key_pattern=\"", Label(pattern), "\"} ", n, "\n");
+      absl::StrAppend(&out, "keyguard_audit_naming_violations{rule=\"", Label(rule), "\",key_pattern=\"",
+                      Label(pattern), "\"} ", n, "\n");
     }
   }
   family("keyguard_audit_big_keys", "Strings and collections over the hygiene thresholds, by type and key pattern.");
   for (const auto& [type, g] : big_) {
     for (const auto& [pattern, n] : g.by_pattern) {
-      absl::StrAppend(&out, "keyguard_audit_big_keys{type=\"", Label(type), "\",key_pattern=\"", Label(pattern), "\"} ", n, "\n");
+      absl::StrAppend(&out, "keyguard_audit_big_keys{type=\"", Label(type), "\",key_pattern=\"", Label(pattern), "\"} ",
+                      n, "\n");
     }
   }
-  family("keyguard_audit_serialized_keys", "Strings holding serialized objects, by format, suggested type and key pattern.");
+  family("keyguard_audit_serialized_keys",
+         "Strings holding serialized objects, by format, suggested type and key pattern.");
   for (const auto& [format, g] : serialized_) {
     for (const auto& [pattern, n] : g.by_pattern) {
-      absl::StrAppend(&out, "keyguard_audit_serialized_keys{format=\"", format, "\",suggestion=\"hash\",key_pattern=\"", Label(pattern),
-                      "\"} ", n, "\n");
+      absl::StrAppend(&out, "keyguard_audit_serialized_keys{format=\"", format, "\",suggestion=\"hash\",key_pattern=\"",
+                      Label(pattern), "\"} ", n, "\n");
     }
   }
   for (const auto& [pattern, n] : json_documents_.by_pattern) {
-    absl::StrAppend(&out, "keyguard_audit_serialized_keys{format=\"json_object\",suggestion=\"json\",key_pattern=\"", Label(pattern),
-                    "\"} ", n, "\n");
+    absl::StrAppend(&out, "keyguard_audit_serialized_keys{format=\"json_object\",suggestion=\"json\",key_pattern=\"",
+                    Label(pattern), "\"} ", n, "\n");
   }
   family("keyguard_audit_findings", "Findings of the last audit, by severity.");
   for (Severity sev : {Severity::kCritical, Severity::kWarning, Severity::kInfo}) {

@@ -15,22 +15,22 @@ namespace keyguard::maintenance {
 // One key as the audit saw it.
 struct KeyRecord {
   std::string key;
-  std::string type;          // TYPE: string, hash, list, set, zset, stream, or a module type
-  int64_t pttl_ms = -1;      // PTTL; -1: no TTL
-  int64_t memory = -1;       // MEMORY USAGE bytes; -1: unknown
-  int64_t idle_seconds = -1; // OBJECT IDLETIME; -1: unknown (e.g. under an LFU policy)
-  int64_t lfu_freq = -1;     // OBJECT FREQ under an LFU policy; -1: unknown
-  int64_t size = -1;         // strings: STRLEN bytes; collections: members; -1: unknown
-  std::string head;          // strings: the first value_prefix_bytes bytes
-  std::string tail;          // strings longer than head: their last bytes
+  std::string type;           // TYPE: string, hash, list, set, zset, stream, or a module type
+  int64_t pttl_ms = -1;       // PTTL; -1: no TTL
+  int64_t memory = -1;        // MEMORY USAGE bytes; -1: unknown
+  int64_t idle_seconds = -1;  // OBJECT IDLETIME; -1: unknown (e.g. under an LFU policy)
+  int64_t lfu_freq = -1;      // OBJECT FREQ under an LFU policy; -1: unknown
+  int64_t size = -1;          // strings: STRLEN bytes; collections: members; -1: unknown
+  std::string head;           // strings: the first value_prefix_bytes bytes
+  std::string tail;           // strings longer than head: their last bytes
 };
 
 // Facts about the walk itself, shown in every format.
 struct ScanInfo {
   std::string upstream;
   int db = 0;
-  uint64_t scanned = 0;   // keys SCAN returned
-  uint64_t sampled = 0;   // keys looked at (all of them without --sample)
+  uint64_t scanned = 0;  // keys SCAN returned
+  uint64_t sampled = 0;  // keys looked at (all of them without --sample)
   double sample = 1.0;
   int64_t dbsize = -1;
   bool complete = false;
@@ -38,7 +38,7 @@ struct ScanInfo {
   std::string start_cursor = "0";
   double seconds = 0;
   uint64_t commands = 0;
-  bool lfu = false;       // cold keys judged by OBJECT FREQ (an LFU maxmemory-policy)
+  bool lfu = false;  // cold keys judged by OBJECT FREQ (an LFU maxmemory-policy)
 };
 
 class AuditReport {
@@ -71,8 +71,8 @@ class AuditReport {
   };
   struct Example {
     std::string key;
-    std::string detail;   // suggestion, format, ...
-    int64_t number = 0;   // size, idle seconds, depth
+    std::string detail;  // suggestion, format, ...
+    int64_t number = 0;  // size, idle seconds, depth
     int64_t memory = 0;
     std::vector<std::string> also;  // naming: the other rules the key breaks
   };
@@ -95,9 +95,9 @@ class AuditReport {
   ScanInfo scan_;
   std::string pattern_;  // the last key's pattern
   std::map<std::string, PatternStats> patterns_;
-  std::map<std::string, Group> naming_;      // by the first rule a key breaks (user rules first)
-  std::map<std::string, Group> big_;         // by type
-  Group huge_;                               // strings of at least huge_string_bytes
+  std::map<std::string, Group> naming_;  // by the first rule a key breaks (user rules first)
+  std::map<std::string, Group> big_;     // by type
+  Group huge_;                           // strings of at least huge_string_bytes
   Group cold_;
   std::map<std::string, Group> serialized_;  // by format: objects that should be Hashes
   Group json_documents_;                     // nested JSON objects: the JSON type suits them

@@ -160,9 +160,9 @@ struct Step {
   bool refresh;
   bool supersede;  // cleanup --new-keys-win
   bool verbose;
-  std::string sha;                    // kKeyScript's SHA1 on the server
+  std::string sha;  // kKeyScript's SHA1 on the server
   std::map<std::string, uint64_t> counts;
-  bool failed = false;                // something needs the operator: exit 1
+  bool failed = false;  // something needs the operator: exit 1
 
   absl::StatusOr<std::vector<Reply>> Run(const std::vector<Command>& cmds) {
     if (cmds.empty()) return std::vector<Reply>();
@@ -233,7 +233,8 @@ absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair
         items.push_back(std::move(item));
         break;
       case Migration::Unconvertible::kSkip:
-        st.Record(absl::StrCat("skipped.", why.reason), absl::StrCat("skipped ", Printable(p.old_key), ": ", why.text), Step::kRoutine);
+        st.Record(absl::StrCat("skipped.", why.reason), absl::StrCat("skipped ", Printable(p.old_key), ": ", why.text),
+                  Step::kRoutine);
         break;
       case Migration::Unconvertible::kFail:
         st.Record(absl::StrCat("unconvertible.", why.reason),
@@ -249,7 +250,8 @@ absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair
 Command ScriptCall(const Step& st, const Item& item, const char* mode) {
   const Pair& p = *item.pair;
   const bool read_only = std::string_view(mode) == "verify";
-  Command c = {read_only ? "EVALSHA_RO" : "EVALSHA", st.sha, absl::StrCat(2 + item.shape.subkeys.size()), p.old_key, p.new_key};
+  Command c = {read_only ? "EVALSHA_RO" : "EVALSHA", st.sha, absl::StrCat(2 + item.shape.subkeys.size()), p.old_key,
+               p.new_key};
   for (const auto& sub : item.shape.subkeys) c.push_back(absl::StrCat(p.new_key, ":", sub.suffix));
   c.push_back(mode);
   if (item.dump) {
@@ -281,14 +283,17 @@ void Judge(Step& st, const Item& item, const std::string& status, const std::str
     case StepKind::kCopy:
       if (status == "same") return st.Record("up_to_date", "", Step::kRoutine);
       if (status == "copied" || (st.dry_run && status == "missing")) {
-        return st.Record(st.dry_run ? "would_copy" : "copied", absl::StrCat(st.dry_run ? "would copy " : "copied ", Arrow(p)), Step::kRoutine);
+        return st.Record(st.dry_run ? "would_copy" : "copied",
+                         absl::StrCat(st.dry_run ? "would copy " : "copied ", Arrow(p)), Step::kRoutine);
       }
       if (status == "refreshed" || (st.dry_run && st.refresh && status == "differs")) {
         return st.Record(st.dry_run ? "would_refresh" : "refreshed",
                          absl::StrCat(st.dry_run ? "would refresh " : "refreshed ", Arrow(p), diff), Step::kRoutine);
       }
       if (status == "stale" || status == "differs") {
-        return st.Record("stale", absl::StrCat("stale ", Arrow(p), diff, " (copy --refresh rewrites it from the old key)"), Step::kAttention);
+        return st.Record("stale",
+                         absl::StrCat("stale ", Arrow(p), diff, " (copy --refresh rewrites it from the old key)"),
+                         Step::kAttention);
       }
       break;
     case StepKind::kVerify:
@@ -298,32 +303,39 @@ void Judge(Step& st, const Item& item, const std::string& status, const std::str
       break;
     case StepKind::kCleanup:
       if (status == "superseded" || (st.dry_run && st.supersede && status == "differs" && detail != "missing")) {
-        return st.Record(st.dry_run ? "would_supersede" : "superseded",
-                         absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key), ": superseded by ",
-                                      Printable(p.new_key), ", which differs", diff, " (--new-keys-win)"),
-                         Step::kListed);
+        return st.Record(
+            st.dry_run ? "would_supersede" : "superseded",
+            absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key), ": superseded by ",
+                         Printable(p.new_key), ", which differs", diff, " (--new-keys-win)"),
+            Step::kListed);
       }
       if (status == "unlinked" || (st.dry_run && status == "same")) {
         return st.Record(st.dry_run ? "would_unlink" : "unlinked",
-                         absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key)), Step::kRoutine);
+                         absl::StrCat(st.dry_run ? "would unlink " : "unlinked ", Printable(p.old_key)),
+                         Step::kRoutine);
       }
       if (status == "missing") {
-        return st.Record("kept.missing", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " does not exist"), Step::kAttention);
+        return st.Record("kept.missing",
+                         absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " does not exist"),
+                         Step::kAttention);
       }
       if (status == "differs") {
-        return st.Record("kept.differs", absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " differs", diff), Step::kAttention);
+        return st.Record("kept.differs",
+                         absl::StrCat("kept ", Printable(p.old_key), ": ", Printable(p.new_key), " differs", diff),
+                         Step::kAttention);
       }
       break;
   }
-  st.Record("failed", absl::StrCat("failed ", Arrow(p), ": unexpected result '", Printable(status), "'"), Step::kAttention);
+  st.Record("failed", absl::StrCat("failed ", Arrow(p), ": unexpected result '", Printable(status), "'"),
+            Step::kAttention);
 }
 
 // Runs one batch of keys through kKeyScript, re-reading keys whose old value changed in between.
 absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
   const char* mode = st.kind == StepKind::kVerify || st.dry_run ? "verify"
-                     : st.kind == StepKind::kCleanup        ? (st.supersede ? "supersede" : "cleanup")
-                     : st.refresh                           ? "refresh"
-                                                            : "copy";
+                     : st.kind == StepKind::kCleanup            ? (st.supersede ? "supersede" : "cleanup")
+                     : st.refresh                               ? "refresh"
+                                                                : "copy";
   std::vector<const Pair*> todo;
   for (const Pair& p : batch) todo.push_back(&p);
   for (int attempt = 0; attempt < kAttempts && !todo.empty(); ++attempt) {
@@ -355,7 +367,10 @@ absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
       const Item& item = (*items)[i];
       const Reply& x = (*r)[i];
       if (x.is_error() || x.kind != Reply::Kind::kArray || x.elements.size() != 2) {
-        st.Record("failed", absl::StrCat("failed ", Arrow(*item.pair), ": ", Printable(x.is_error() ? x.str : "unexpected reply")), Step::kAttention);
+        st.Record(
+            "failed",
+            absl::StrCat("failed ", Arrow(*item.pair), ": ", Printable(x.is_error() ? x.str : "unexpected reply")),
+            Step::kAttention);
         continue;
       }
       if (x.elements[0].str == "changed") {
@@ -369,7 +384,8 @@ absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
   }
   for (const Pair* p : todo) {
     st.Record("changed",
-              absl::StrCat("changed ", Arrow(*p), ": the old key changed on each of ", kAttempts, " attempts; run the step again"),
+              absl::StrCat("changed ", Arrow(*p), ": the old key changed on each of ", kAttempts,
+                           " attempts; run the step again"),
               Step::kAttention);
   }
   return absl::OkStatus();
@@ -423,7 +439,9 @@ int RunMigrate(const std::vector<std::string>& argv) {
     return Fail(absl::StrCat("name one step: copy, verify or cleanup\n", kMigrateUsage));
   }
   const std::string step_name = args.positional[0];
-  const StepKind kind = step_name == "copy" ? StepKind::kCopy : step_name == "verify" ? StepKind::kVerify : StepKind::kCleanup;
+  const StepKind kind = step_name == "copy"     ? StepKind::kCopy
+                        : step_name == "verify" ? StepKind::kVerify
+                                                : StepKind::kCleanup;
   if (args.Has("--refresh") && kind != StepKind::kCopy) return Fail("--refresh applies to copy only");
   if (args.Has("--new-keys-win") && kind != StepKind::kCleanup) return Fail("--new-keys-win applies to cleanup only");
   auto loaded = LoadMaintenanceConfig(args.Str("--config"));
@@ -434,8 +452,8 @@ int RunMigrate(const std::vector<std::string>& argv) {
   if (m == nullptr) {
     std::string known;
     for (const Migration& x : cfg.migrations) absl::StrAppend(&known, known.empty() ? "" : ", ", x.name);
-    return Fail(absl::StrCat("no migration named '", args.Str("--migration"), "' in the config (known: ",
-                             known.empty() ? "none" : known, ")"));
+    return Fail(absl::StrCat("no migration named '", args.Str("--migration"),
+                             "' in the config (known: ", known.empty() ? "none" : known, ")"));
   }
   if (args.Has("--upstream")) {
     auto hp = config::ParseHostPort(args.Str("--upstream"), "--upstream");
@@ -450,7 +468,8 @@ int RunMigrate(const std::vector<std::string>& argv) {
     if (!s.ok()) return Fail(std::string(s.message()));
   }
   std::string cursor = args.Str("--cursor", "0");
-  if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit)) return Fail("--cursor: expected a SCAN cursor");
+  if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit))
+    return Fail("--cursor: expected a SCAN cursor");
   const std::string start_cursor = cursor;
   auto link = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
   if (!link.ok()) return Fail(std::string(link.status().message()));
@@ -458,13 +477,14 @@ int RunMigrate(const std::vector<std::string>& argv) {
   CatchStopSignals();
   Pacer pacer(static_cast<uint32_t>(*rate));
   const bool dry_run = args.Has("--dry-run") && kind != StepKind::kVerify;
-  Step st{kind, *m, **link, pacer, dry_run, args.Has("--refresh"), args.Has("--new-keys-win"), args.Has("--verbose"), "", {}, false};
+  Step st{kind, *m, **link, pacer, dry_run, args.Has("--refresh"), args.Has("--new-keys-win"), args.Has("--verbose"),
+          "",   {}, false};
   if (auto s = st.LoadScript(); !s.ok()) return Fail(std::string(s.message()));
   int64_t dbsize = -1;
   if (auto size = st.link.Call({"DBSIZE"}); size.ok() && size->kind == Reply::Kind::kInteger) dbsize = size->integer;
-  const Progress::Mode progress_mode = args.Has("--no-progress")     ? Progress::Mode::kOff
-                                       : isatty(STDERR_FILENO)       ? Progress::Mode::kTerminal
-                                                                     : Progress::Mode::kLines;
+  const Progress::Mode progress_mode = args.Has("--no-progress") ? Progress::Mode::kOff
+                                       : isatty(STDERR_FILENO)   ? Progress::Mode::kTerminal
+                                                                 : Progress::Mode::kLines;
   Progress progress(progress_mode, absl::StrCat(step_name, " ", m->name, ": "), dbsize,
                     std::chrono::milliseconds(static_cast<int64_t>(*progress_seconds * 1000)));
   const auto started = std::chrono::steady_clock::now();
@@ -498,8 +518,8 @@ int RunMigrate(const std::vector<std::string>& argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const int exit_code = st.failed ? 1 : complete ? 0 : 3;
 
-  std::string summary = absl::StrCat(step_name, " ", m->name, ":", dry_run ? " dry-run" : "", " scanned=", scanned,
-                                     " matched=", matched);
+  std::string summary =
+      absl::StrCat(step_name, " ", m->name, ":", dry_run ? " dry-run" : "", " scanned=", scanned, " matched=", matched);
   for (const auto& [what, n] : st.counts) absl::StrAppend(&summary, " ", what, "=", n);
   absl::StrAppend(&summary, " complete=", complete ? "true" : "false", " cursor=", cursor);
   std::printf("%s\n", summary.c_str());
@@ -534,7 +554,8 @@ int RunMigrate(const std::vector<std::string>& argv) {
                  static_cast<unsigned long long>(scanned), cursor.c_str());
   }
   if (st.failed) {
-    std::fprintf(stderr, "keyguard migrate: %s found keys that need attention (listed above with the reason)\n", StepName(kind));
+    std::fprintf(stderr, "keyguard migrate: %s found keys that need attention (listed above with the reason)\n",
+                 StepName(kind));
   }
   return exit_code;
 }

@@ -20,7 +20,7 @@ Reply Convert(const redisReply* r) {
     case REDIS_REPLY_STRING:
     case REDIS_REPLY_STATUS:
     case REDIS_REPLY_ERROR:
-      out.kind = r->type == REDIS_REPLY_STRING ? Reply::Kind::kString
+      out.kind = r->type == REDIS_REPLY_STRING   ? Reply::Kind::kString
                  : r->type == REDIS_REPLY_STATUS ? Reply::Kind::kStatus
                                                  : Reply::Kind::kError;
       out.str.assign(r->str, r->len);
@@ -30,8 +30,7 @@ Reply Convert(const redisReply* r) {
       out.elements.reserve(r->elements);
       for (size_t i = 0; i < r->elements; ++i) out.elements.push_back(Convert(r->element[i]));
       break;
-    default:
-      break;  // nil
+    default: break;  // nil
   }
   return out;
 }

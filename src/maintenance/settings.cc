@@ -13,7 +13,6 @@ namespace {
 
 namespace pb = keyguard::config::v1;
 
-
 Severity FromProto(pb::Severity s) {
   switch (s) {
     case pb::INFO: return Severity::kInfo;
@@ -53,7 +52,8 @@ absl::StatusOr<MaintenanceConfig> Compile(const pb::Config& p) {
   const pb::Audit& a = p.audit();
   AuditSettings& s = c.audit;
   if (a.has_scan_count()) {
-    if (a.scan_count() == 0 || a.scan_count() > 100000) return FieldError("audit.scan_count", "must be between 1 and 100000");
+    if (a.scan_count() == 0 || a.scan_count() > 100000)
+      return FieldError("audit.scan_count", "must be between 1 and 100000");
     s.scan_count = a.scan_count();
   }
   if (a.has_max_ops_per_second()) s.max_ops_per_second = a.max_ops_per_second();
@@ -79,7 +79,8 @@ absl::StatusOr<MaintenanceConfig> Compile(const pb::Config& p) {
     const std::string path = absl::StrCat("migrations[", i, "]");
     Migration m;
     if (in.name().empty()) return FieldError(path + ".name", "required");
-    if (c.FindMigration(in.name()) != nullptr) return FieldError(path + ".name", absl::StrCat("'", in.name(), "' is used twice"));
+    if (c.FindMigration(in.name()) != nullptr)
+      return FieldError(path + ".name", absl::StrCat("'", in.name(), "' is used twice"));
     m.name = in.name();
     if (!in.match().empty()) m.match = in.match();
     if (!in.rule().empty()) {
@@ -90,8 +91,10 @@ absl::StatusOr<MaintenanceConfig> Compile(const pb::Config& p) {
       for (const policy::Rule& r : c.proxy.key_policy->rules()) {
         if (r.kind == policy::Rule::Kind::kUser && r.name == in.rule()) found = &r;
       }
-      if (found == nullptr) return FieldError(path + ".rule", absl::StrCat("no key_policy.rules entry is named '", in.rule(), "'"));
-      if (found->rewrite.empty()) return FieldError(path + ".rule", absl::StrCat("rule '", in.rule(), "' has no rewrite"));
+      if (found == nullptr)
+        return FieldError(path + ".rule", absl::StrCat("no key_policy.rules entry is named '", in.rule(), "'"));
+      if (found->rewrite.empty())
+        return FieldError(path + ".rule", absl::StrCat("rule '", in.rule(), "' has no rewrite"));
       m.pattern = found->pattern;
       m.rewrite = found->rewrite;
     } else {
@@ -101,7 +104,8 @@ absl::StatusOr<MaintenanceConfig> Compile(const pb::Config& p) {
     }
     m.json_to_hash = in.reshape() == pb::JSON_TO_HASH;
     m.separate_nested = in.nested() == pb::SEPARATE_KEY;
-    if (m.separate_nested && !m.json_to_hash) return FieldError(path + ".nested", "applies to reshape: json_to_hash only");
+    if (m.separate_nested && !m.json_to_hash)
+      return FieldError(path + ".nested", "applies to reshape: json_to_hash only");
     switch (in.unconvertible()) {
       case pb::SKIP: m.unconvertible = Migration::Unconvertible::kSkip; break;
       case pb::COPY_UNCHANGED: m.unconvertible = Migration::Unconvertible::kCopyUnchanged; break;

@@ -21,7 +21,11 @@ std::string Printable(std::string_view s) {
 }
 
 Progress::Progress(Mode mode, std::string label, int64_t total, std::chrono::milliseconds interval)
-    : mode_(mode), label_(std::move(label)), total_(total), interval_(interval), start_(std::chrono::steady_clock::now()),
+    : mode_(mode),
+      label_(std::move(label)),
+      total_(total),
+      interval_(interval),
+      start_(std::chrono::steady_clock::now()),
       last_(start_) {}
 
 void Progress::Show(uint64_t done) {
@@ -41,7 +45,8 @@ void Progress::Show(uint64_t done) {
       absl::StrAppendFormat(&line, " of about %d", total_);
     }
     absl::StrAppendFormat(&line, " %.0f%%", part * 100);
-    if (rate > 0) absl::StrAppendFormat(&line, " ETA %.0fs", std::max(0.0, (total_ - static_cast<double>(done)) / rate));
+    if (rate > 0)
+      absl::StrAppendFormat(&line, " ETA %.0fs", std::max(0.0, (total_ - static_cast<double>(done)) / rate));
   }
   if (mode_ == Mode::kTerminal) {
     std::fprintf(stderr, "\r\033[K%s", line.c_str());

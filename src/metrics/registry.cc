@@ -68,14 +68,19 @@ std::string Registry::Render() const {
   gauge("keyguard_upstream_connections", "Upstream connections open now.", &WorkerShard::upstream_connections);
   counter("keyguard_client_received_bytes_total", "Bytes read from clients.", &WorkerShard::client_bytes_received);
   counter("keyguard_client_sent_bytes_total", "Bytes written to clients.", &WorkerShard::client_bytes_sent);
-  counter("keyguard_upstream_received_bytes_total", "Bytes read from the upstream Redis.", &WorkerShard::upstream_bytes_received);
-  counter("keyguard_upstream_sent_bytes_total", "Bytes written to the upstream Redis.", &WorkerShard::upstream_bytes_sent);
-  counter("keyguard_client_protocol_errors_total", "Client connections closed for malformed RESP.", &WorkerShard::client_protocol_errors);
-  counter("keyguard_unexpected_replies_total", "Upstream replies that matched no pending command.", &WorkerShard::unexpected_replies);
+  counter("keyguard_upstream_received_bytes_total", "Bytes read from the upstream Redis.",
+          &WorkerShard::upstream_bytes_received);
+  counter("keyguard_upstream_sent_bytes_total", "Bytes written to the upstream Redis.",
+          &WorkerShard::upstream_bytes_sent);
+  counter("keyguard_client_protocol_errors_total", "Client connections closed for malformed RESP.",
+          &WorkerShard::client_protocol_errors);
+  counter("keyguard_unexpected_replies_total", "Upstream replies that matched no pending command.",
+          &WorkerShard::unexpected_replies);
   counter("keyguard_probed_keys_total", "Keys the sizing probe asked the upstream about (TYPE, size, MEMORY USAGE).",
           &WorkerShard::probed_keys);
 
-  Header(&out, "keyguard_upstream_errors_total", "counter", "Upstream failures by reason: connect, closed, reset, protocol, auth.");
+  Header(&out, "keyguard_upstream_errors_total", "counter",
+         "Upstream failures by reason: connect, closed, reset, protocol, auth.");
   for (size_t r = 0; r < static_cast<size_t>(UpstreamError::kCount); ++r) {
     absl::StrAppend(&out, "keyguard_upstream_errors_total{reason=\"", kUpstreamErrorNames[r], "\"} ",
                     Sum(shards_, [&](const WorkerShard& s) { return s.upstream_errors[r].Get(); }), "\n");
@@ -93,8 +98,7 @@ std::string Registry::Render() const {
           &WorkerShard::key_violations);
   labeled("keyguard_keys_rewritten_total", "Keys keyguard rewrote before forwarding, by rule.",
           &WorkerShard::keys_rewritten);
-  labeled("keyguard_commands_rejected_total", "Commands keyguard refused, by reason.",
-          &WorkerShard::commands_rejected);
+  labeled("keyguard_commands_rejected_total", "Commands keyguard refused, by reason.", &WorkerShard::commands_rejected);
   labeled("keyguard_findings_total", "Hygiene findings by kind and key pattern.", &WorkerShard::findings);
   labeled("keyguard_bigkey_access_total", "Accesses to big keys by kind, command and key pattern.",
           &WorkerShard::bigkey_access);
@@ -122,8 +126,8 @@ std::string Registry::Render() const {
     for (size_t o = 0; o < static_cast<size_t>(Outcome::kCount); ++o) {
       const uint64_t n = Sum(shards_, [&](const WorkerShard& s) { return s.commands_[id].outcomes[o].Get(); });
       if (n == 0) continue;
-      absl::StrAppend(&out, "keyguard_commands_total{command=\"", Name(id),
-                      "\",outcome=\"", kOutcomeNames[o], "\"} ", n, "\n");
+      absl::StrAppend(&out, "keyguard_commands_total{command=\"", Name(id), "\",outcome=\"", kOutcomeNames[o], "\"} ",
+                      n, "\n");
     }
   }
 

@@ -35,7 +35,8 @@ std::string KeyPattern(std::string_view key) {
   size_t start = 0;
   for (;;) {
     const size_t end = key.find(':', start);
-    const std::string_view seg = key.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+    const std::string_view seg =
+        key.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
     if (Opaque(seg)) {
       out += "{id}";
     } else {

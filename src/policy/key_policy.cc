@@ -13,7 +13,6 @@ namespace {
 
 namespace pb = keyguard::config::v1;
 
-
 Action ToAction(pb::Action a, Action fallback) {
   switch (a) {
     case pb::OBSERVE: return Action::kObserve;
@@ -29,7 +28,8 @@ absl::StatusOr<Scope> CompileScope(const pb::Scope& s, const std::string& path) 
   for (int i = 0; i < s.commands_size(); ++i) {
     const commands::CommandId id = commands::LookupCommand(s.commands(i));
     if (id == commands::kUnknownCommand) {
-      return FieldError(absl::StrCat(path, ".commands[", i, "]"), absl::StrCat("'", s.commands(i), "' is not a Redis command"));
+      return FieldError(absl::StrCat(path, ".commands[", i, "]"),
+                        absl::StrCat("'", s.commands(i), "' is not a Redis command"));
     }
     scope.commands.push_back(id);
   }
@@ -54,10 +54,17 @@ bool IsLetter(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c
 bool IsDigit(unsigned char c) { return c >= '0' && c <= '9'; }
 bool IsForbidden(unsigned char c) {
   switch (c) {
-    case ' ': case '"': case '\'': case '\\': case '*': case '?': case '[': case ']': case '(': case ')':
-      return true;
-    default:
-      return c < 0x20 || c == 0x7f;
+    case ' ':
+    case '"':
+    case '\'':
+    case '\\':
+    case '*':
+    case '?':
+    case '[':
+    case ']':
+    case '(':
+    case ')': return true;
+    default: return c < 0x20 || c == 0x7f;
   }
 }
 
@@ -70,7 +77,6 @@ bool WellFormedHashTag(std::string_view key) {
 }
 
 }  // namespace
-
 
 bool MayCreateKey(uint32_t key_flags, const commands::CommandSpec& spec) {
   if (key_flags & (commands::kKeyOw | commands::kKeyInsert)) return true;
@@ -120,7 +126,8 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
   const std::string punctuation = p.has_allowed_punctuation() ? p.allowed_punctuation() : ":._-|";
   for (unsigned char c : punctuation) {
     if (IsLetter(c) || IsDigit(c) || IsForbidden(c)) {
-      return FieldError("key_policy.allowed_punctuation", absl::StrCat("'", std::string(1, c), "' cannot be punctuation"));
+      return FieldError("key_policy.allowed_punctuation",
+                        absl::StrCat("'", std::string(1, c), "' cannot be punctuation"));
     }
     policy->punctuation_[c] = true;
   }
@@ -222,7 +229,8 @@ void KeyPolicy::BuildClasses() {
   slash_allowed_ = punctuation_[static_cast<unsigned char>('/')];
   has_key_list_rules_ = false;
   for (const Rule& r : rules_) {
-    has_key_list_rules_ |= r.kind == Rule::Kind::kUser || r.kind == Rule::Kind::kEntities || r.kind == Rule::Kind::kPrefix;
+    has_key_list_rules_ |=
+        r.kind == Rule::Kind::kUser || r.kind == Rule::Kind::kEntities || r.kind == Rule::Kind::kPrefix;
   }
 }
 
@@ -281,21 +289,11 @@ void KeyPolicy::Check(std::string_view key, commands::CommandId id, const comman
           if (clean && !n.empty()) suggestion = std::move(n);
         }
         break;
-      case Rule::Kind::kStartsWithLetter:
-        broken = !letter_first;
-        break;
-      case Rule::Kind::kForbiddenCharacters:
-        broken = forbidden;
-        break;
-      case Rule::Kind::kHashTags:
-        broken = braces && (!allow_hash_tags_ || !WellFormedHashTag(key));
-        break;
-      case Rule::Kind::kMaxLength:
-        broken = key.size() > max_length_;
-        break;
-      case Rule::Kind::kMaxSegments:
-        broken = segments > max_segments_;
-        break;
+      case Rule::Kind::kStartsWithLetter: broken = !letter_first; break;
+      case Rule::Kind::kForbiddenCharacters: broken = forbidden; break;
+      case Rule::Kind::kHashTags: broken = braces && (!allow_hash_tags_ || !WellFormedHashTag(key)); break;
+      case Rule::Kind::kMaxLength: broken = key.size() > max_length_; break;
+      case Rule::Kind::kMaxSegments: broken = segments > max_segments_; break;
       case Rule::Kind::kOpaqueSegments:
         broken = longest_segment > max_segment_bytes_ || key.find("://") != std::string_view::npos;
         break;
@@ -304,9 +302,7 @@ void KeyPolicy::Check(std::string_view key, commands::CommandId id, const comman
         broken = std::find(entities_.begin(), entities_.end(), entity) == entities_.end();
         break;
       }
-      case Rule::Kind::kPrefix:
-        broken = key.substr(0, prefix_.size()) != prefix_;
-        break;
+      case Rule::Kind::kPrefix: broken = key.substr(0, prefix_.size()) != prefix_; break;
     }
     if (broken) out->push_back(Violation{&rule, std::move(suggestion)});
   }

@@ -35,10 +35,10 @@ const std::vector<uint8_t>& ConnectionState::ChangesStateTable() {
   static const std::vector<uint8_t> table = [] {
     const commands::KnownCommands& known = commands::Known();
     std::vector<uint8_t> t(commands::CommandCount(), 0);
-    for (commands::CommandId c : {known.reset, known.multi, known.exec, known.discard, known.watch, known.unwatch,
-                                  known.hello, known.monitor, known.client, known.sync, known.psync, known.subscribe,
-                                  known.psubscribe, known.ssubscribe, known.unsubscribe, known.punsubscribe,
-                                  known.sunsubscribe, known.quit}) {
+    for (commands::CommandId c :
+         {known.reset, known.multi, known.exec, known.discard, known.watch, known.unwatch, known.hello, known.monitor,
+          known.client, known.sync, known.psync, known.subscribe, known.psubscribe, known.ssubscribe, known.unsubscribe,
+          known.punsubscribe, known.sunsubscribe, known.quit}) {
       if (c < t.size()) t[c] = 1;
     }
     return t;
@@ -145,16 +145,13 @@ bool ConnectionState::OnModeReply(const Pending& p) {
     case Kind::kHello:
       if (p.hello_version != 0) protocol_ = p.hello_version;
       return false;
-    case Kind::kMonitor:
-      monitor_ = true;
-      return false;
+    case Kind::kMonitor: monitor_ = true; return false;
     case Kind::kReset:
       protocol_ = 2;
       monitor_ = false;
       for (auto& s : subscriptions_) s.clear();
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 

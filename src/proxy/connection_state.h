@@ -21,8 +21,8 @@ namespace keyguard::proxy {
 
 // The confirmation kinds of the subscribe family, in pairs: subscribe/unsubscribe for channels,
 // patterns and shard channels. An index into this table is Pending::confirm.
-inline constexpr std::string_view kConfirmNames[] = {"subscribe",  "unsubscribe",  "psubscribe",
-                                                     "punsubscribe", "ssubscribe", "sunsubscribe"};
+inline constexpr std::string_view kConfirmNames[] = {"subscribe",    "unsubscribe", "psubscribe",
+                                                     "punsubscribe", "ssubscribe",  "sunsubscribe"};
 // The index of `kind` in kConfirmNames (any case), or -1.
 int ConfirmIndex(std::string_view kind);
 // HELLO's protocol argument: 2 or 3, or 0 when it names none (or a bad one).
@@ -84,7 +84,9 @@ class ConnectionState {
   void TrackConfirmation(std::string_view kind, std::string_view channel);
   // Channels (0), patterns (1) or shard channels (2) subscribed to.
   size_t subscriptions(int set) const { return subscriptions_[set].size(); }
-  bool subscribed() const { return !subscriptions_[0].empty() || !subscriptions_[1].empty() || !subscriptions_[2].empty(); }
+  bool subscribed() const {
+    return !subscriptions_[0].empty() || !subscriptions_[1].empty() || !subscriptions_[2].empty();
+  }
 
   // SYNC/PSYNC was forwarded; once its reply begins, upstream bytes are a tunnel.
   bool replication_stream() const { return replication_stream_; }

@@ -21,7 +21,8 @@ inline constexpr size_t kRefusalCount = static_cast<size_t>(Refusal::kCount);
 
 // The label value, e.g. "key_policy".
 inline const char* RefusalName(Refusal r) {
-  constexpr const char* kNames[] = {"noauth", "auth", "tenant", "unknown_command", "deny_list", "key_policy", "hygiene"};
+  constexpr const char* kNames[] = {"noauth",    "auth",       "tenant", "unknown_command",
+                                    "deny_list", "key_policy", "hygiene"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kRefusalCount);
   return kNames[static_cast<size_t>(r)];
 }

@@ -16,30 +16,30 @@ namespace keyguard::proxy {
 // A command waiting for its reply, or a reply keyguard made.
 struct Pending {
   enum class Kind : uint8_t {
-    kForward,    // plain command: one reply
-    kLocal,      // keyguard's own reply in `text`
-    kSubscribe,  // (p|s)(un)subscribe: one confirmation per channel
-    kHello,      // switches RESP2/RESP3 when it succeeds
-    kMonitor,    // +OK starts the MONITOR stream
-    kReset,      // +RESET ends subscribe mode, MONITOR and RESP3
-    kExecAbort,  // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
-    kInternal,   // keyguard's own command (upstream AUTH, CLIENT ID): the reply is not the client's
+    kForward,            // plain command: one reply
+    kLocal,              // keyguard's own reply in `text`
+    kSubscribe,          // (p|s)(un)subscribe: one confirmation per channel
+    kHello,              // switches RESP2/RESP3 when it succeeds
+    kMonitor,            // +OK starts the MONITOR stream
+    kReset,              // +RESET ends subscribe mode, MONITOR and RESP3
+    kExecAbort,          // EXEC of a transaction keyguard poisoned: DISCARD was sent, reply is EXECABORT
+    kInternal,           // keyguard's own command (upstream AUTH, CLIENT ID): the reply is not the client's
     kReplicationStream,  // SYNC/PSYNC: from its reply on, upstream bytes are a stream passed as they are
-    kWalk,       // a tenant's FLUSH*/DBSIZE/RANDOMKEY: replies are walk steps; the session answers
+    kWalk,               // a tenant's FLUSH*/DBSIZE/RANDOMKEY: replies are walk steps; the session answers
   };
   Kind kind = Kind::kForward;
   commands::CommandId command = commands::kUnknownCommand;
-  bool close_after = false;   // kLocal: close the connection once this reply is delivered
-  bool hidden = false;        // the reply is read, not delivered (RESET after CLIENT REPLY SKIP)
-  uint8_t confirm = 0;        // kSubscribe: index into kConfirmNames
-  int8_t hello_version = 0;   // kHello: 2, 3 or 0 (unchanged)
-  int64_t expected = 1;       // kSubscribe: confirmations still due, -1 = all channels of a kind
+  bool close_after = false;  // kLocal: close the connection once this reply is delivered
+  bool hidden = false;       // the reply is read, not delivered (RESET after CLIENT REPLY SKIP)
+  uint8_t confirm = 0;       // kSubscribe: index into kConfirmNames
+  int8_t hello_version = 0;  // kHello: 2, 3 or 0 (unchanged)
+  int64_t expected = 1;      // kSubscribe: confirmations still due, -1 = all channels of a kind
   int64_t start_ns = 0;
-  uint8_t reply_check = 0;    // hygiene: what to look at in the reply (see session.cc)
-  uint32_t key_len = 0;       // with `keyed`: the key, in the queue's key arena
+  uint8_t reply_check = 0;  // hygiene: what to look at in the reply (see session.cc)
+  uint32_t key_len = 0;     // with `keyed`: the key, in the queue's key arena
   uint64_t key_off = 0;
-  bool keyed = false;         // the key (args[1]) is in the key arena, for reply_check or hot keys
-  uint32_t request_bytes = 0; // hot keys: the request's bytes; 0 when the command is not tracked
+  bool keyed = false;          // the key (args[1]) is in the key arena, for reply_check or hot keys
+  uint32_t request_bytes = 0;  // hot keys: the request's bytes; 0 when the command is not tracked
   // Tenancy: what the reply must be if the server's transaction state is the one keyguard
   // filters replies by; anything else means the two differ, and the connection is closed.
   enum class Expect : uint8_t {
@@ -51,9 +51,9 @@ struct Pending {
     kExecOutside,  // EXEC outside MULTI: an error
   };
   Expect expect = Expect::kAny;
-  uint8_t rewrite = 0;        // tenancy: tenant::ReplyRewrite of the reply
+  uint8_t rewrite = 0;                 // tenancy: tenant::ReplyRewrite of the reply
   std::vector<uint8_t> exec_rewrites;  // tenancy, EXEC: the rewrite of each queued command
-  std::string text;           // kLocal: the reply
+  std::string text;                    // kLocal: the reply
 };
 
 // Whether a reply (its type byte and first line) is what `expect` allows. Inline: every reply
@@ -103,7 +103,10 @@ class ReplyQueue {
   // Ends every entry: returns what the client is owed in their place (keyguard's replies as
   // they are, `error` for each command), and appends the commands that failed to `failed`.
   std::string Abort(std::string_view error, std::vector<commands::CommandId>* failed);
-  void Clear() { q_.clear(); ClearKeys(); }
+  void Clear() {
+    q_.clear();
+    ClearKeys();
+  }
 
   // The command's first key, kept for its reply (hygiene, hot keys): `p` must be the entry about
   // to be pushed, and keys are attached in push order.

@@ -26,7 +26,6 @@
 namespace keyguard::proxy {
 namespace {
 
-
 awaitable<void> Accept(Worker& worker, tcp::acceptor& acceptor) {
   for (;;) {
     error_code ec;
@@ -72,7 +71,8 @@ absl::StatusOr<int> ExtendCommandTable(const tcp::endpoint& upstream, int timeou
   if (fd < 0) return absl::UnavailableError("socket failed");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto wait = [&](short events) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd, events, 0};
     return ::poll(&p, 1, static_cast<int>(left.count())) == 1;
@@ -103,7 +103,8 @@ absl::StatusOr<int> ExtendCommandTable(const tcp::endpoint& upstream, int timeou
     buf.append(chunk, static_cast<size_t>(n));
     const resp::Status st = framer.Next(buf.data(), buf.size());
     if (st == resp::Status::kProtocolError) return absl::InvalidArgumentError(framer.error());
-    if (st == resp::Status::kOk) return commands::ExtendFromCommandInfo(std::string_view(buf.data(), framer.consumed()));
+    if (st == resp::Status::kOk)
+      return commands::ExtendFromCommandInfo(std::string_view(buf.data(), framer.consumed()));
   }
 }
 
@@ -113,9 +114,19 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   metrics::Registry registry;
   config::ConfigStore store(std::make_shared<config::ProxyConfig>(config), config_path);
   registry.AddCollector([&store](std::string* out) {
-    absl::StrAppend(out, "# HELP keyguard_config_reloads_total Successful config reloads.\n# TYPE keyguard_config_reloads_total counter\nkeyguard_config_reloads_total ", store.reloads(), "\n");
-    absl::StrAppend(out, "# HELP keyguard_config_reload_failures_total Config reloads that failed; the previous config stays live.\n# TYPE keyguard_config_reload_failures_total counter\nkeyguard_config_reload_failures_total ", store.failures(), "\n");
-    absl::StrAppend(out, "# HELP keyguard_config_version Version of the live config, 1 at start-up.\n# TYPE keyguard_config_version gauge\nkeyguard_config_version ", store.version(), "\n");
+    absl::StrAppend(out,
+                    "# HELP keyguard_config_reloads_total Successful config reloads.\n# TYPE "
+                    "keyguard_config_reloads_total counter\nkeyguard_config_reloads_total ",
+                    store.reloads(), "\n");
+    absl::StrAppend(
+        out,
+        "# HELP keyguard_config_reload_failures_total Config reloads that failed; the previous config stays live.\n# "
+        "TYPE keyguard_config_reload_failures_total counter\nkeyguard_config_reload_failures_total ",
+        store.failures(), "\n");
+    absl::StrAppend(out,
+                    "# HELP keyguard_config_version Version of the live config, 1 at start-up.\n# TYPE "
+                    "keyguard_config_version gauge\nkeyguard_config_version ",
+                    store.version(), "\n");
   });
   asio::io_context control(1);
 
@@ -174,7 +185,9 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     }
     if (!ec) acceptor->bind(bound, ec);
     if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", config.listen.ToString(), ": ", ec.message()));
+    if (ec)
+      return absl::UnavailableError(
+          absl::StrCat("listen: cannot listen on ", config.listen.ToString(), ": ", ec.message()));
     bound = acceptor->local_endpoint();  // port 0: the others join the port the first one got
     acceptors.push_back(std::move(acceptor));
   }
@@ -198,7 +211,8 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
     if (workers[i]->probe != nullptr) workers[i]->probe->Start();
     if (workers[i]->hot.enabled()) {
-      TickHotKeys(*workers[i], std::chrono::milliseconds(std::min<int64_t>(1000, config.hygiene.hot_keys_interval_s * 1000)));
+      TickHotKeys(*workers[i],
+                  std::chrono::milliseconds(std::min<int64_t>(1000, config.hygiene.hot_keys_interval_s * 1000)));
     }
   }
   std::vector<std::thread> threads;

@@ -124,7 +124,8 @@ void Session::Start() {
   upstream_out_.set_on_error([weak](error_code) {
     if (auto s = weak.lock()) s->FailUpstream(metrics::UpstreamError::kReset);
   });
-  asio::co_spawn(worker_.io, [self]() { return self->Run(); }, asio::detached);
+  asio::co_spawn(
+      worker_.io, [self]() { return self->Run(); }, asio::detached);
 }
 
 awaitable<void> Session::Run() {
@@ -161,7 +162,8 @@ awaitable<void> Session::Run() {
     SendUpstreamAuth(/*send_now=*/true);
     // The server's id of this connection, for the registry of the tenants' connections.
     if (worker_.connections != nullptr) SendInternal(kClientId, commands::Known().client, /*send_now=*/true);
-    asio::co_spawn(worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
+    asio::co_spawn(
+        worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
   }
   if (worker_.config.tenancy != nullptr) BindTenant(worker_.config.tenancy->static_tenant());
   co_await ClientPump();
@@ -356,8 +358,10 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
              skipped, silent);
       return;
     }
-    if (tenant_ != nullptr && state_.in_multi() && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply")) {
-      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped, silent);
+    if (tenant_ != nullptr && state_.in_multi() && id == known.client && args.size() > 1 &&
+        EqualsIgnoreCase(args[1], "reply")) {
+      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped,
+             silent);
       return;
     }
     // A RESP2 server refuses CLIENT REPLY while the connection is subscribed, but keyguard
@@ -366,8 +370,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // the subscription holds when the server gets there is not known here, so fail closed.
     if (tenant_ != nullptr && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply") &&
         MayBeSubscribed()) {
-      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants", skipped,
-             silent);
+      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants",
+             skipped, silent);
       return;
     }
   }
@@ -378,14 +382,15 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     return;
   }
   if (id == commands::kUnknownCommand && worker_.live->reject_unknown_commands) {
-    Refuse(id, Refusal::kUnknownCommand, absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"), skipped,
-           silent);
+    Refuse(id, Refusal::kUnknownCommand, absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"),
+           skipped, silent);
     return;
   }
   if (worker_.deny[id]) {
-    Refuse(id, Refusal::kDenyList,
-           absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])), "' is not allowed here"),
-           skipped, silent);
+    Refuse(
+        id, Refusal::kDenyList,
+        absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])), "' is not allowed here"),
+        skipped, silent);
     return;
   }
   std::string_view bytes(raw, raw_len);
@@ -414,7 +419,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
       if (modified) out = cmd_args_;
     }
     if (tenant_ != nullptr) {
-      const tenant::RequestResult r = worker_.rewriter->Rewrite(*tenant_, id, spec, out, key_refs_, keys_ok, &tenant_args_);
+      const tenant::RequestResult r =
+          worker_.rewriter->Rewrite(*tenant_, id, spec, out, key_refs_, keys_ok, &tenant_args_);
       if (r.kind == tenant::RequestResult::Kind::kRefuse) {
         Refuse(id, Refusal::kTenant, r.message, skipped, silent);
         return;
@@ -674,12 +680,8 @@ bool Session::ApplyScriptPolicy(std::span<const std::string_view> args, commands
   };
   std::string unreviewed;  // what the refusal names
   switch (kind) {
-    case kEval:
-      unreviewed = script(tenant::Sha1Hex(args[1]));
-      break;
-    case kEvalSha:
-      unreviewed = script(absl::AsciiStrToLower(std::string(args[1])));
-      break;
+    case kEval: unreviewed = script(tenant::Sha1Hex(args[1])); break;
+    case kEvalSha: unreviewed = script(absl::AsciiStrToLower(std::string(args[1]))); break;
     case kFcall:
       if (!policy.FunctionReviewed(args[1])) unreviewed = absl::StrCat("function '", KeyInError(args[1]), "'");
       break;
@@ -704,8 +706,9 @@ bool Session::ApplyScriptPolicy(std::span<const std::string_view> args, commands
       .Add();
   if (action == policy::Action::kWarn) Warn(policy::Violation{&rule, ""}, unreviewed, id);
   if (action != policy::Action::kReject) return true;
-  *refusal = absl::StrCat("ERR keyguard: ", unreviewed,
-                          " is not reviewed (key_policy.scripts): a script may write key names the key policy never sees");
+  *refusal =
+      absl::StrCat("ERR keyguard: ", unreviewed,
+                   " is not reviewed (key_policy.scripts): a script may write key names the key policy never sees");
   return false;
 }
 
@@ -730,13 +733,11 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
       const policy::Action action =
           v.rule->action == policy::Action::kReject && !creates ? policy::Action::kObserve : v.rule->action;
       shard.key_violations
-          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(action),
-                            "\",key_pattern=\"", pattern, "\""))
+          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(action), "\",key_pattern=\"",
+                            pattern, "\""))
           .Add();
       switch (action) {
-        case policy::Action::kWarn:
-          Warn(v, key, id);
-          break;
+        case policy::Action::kWarn: Warn(v, key, id); break;
         case policy::Action::kReject:
           // The refusal names every rule the first refused key breaks, and a suggestion only
           // when the suggested name itself passes every rule.
@@ -760,8 +761,7 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
             shard.keys_rewritten.Get(absl::StrCat("rule=\"", v.rule->name, "\"")).Add();
           }
           break;
-        case policy::Action::kObserve:
-          break;
+        case policy::Action::kObserve: break;
       }
     }
     if (reject != nullptr) break;
@@ -887,7 +887,8 @@ bool Session::ClientGone() {
 
 void Session::SendWalkStep() {
   if (WaitForWalkToken()) return;
-  walk_.request = tenant::WalkStep(*tenant_, walk_.walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
+  walk_.request =
+      tenant::WalkStep(*tenant_, walk_.walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
   upstream_out_.Send(walk_.request);
 }
 
@@ -908,7 +909,8 @@ void Session::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar>
   ++walk_.step;
   walk_.cursor.assign(head[0].text.data(), head[0].text.size());
   const std::string_view found = head[2].text;
-  const std::string_view prefix = reply_tenant_ != nullptr ? std::string_view(reply_tenant_->prefix) : std::string_view();
+  const std::string_view prefix =
+      reply_tenant_ != nullptr ? std::string_view(reply_tenant_->prefix) : std::string_view();
   if (walk_.walk == tenant::Walk::kRandomkey && !found.empty()) {
     std::string text;
     resp::AppendBulk(&text, found.starts_with(prefix) ? found.substr(prefix.size()) : found);
@@ -927,15 +929,9 @@ void Session::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar>
     return;
   }
   switch (walk_.walk) {
-    case tenant::Walk::kDbsize:
-      FinishWalk(absl::StrCat(":", walk_.total, "\r\n"), false, now);
-      break;
-    case tenant::Walk::kRandomkey:
-      FinishWalk(state_.protocol() == 3 ? "_\r\n" : "$-1\r\n", false, now);
-      break;
-    default:
-      FinishWalk("+OK\r\n", false, now);
-      break;
+    case tenant::Walk::kDbsize: FinishWalk(absl::StrCat(":", walk_.total, "\r\n"), false, now); break;
+    case tenant::Walk::kRandomkey: FinishWalk(state_.protocol() == 3 ? "_\r\n" : "$-1\r\n", false, now); break;
+    default: FinishWalk("+OK\r\n", false, now); break;
   }
 }
 
@@ -992,15 +988,12 @@ void Session::DeliverPush(std::string_view frame) {
   if (reply_tenant_ == nullptr) return;  // logged out: nobody it may be shown to
   std::string out;
   switch (tenant::RewritePush(*worker_.config.tenancy, *reply_tenant_, frame, &out)) {
-    case tenant::ReplyAction::kPass:
-      AppendOut(frame);
-      break;
+    case tenant::ReplyAction::kPass: AppendOut(frame); break;
     case tenant::ReplyAction::kReplace:
       held_.push_back(std::move(out));
       AppendOut(held_.back());
       break;
-    case tenant::ReplyAction::kDrop:
-      break;
+    case tenant::ReplyAction::kDrop: break;
   }
 }
 
@@ -1066,7 +1059,8 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       continue;
     }
     if (type == '*' && state_.protocol() == 2 && head.size() >= 2 && state_.subscribed() &&
-        (EqualsIgnoreCase(kind, "message") || EqualsIgnoreCase(kind, "pmessage") || EqualsIgnoreCase(kind, "smessage"))) {
+        (EqualsIgnoreCase(kind, "message") || EqualsIgnoreCase(kind, "pmessage") ||
+         EqualsIgnoreCase(kind, "smessage"))) {
       DeliverPush(frame);
       continue;
     }
@@ -1124,11 +1118,10 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       AppendOut(kExecAbort);
     } else if (reply_tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
       std::string out;
-      switch (tenant::RewriteReply(*worker_.config.tenancy, *reply_tenant_, static_cast<tenant::ReplyRewrite>(front->rewrite),
-                                   front->exec_rewrites, frame, &out)) {
-        case tenant::ReplyAction::kPass:
-          AppendOut(frame);
-          break;
+      switch (tenant::RewriteReply(*worker_.config.tenancy, *reply_tenant_,
+                                   static_cast<tenant::ReplyRewrite>(front->rewrite), front->exec_rewrites, frame,
+                                   &out)) {
+        case tenant::ReplyAction::kPass: AppendOut(frame); break;
         case tenant::ReplyAction::kReplace:
         case tenant::ReplyAction::kDrop:  // never for a command's reply
           held_.push_back(std::move(out));
@@ -1235,7 +1228,8 @@ void Session::AbortPending(std::string_view error) {
   NotifyQueue();
   if (!closing_) {
     auto self = shared_from_this();
-    asio::co_spawn(worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
+    asio::co_spawn(
+        worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
   }
 }
 
@@ -1266,7 +1260,8 @@ void Session::Drain() {
   stop_reading_ = true;  // commands already read are still served
   if (queue_.empty() && !closing_) {
     auto self = shared_from_this();
-    asio::co_spawn(worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
+    asio::co_spawn(
+        worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
   }
   // Otherwise UpstreamPump closes once the last pending reply is delivered.
 }

@@ -68,7 +68,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, const commands::CommandSpec& spec,
                       bool* modified, std::string* refusal);
   // Tenancy: AUTH and HELLO are answered (and authenticated) by keyguard.
-  void HandleAuth(commands::CommandId id, std::span<const std::string_view> args, bool skipped, bool silent, int64_t now);
+  void HandleAuth(commands::CommandId id, std::span<const std::string_view> args, bool skipped, bool silent,
+                  int64_t now);
   void BindTenant(const tenant::Tenant* t);
   // Queues keyguard's upstream AUTH (when configured); `send_now` outside a client batch.
   void SendUpstreamAuth(bool send_now);
@@ -144,7 +145,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string rewritten_;                      // a reply rewritten for the tenant
   std::vector<policy::Violation> violations_;
   std::string client_address_;
-  uint64_t id_ = 0;        // per worker, for the hygiene trackers
+  uint64_t id_ = 0;  // per worker, for the hygiene trackers
   // Where detectors_ report: findings stamped with this client (who and where), counted, logged.
   struct Sink final : hygiene::FindingSink {
     explicit Sink(Session& s) : session(s) {}

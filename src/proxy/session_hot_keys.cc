@@ -23,12 +23,12 @@ enum class SizeReply : uint8_t {
 };
 
 struct HotKeyInfo {
-  bool first_key = false;    // args[1] is the first key
-  int8_t value_pos = 0;      // a string write: position of its value (0: none)
-  bool pairs = false;        // MSET: key value pairs from position 1
+  bool first_key = false;  // args[1] is the first key
+  int8_t value_pos = 0;    // a string write: position of its value (0: none)
+  bool pairs = false;      // MSET: key value pairs from position 1
   SizeReply size_reply = SizeReply::kNone;
   bool field_value_pairs = false;  // RESP2 HGETALL: two elements per member
-  std::string_view type;     // the key's type, as far as the command tells
+  std::string_view type;           // the key's type, as far as the command tells
 };
 
 const std::vector<HotKeyInfo>& HotKeyTable() {
@@ -51,7 +51,8 @@ const std::vector<HotKeyInfo>& HotKeyTable() {
     for (const char* n : {"set", "setnx", "getset", "append"}) at(n).value_pos = 2;
     for (const char* n : {"setex", "psetex"}) at(n).value_pos = 3;
     for (const char* n : {"mset", "msetnx"}) at(n).pairs = true;
-    for (const char* n : {"set", "setnx", "getset", "append", "setex", "psetex", "mset", "msetnx"}) at(n).type = "string";
+    for (const char* n : {"set", "setnx", "getset", "append", "setex", "psetex", "mset", "msetnx"})
+      at(n).type = "string";
     sized({"get", "getex", "getdel"}, SizeReply::kBulkBytes, "string");
     sized({"strlen"}, SizeReply::kIntegerBytes, "string");
     sized({"hlen"}, SizeReply::kIntegerElements, "hash");
@@ -84,8 +85,8 @@ bool Session::HotKeysRequest(commands::CommandId id, std::span<const std::string
     const std::string_view tenant = tenant_ != nullptr ? std::string_view(tenant_->name) : std::string_view();
     auto write = [&](std::string_view key, std::string_view value) {
       if (value.empty() || !hot.Admits(false, value.size())) return;
-      hot.ObserveSize(absl::string_view(tenant.data(), tenant.size()), absl::string_view(key.data(), key.size()),
-                      false, value.size(), commands::CommandName(id), info.type);
+      hot.ObserveSize(absl::string_view(tenant.data(), tenant.size()), absl::string_view(key.data(), key.size()), false,
+                      value.size(), commands::CommandName(id), info.type);
     };
     if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
       write(args[1], args[info.value_pos]);
@@ -122,8 +123,7 @@ void Session::HotKeysReply(const Pending& p, char type, int64_t size, std::strin
     case SizeReply::kAggregateElements:
       if (type == '*' || type == '~' || type == '%') n = (type == '*' && info.field_value_pairs) ? size / 2 : size;
       break;
-    case SizeReply::kNone:
-      break;
+    case SizeReply::kNone: break;
   }
   if (n <= 0 || !hot.Admits(elements, static_cast<uint64_t>(n))) return;
   hot.ObserveSize(tenant, key, elements, static_cast<uint64_t>(n), commands::CommandName(p.command), info.type);

@@ -18,7 +18,8 @@ SizeProbe::SizeProbe(Worker& worker) : worker_(worker), socket_(worker.io), time
 
 void SizeProbe::Start() {
   auto self = shared_from_this();
-  asio::co_spawn(worker_.io, [self]() { return self->Run(); }, asio::detached);
+  asio::co_spawn(
+      worker_.io, [self]() { return self->Run(); }, asio::detached);
 }
 
 void SizeProbe::Wake() {

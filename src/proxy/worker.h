@@ -34,8 +34,8 @@ struct Worker {
       : io(1), config(c), store(st), shard(s), upstream(up), connections(conns) {
     Refresh();
     for (size_t r = 0; r < kRefusalCount; ++r) {
-      rejected[r] = &shard->commands_rejected.Get(
-          std::string("reason=\"") + RefusalName(static_cast<Refusal>(r)) + "\"");
+      rejected[r] =
+          &shard->commands_rejected.Get(std::string("reason=\"") + RefusalName(static_cast<Refusal>(r)) + "\"");
     }
     if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy, connections);
     if (!config.upstream_auth.password.empty()) {
@@ -75,10 +75,10 @@ struct Worker {
   uint64_t next_session_id = 1;
   int64_t warn_second = 0;  // rate limit of key-policy warn lines
   int warn_count = 0;
-  std::shared_ptr<SizeProbe> probe;                    // with hygiene.probe
-  tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
+  std::shared_ptr<SizeProbe> probe;                   // with hygiene.probe
+  tenant::Connections* connections;                   // with tenancy: which tenant each upstream connection serves
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
-  std::string upstream_auth;  // the encoded AUTH for each upstream connection, or empty
+  std::string upstream_auth;                          // the encoded AUTH for each upstream connection, or empty
   // Tenancy: each tenant's budget of key-walk steps on this worker (a token bucket of
   // walk_steps_per_second, up to one second's worth).
   struct WalkBudget {

@@ -56,7 +56,9 @@ void AppendValue(std::string* out, const Value& v) {
     for (const Value& a : v.attributes) AppendValue(out, a);
   }
   switch (v.type) {
-    case '$': case '!': case '=':
+    case '$':
+    case '!':
+    case '=':
       if (v.null) {
         out->append("$-1\r\n");
         return;
@@ -65,7 +67,10 @@ void AppendValue(std::string* out, const Value& v) {
       out->append(v.text);
       out->append("\r\n");
       return;
-    case '*': case '~': case '%': case '>':
+    case '*':
+    case '~':
+    case '%':
+    case '>':
       if (v.null) {
         out->append("*-1\r\n");
         return;
@@ -73,9 +78,7 @@ void AppendValue(std::string* out, const Value& v) {
       AppendHeader(out, v.type, static_cast<int64_t>(v.type == '%' ? v.elements.size() / 2 : v.elements.size()));
       for (const Value& e : v.elements) AppendValue(out, e);
       return;
-    case '_':
-      out->append("_\r\n");
-      return;
+    case '_': out->append("_\r\n"); return;
     default:  // + - : , # ( : the line as it came
       out->push_back(v.type);
       out->append(v.text);

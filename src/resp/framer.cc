@@ -381,8 +381,8 @@ Status ReplyFramer::Next(const char* data, size_t len) {
     int64_t number = 0;
     bool have_number = false;
     const char t = *p;
-    if ((t == '$' || t == '*' || t == ':') && (cr = FastDigits(p + 1, end, &number)) != nullptr &&
-        cr + 1 < end && cr[1] == '\n') {
+    if ((t == '$' || t == '*' || t == ':') && (cr = FastDigits(p + 1, end, &number)) != nullptr && cr + 1 < end &&
+        cr[1] == '\n') {
       have_number = true;
     } else {
       const char* s = data + (scan_pos_ > pos_ ? scan_pos_ : pos_ + 1);
@@ -412,9 +412,7 @@ Status ReplyFramer::Next(const char* data, size_t len) {
       case '+':
       case '-':
       case '(':
-      case ',':
-        RecordScalar(t, line_off, line.size());
-        break;
+      case ',': RecordScalar(t, line_off, line.size()); break;
       case ':':
         if (!have_number && !ParseRedisInt(line, &number)) return Fail("invalid integer");
         RecordScalar(t, line_off, line.size());
@@ -464,8 +462,7 @@ Status ReplyFramer::Next(const char* data, size_t len) {
         if (depth_ == 0) head_closed_ = true;
         break;
       }
-      default:
-        return Fail(absl::StrCat("unexpected type byte 0x", absl::Hex(static_cast<unsigned char>(t))));
+      default: return Fail(absl::StrCat("unexpected type byte 0x", absl::Hex(static_cast<unsigned char>(t))));
     }
     if (ElementDone()) break;
   }

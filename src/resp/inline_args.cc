@@ -77,18 +77,14 @@ bool SplitInlineArgs(std::string_view line, std::vector<std::string>* out) {
           done = true;
         } else {
           switch (c) {
-            case ' ': case '\n': case '\r': case '\t': case '\0':
-              done = true;
-              break;
-            case '"':
-              inq = true;
-              break;
-            case '\'':
-              insq = true;
-              break;
-            default:
-              current.push_back(c);
-              break;
+            case ' ':
+            case '\n':
+            case '\r':
+            case '\t':
+            case '\0': done = true; break;
+            case '"': inq = true; break;
+            case '\'': insq = true; break;
+            default: current.push_back(c); break;
           }
         }
       }

@@ -46,16 +46,16 @@ bool ParseAt(std::string_view in, size_t* pos, Value* out, int depth) {
   }
   out->type = t;
   switch (t) {
-    case '+': case '-': case '(': case ',': case '#':
-      out->text = line;
-      return true;
-    case '_':
-      out->null = true;
-      return line.empty();
-    case ':':
-      out->text = line;
-      return ParseRedisInt(line, &out->integer);
-    case '$': case '!': case '=': {
+    case '+':
+    case '-':
+    case '(':
+    case ',':
+    case '#': out->text = line; return true;
+    case '_': out->null = true; return line.empty();
+    case ':': out->text = line; return ParseRedisInt(line, &out->integer);
+    case '$':
+    case '!':
+    case '=': {
       int64_t n;
       if (!ParseRedisInt(line, &n)) return false;
       if (n == -1 && t == '$') {
@@ -67,7 +67,10 @@ bool ParseAt(std::string_view in, size_t* pos, Value* out, int depth) {
       *pos += static_cast<size_t>(n) + 2;
       return true;
     }
-    case '*': case '~': case '%': case '>': {
+    case '*':
+    case '~':
+    case '%':
+    case '>': {
       int64_t n;
       if (!ParseRedisInt(line, &n)) return false;
       if (n == -1 && t == '*') {
@@ -83,8 +86,7 @@ bool ParseAt(std::string_view in, size_t* pos, Value* out, int depth) {
       }
       return true;
     }
-    default:
-      return false;
+    default: return false;
   }
 }
 

@@ -52,16 +52,15 @@ class Editor {
       case ChannelKind::kKeyspace: {
         const size_t head = KeyspaceHeadLength(ch);
         if (!StartsWith(ch.substr(head), t_.prefix)) return false;
-        v.text = Own(absl::StrCat(absl::string_view(ch.data(), head),
-                                  absl::string_view(ch.data() + head + t_.prefix.size(), ch.size() - head - t_.prefix.size())));
+        v.text = Own(
+            absl::StrCat(absl::string_view(ch.data(), head),
+                         absl::string_view(ch.data() + head + t_.prefix.size(), ch.size() - head - t_.prefix.size())));
         changed_ = true;
         return true;
       }
       case ChannelKind::kKeyevent:
-      case ChannelKind::kInvalidate:
-        return true;
-      case ChannelKind::kOrdinary:
-        break;
+      case ChannelKind::kInvalidate: return true;
+      case ChannelKind::kOrdinary: break;
     }
     if (tenancy_.channels == ChannelMode::kShared) return true;
     if (!StartsWith(ch, t_.prefix)) return false;
@@ -73,14 +72,12 @@ class Editor {
   bool Message(Value& channel, Value& payload) {
     if (!IsString(channel)) return true;
     switch (ClassifyChannel(channel.text)) {
-      case ChannelKind::kKeyevent:
-        return Key(payload);  // the payload is the key
+      case ChannelKind::kKeyevent: return Key(payload);  // the payload is the key
       case ChannelKind::kInvalidate:
         if (payload.null) return true;  // FLUSHALL: everything is invalid
         Keys(payload);
         return !payload.elements.empty();
-      default:
-        return Channel(channel);
+      default: return Channel(channel);
     }
   }
   // A pattern as the server sent it back: without the escaped prefix keyguard put in.
@@ -89,9 +86,9 @@ class Editor {
     const std::string_view p = v.text;
     if (const size_t head = KeyspaceHeadLength(p); head != 0) {
       if (StartsWith(p.substr(head), t_.glob_prefix)) {
-        v.text = Own(absl::StrCat(absl::string_view(p.data(), head),
-                                  absl::string_view(p.data() + head + t_.glob_prefix.size(),
-                                                    p.size() - head - t_.glob_prefix.size())));
+        v.text = Own(absl::StrCat(
+            absl::string_view(p.data(), head),
+            absl::string_view(p.data() + head + t_.glob_prefix.size(), p.size() - head - t_.glob_prefix.size())));
         changed_ = true;
       }
       return;
@@ -106,7 +103,8 @@ class Editor {
     if (v.type != '-' && v.type != '!') return;
     if (v.text.find(t_.prefix) == std::string_view::npos) return;
     std::string s(v.text);
-    for (size_t at = s.find(t_.prefix); at != std::string::npos; at = s.find(t_.prefix, at)) s.erase(at, t_.prefix.size());
+    for (size_t at = s.find(t_.prefix); at != std::string::npos; at = s.find(t_.prefix, at))
+      s.erase(at, t_.prefix.size());
     v.text = Own(std::move(s));
     changed_ = true;
   }
@@ -145,19 +143,15 @@ class Editor {
       return true;
     }
     switch (kind) {
-      case ReplyRewrite::kNone:
-        return true;
-      case ReplyRewrite::kKeyArray:
-        Keys(v);
-        return true;
+      case ReplyRewrite::kNone: return true;
+      case ReplyRewrite::kKeyArray: Keys(v); return true;
       case ReplyRewrite::kScan:
         if (v.elements.size() == 2) Keys(v.elements[1]);
         return true;
       case ReplyRewrite::kFirstKey:
         if (!v.null && !v.elements.empty() && !Key(v.elements[0])) return false;
         return true;
-      case ReplyRewrite::kBulkKey:
-        return Key(v);
+      case ReplyRewrite::kBulkKey: return Key(v);
       case ReplyRewrite::kStreams:
         if (v.type == '%') {
           for (size_t i = 0; i < v.elements.size(); i += 2) {
@@ -169,9 +163,7 @@ class Editor {
           }
         }
         return true;
-      case ReplyRewrite::kChannelArray:
-        Keep(v, [&](Value& c) { return Channel(c); });
-        return true;
+      case ReplyRewrite::kChannelArray: Keep(v, [&](Value& c) { return Channel(c); }); return true;
       case ReplyRewrite::kChannelCounts: {
         std::vector<Value> kept;
         for (size_t i = 0; i + 1 < v.elements.size(); i += 2) {
@@ -185,9 +177,7 @@ class Editor {
         if (v.type == '%' || kept.size() != v.elements.size()) v.elements = std::move(kept);
         return true;
       }
-      case ReplyRewrite::kInfo:
-        Info(v);
-        return true;
+      case ReplyRewrite::kInfo: Info(v); return true;
       case ReplyRewrite::kTrackingInfo:
         // BCAST prefixes are the tenant's (keyguard adds its prefix to each, and gives BCAST
         // without one the tenant's own, which becomes "" as Redis shows it then).

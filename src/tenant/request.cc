@@ -26,7 +26,7 @@ enum Special : uint8_t {
   kSelect,
   kCopy,
   kMigrate,
-  kNever,      // MOVE, SWAPDB (another database), CLUSTER (GETKEYSINSLOT lists any key): refused
+  kNever,  // MOVE, SWAPDB (another database), CLUSTER (GETKEYSINSLOT lists any key): refused
   kInfo,
   kDebug,
   kEval,
@@ -36,13 +36,13 @@ enum Special : uint8_t {
   kFunction,
   kClient,
   kPubsub,
-  kSubscribe,  // (s)subscribe, (s)unsubscribe: channels
-  kPsubscribe, // psubscribe, punsubscribe: patterns
-  kPublish,    // publish, spublish
+  kSubscribe,   // (s)subscribe, (s)unsubscribe: channels
+  kPsubscribe,  // psubscribe, punsubscribe: patterns
+  kPublish,     // publish, spublish
   kFirstKey,
   kStreams,
-  kKeyed,      // admin or dangerous by category, but confined by prefixing its keys (RESTORE)
-  kMemory,     // MEMORY STATS counts every tenant's keys, like INFO's # Keyspace
+  kKeyed,   // admin or dangerous by category, but confined by prefixing its keys (RESTORE)
+  kMemory,  // MEMORY STATS counts every tenant's keys, like INFO's # Keyspace
 };
 
 // SHA1s of the whole-walk emulation scripts of earlier releases: a tenant's SCRIPT EXISTS still
@@ -95,7 +95,8 @@ std::string NotAllowed(std::string_view what) {
 RequestRewriter::RequestRewriter(const Tenancy& tenancy, const Connections* connections)
     : tenancy_(tenancy),
       connections_(connections),
-      own_scripts_{Sha1Hex(kWalkScript), Sha1Hex(kOldFlushScript), Sha1Hex(kOldDbsizeScript), Sha1Hex(kOldRandomkeyScript)},
+      own_scripts_{Sha1Hex(kWalkScript), Sha1Hex(kOldFlushScript), Sha1Hex(kOldDbsizeScript),
+                   Sha1Hex(kOldRandomkeyScript)},
       kind_(commands::CommandCount(), kPlain),
       has_subcommands_(commands::CommandCount(), 0) {
   for (size_t id = 1; id < has_subcommands_.size(); ++id) {
@@ -151,10 +152,8 @@ std::string_view RequestRewriter::ChannelIn(const Tenant& t, std::string_view ch
                               absl::string_view(channel.data() + head, channel.size() - head)));
     }
     case ChannelKind::kKeyevent:
-    case ChannelKind::kInvalidate:
-      return channel;  // shared; their payloads are confined on the way back
-    case ChannelKind::kOrdinary:
-      break;
+    case ChannelKind::kInvalidate: return channel;  // shared; their payloads are confined on the way back
+    case ChannelKind::kOrdinary: break;
   }
   if (tenancy_.channels == ChannelMode::kShared) return channel;
   return Joined(t.prefix, channel);
@@ -226,12 +225,14 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   // NUL cuts it to (the lookup hashes every byte, compares with strcasecmp): by its random hash
   // seed, "CLIENT REPLY\0x SKIP" runs as CLIENT REPLY SKIP on one server and is refused on the
   // next. keyguard cannot know which, so connection state it follows could differ: refused.
-  if (HasNul(args[0]) || (args.size() > 1 && id != commands::kUnknownCommand && has_subcommands_[id] && HasNul(args[1]))) {
+  if (HasNul(args[0]) ||
+      (args.size() > 1 && id != commands::kUnknownCommand && has_subcommands_[id] && HasNul(args[1]))) {
     return refuse("ERR keyguard: a command or subcommand name holding a NUL byte is not allowed for tenants");
   }
   if (id == commands::kUnknownCommand) {
     // A command keyguard cannot see the keys of (a module the upstream did not describe).
-    return refuse(absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "' is not allowed for tenants"));
+    return refuse(
+        absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "' is not allowed for tenants"));
   }
   if (!commands::IsBuiltin(id)) {
     // A module command (or a newer server's) is confined only when its key specs say where every
@@ -245,8 +246,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     }
   }
   if (spec == nullptr) {
-    return refuse(absl::StrCat("ERR unknown subcommand '", std::string(args.size() > 1 ? args[1] : ""),
-                               "'. Try ", Upper(args[0]), " HELP."));
+    return refuse(absl::StrCat("ERR unknown subcommand '", std::string(args.size() > 1 ? args[1] : ""), "'. Try ",
+                               Upper(args[0]), " HELP."));
   }
   out->assign(args.begin(), args.end());
   auto set = [&](size_t pos, std::string_view v) {
@@ -260,8 +261,9 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   const std::string_view sub = args.size() > 1 ? args[1] : std::string_view();
   // The command as errors name it ("CLIENT KILL"); built only when something is refused.
   auto display = [&] {
-    return std::string_view(spec->name).find('|') != std::string_view::npos ? absl::StrCat(Upper(args[0]), " ", Upper(sub))
-                                                                           : Upper(args[0]);
+    return std::string_view(spec->name).find('|') != std::string_view::npos
+               ? absl::StrCat(Upper(args[0]), " ", Upper(sub))
+               : Upper(args[0]);
   };
   bool handled = true;
   switch (kind_[id]) {
@@ -316,7 +318,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       for (uint32_t i : o.patterns) {
         if (args[i] == "#") continue;
         if (tenant.prefix.find('*') != std::string::npos) {
-          return refuse(absl::StrCat("ERR keyguard: ", display(), " BY/GET patterns are not allowed for a tenant whose "
+          return refuse(absl::StrCat("ERR keyguard: ", display(),
+                                     " BY/GET patterns are not allowed for a tenant whose "
                                      "prefix holds '*'"));
         }
         set(i, Joined(tenant.prefix, args[i]));
@@ -340,11 +343,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       }
       break;
     }
-    case kNever:
-      return refuse(NotAllowed(display()));
-    case kInfo:
-      r.reply = ReplyRewrite::kInfo;
-      break;
+    case kNever: return refuse(NotAllowed(display()));
+    case kInfo: r.reply = ReplyRewrite::kInfo; break;
     case kDebug:
       if (args.size() == 3 && EqualsIgnoreCase(args[1], "object")) {
         set(2, Joined(tenant.prefix, args[2]));
@@ -354,8 +354,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     case kEval:
     case kEvalSha: {
       if (args.size() < 2) break;
-      const std::string sha =
-          kind_[id] == kEval ? Sha1Hex(args[1]) : absl::AsciiStrToLower(std::string(args[1]));
+      const std::string sha = kind_[id] == kEval ? Sha1Hex(args[1]) : absl::AsciiStrToLower(std::string(args[1]));
       if (!tenancy_.allowed_scripts.contains(sha)) {
         return refuse(absl::StrCat("ERR keyguard: script ", sha,
                                    " is not in tenancy.allowed_scripts (a script may touch keys it was not given)"));
@@ -364,7 +363,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     }
     case kFcall:
       if (args.size() >= 2 && !tenancy_.allowed_functions.contains(std::string(args[1]))) {
-        return refuse(absl::StrCat("ERR keyguard: function '", std::string(args[1]), "' is not in tenancy.allowed_functions"));
+        return refuse(
+            absl::StrCat("ERR keyguard: function '", std::string(args[1]), "' is not in tenancy.allowed_functions"));
       }
       break;
     case kScript:
@@ -458,14 +458,9 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
         return refuse("ERR keyguard: tenants may not publish to Redis's own channels");
       }
       return r;
-    case kFirstKey:
-      r.reply = ReplyRewrite::kFirstKey;
-      break;
-    case kStreams:
-      r.reply = ReplyRewrite::kStreams;
-      break;
-    case kKeyed:
-      break;
+    case kFirstKey: r.reply = ReplyRewrite::kFirstKey; break;
+    case kStreams: r.reply = ReplyRewrite::kStreams; break;
+    case kKeyed: break;
     case kMemory:
       // MEMORY USAGE of an own key; STATS counts every tenant's keys, DOCTOR, MALLOC-STATS and
       // PURGE describe or act on the whole server.
@@ -473,9 +468,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       handled = false;
       break;
     case kPlain:
-    default:
-      handled = false;
-      break;
+    default: handled = false; break;
   }
   static const uint32_t kReach = commands::AclCategoryMask("admin") | commands::AclCategoryMask("dangerous");
   if (!handled && (spec->acl & kReach) != 0) return refuse(NotAllowed(display()));

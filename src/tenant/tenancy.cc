@@ -3,7 +3,6 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/common/field_error.h"
@@ -14,15 +13,16 @@ namespace {
 
 namespace v1 = keyguard::config::v1;
 
-
 absl::Status CheckPrefix(const std::string& prefix, const std::string& field) {
   if (prefix.empty()) return FieldError(field, "must not be empty");
   for (char c : prefix) {
     if (c == '{' || c == '}') {
-      return FieldError(field, "must not contain braces: a key's {hash tag} must stay its own so keys that "
-                               "share a cluster slot keep sharing it");
+      return FieldError(field,
+                        "must not contain braces: a key's {hash tag} must stay its own so keys that "
+                        "share a cluster slot keep sharing it");
     }
-    if (static_cast<unsigned char>(c) < 0x20 || c == ' ') return FieldError(field, "must not contain spaces or control bytes");
+    if (static_cast<unsigned char>(c) < 0x20 || c == ' ')
+      return FieldError(field, "must not contain spaces or control bytes");
   }
   return absl::OkStatus();
 }
@@ -106,11 +106,8 @@ bool GlobMayMatchPrefix(std::string_view pattern, std::string_view prefix) {
     if (p >= pattern.size()) return false;  // the match ends before the prefix does
     switch (pattern[p]) {
       case '*':
-      case '[':
-        return true;
-      case '?':
-        ++p;
-        break;
+      case '[': return true;
+      case '?': ++p; break;
       case '\\':
         if (p + 1 < pattern.size()) ++p;  // an escaped character; a trailing '\\' is itself
         [[fallthrough]];
@@ -162,7 +159,8 @@ absl::StatusOr<std::shared_ptr<const Tenancy>> Tenancy::Compile(const v1::Tenanc
   for (const auto& [u, path] : users) {
     if (u->name().empty()) return FieldError(path + ".name", "must not be empty");
     for (const User& other : t->users_) {
-      if (other.name == u->name()) return FieldError(path + ".name", absl::StrCat("user '", u->name(), "' is listed twice"));
+      if (other.name == u->name())
+        return FieldError(path + ".name", absl::StrCat("user '", u->name(), "' is listed twice"));
     }
     if (auto s = CheckPrefix(u->prefix(), path + ".prefix"); !s.ok()) return s;
     User user;
@@ -179,8 +177,8 @@ absl::StatusOr<std::shared_ptr<const Tenancy>> Tenancy::Compile(const v1::Tenanc
     }
     user.tenant = tenant_for(u->prefix(), u->tenant());
     if (!u->tenant().empty() && user.tenant->name != u->tenant()) {
-      return FieldError(path + ".tenant", absl::StrCat("prefix '", u->prefix(), "' already belongs to tenant '",
-                                                       user.tenant->name, "'"));
+      return FieldError(path + ".tenant",
+                        absl::StrCat("prefix '", u->prefix(), "' already belongs to tenant '", user.tenant->name, "'"));
     }
     t->users_.push_back(std::move(user));
   }
@@ -188,12 +186,13 @@ absl::StatusOr<std::shared_ptr<const Tenancy>> Tenancy::Compile(const v1::Tenanc
   for (const auto& a : t->tenants_) {
     for (const auto& b : t->tenants_) {
       if (a != b && b->prefix.size() >= a->prefix.size() && b->prefix.compare(0, a->prefix.size(), a->prefix) == 0) {
-        return FieldError("tenancy", absl::StrCat("prefix '", a->prefix, "' begins prefix '", b->prefix,
-                                                  "': tenant '", a->name, "' would see tenant '", b->name, "''s keys"));
+        return FieldError("tenancy", absl::StrCat("prefix '", a->prefix, "' begins prefix '", b->prefix, "': tenant '",
+                                                  a->name, "' would see tenant '", b->name, "''s keys"));
       }
     }
     for (const auto& b : t->tenants_) {
-      if (a != b && a->name == b->name) return FieldError("tenancy", absl::StrCat("two prefixes share tenant name '", a->name, "'"));
+      if (a != b && a->name == b->name)
+        return FieldError("tenancy", absl::StrCat("two prefixes share tenant name '", a->name, "'"));
     }
   }
   t->channels = p.channels() == v1::SHARED ? ChannelMode::kShared : ChannelMode::kPrefix;
@@ -237,9 +236,11 @@ absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const v1::UpstreamAuth& p, std:
   if (!p.password_file().empty()) {
     a.password = std::string(password_file_text);
     while (!a.password.empty() && (a.password.back() == '\n' || a.password.back() == '\r')) a.password.pop_back();
-    if (a.password.empty()) return FieldError("upstream_auth.password_file", absl::StrCat(p.password_file(), " is empty"));
+    if (a.password.empty())
+      return FieldError("upstream_auth.password_file", absl::StrCat(p.password_file(), " is empty"));
   }
-  if (a.password.empty() && !a.user.empty()) return FieldError("upstream_auth.password", "user given without a password");
+  if (a.password.empty() && !a.user.empty())
+    return FieldError("upstream_auth.password", "user given without a password");
   return a;
 }
 

@@ -95,7 +95,9 @@ void BM_ReplyFramerOkBulk(benchmark::State& state) {
 BENCHMARK(BM_ReplyFramerOkBulk);
 
 // The input is made before timing starts (each run makes it anew: it is cheap).
-void BM_ReplyFramerShape(benchmark::State& state, std::string (*make)()) { Frame<keyguard::resp::ReplyFramer>(state, make()); }
+void BM_ReplyFramerShape(benchmark::State& state, std::string (*make)()) {
+  Frame<keyguard::resp::ReplyFramer>(state, make());
+}
 BENCHMARK_CAPTURE(BM_ReplyFramerShape, flat_array, FlatArray);
 BENCHMARK_CAPTURE(BM_ReplyFramerShape, array_of_pairs, ArrayOfPairs);
 BENCHMARK_CAPTURE(BM_ReplyFramerShape, nested_100, [] { return Nested(100); });

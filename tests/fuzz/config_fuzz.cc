@@ -52,7 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t split = input.find(kSplit);
   const std::string_view users = split == std::string_view::npos ? "" : input.substr(split + kSplit.size());
   const std::string_view text = split == std::string_view::npos ? input : input.substr(0, split);
-  const std::string config = absl::StrReplaceAll(absl::string_view(text.data(), text.size()), {{"@USERS@", users_path}});
+  const std::string config =
+      absl::StrReplaceAll(absl::string_view(text.data(), text.size()), {{"@USERS@", users_path}});
   WriteFile(config_path, config);
   WriteFile(users_path, users);
 

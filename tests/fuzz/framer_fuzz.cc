@@ -10,8 +10,8 @@
 
 namespace {
 
-using keyguard::resp::RequestFramer;
 using keyguard::resp::ReplyFramer;
+using keyguard::resp::RequestFramer;
 using keyguard::resp::Status;
 
 template <typename Framer>

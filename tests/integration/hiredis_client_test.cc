@@ -127,9 +127,7 @@ TEST_F(HiredisThroughKeyguard, TenThousandPipelinedCommandsExactReplies) {
         ASSERT_EQ(reply->type, REDIS_REPLY_INTEGER);
         ASSERT_EQ(reply->integer, ++incr);
         break;
-      case 3:
-        ASSERT_EQ(reply->type, REDIS_REPLY_NIL);
-        break;
+      case 3: ASSERT_EQ(reply->type, REDIS_REPLY_NIL); break;
     }
     freeReplyObject(reply);
   }
@@ -181,9 +179,10 @@ class HiredisTenants : public ::testing::Test {
     ASSERT_TRUE(WaitForPort(redis_port_));
     kg_port_ = FreePort();
     const int admin = FreePort();
-    keyguard_ = Spawn({KEYGUARD_BIN, "--config", std::string(KEYGUARD_SOURCE_DIR) + "/examples/tenants.yaml", "--listen",
-                       "127.0.0.1:" + std::to_string(kg_port_), "--upstream", "127.0.0.1:" + std::to_string(redis_port_),
-                       "--admin", "127.0.0.1:" + std::to_string(admin), "--threads", "1"});
+    keyguard_ =
+        Spawn({KEYGUARD_BIN, "--config", std::string(KEYGUARD_SOURCE_DIR) + "/examples/tenants.yaml", "--listen",
+               "127.0.0.1:" + std::to_string(kg_port_), "--upstream", "127.0.0.1:" + std::to_string(redis_port_),
+               "--admin", "127.0.0.1:" + std::to_string(admin), "--threads", "1"});
     ASSERT_TRUE(WaitForPort(kg_port_));
   }
   void TearDown() override {
@@ -199,11 +198,11 @@ class HiredisTenants : public ::testing::Test {
     va_start(ap, fmt);
     auto* r = static_cast<redisReply*>(redisvCommand(c, fmt, ap));
     va_end(ap);
-    std::string s = r == nullptr                         ? "<io error>"
-                    : r->type == REDIS_REPLY_NIL         ? "<nil>"
-                    : r->type == REDIS_REPLY_INTEGER     ? std::to_string(r->integer)
-                    : r->type == REDIS_REPLY_ARRAY       ? "<array>"
-                                                         : std::string(r->str, r->len);
+    std::string s = r == nullptr                     ? "<io error>"
+                    : r->type == REDIS_REPLY_NIL     ? "<nil>"
+                    : r->type == REDIS_REPLY_INTEGER ? std::to_string(r->integer)
+                    : r->type == REDIS_REPLY_ARRAY   ? "<array>"
+                                                     : std::string(r->str, r->len);
     if (r != nullptr && r->type == REDIS_REPLY_ARRAY) {
       s = "[";
       for (size_t i = 0; i < r->elements; ++i) {

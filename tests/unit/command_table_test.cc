@@ -90,11 +90,11 @@ TEST(FindKeys, SortAndGeoradiusFollowTheExecutedParse) {
   EXPECT_EQ(Keys({"sort", "l", "store", "limit", "asc", "store", "Bad Key*"}), (V{"l", "Bad Key*"}));
   EXPECT_EQ(Keys({"SORT", "l", "STORE", "GET", "STORE", "list:b"}), (V{"l", "list:b"}));
   EXPECT_EQ(Keys({"SORT", "l", "GET", "STORE", "STORE", "d"}), (V{"l", "d"}));  // GET's pattern is "STORE"
-  EXPECT_EQ(Keys({"SORT", "l", "LIMIT", "0", "STORE", "STORE", "d"}), V{"l"});   // not an integer: nothing runs
-  EXPECT_EQ(Keys({"SORT", "l", "NOSUCH", "STORE", "d"}), V{"l"});                // a syntax error
-  EXPECT_EQ(Keys({"SORT_RO", "l", "STORE", "d"}), V{"l"});                       // SORT_RO has no STORE
-  const SortOptions o = ParseSort(false, std::vector<std::string_view>{"SORT", "l", "BY", "STORE", "GET", "#",
-                                                                       "GET", "o_*", "STORE", "d"});
+  EXPECT_EQ(Keys({"SORT", "l", "LIMIT", "0", "STORE", "STORE", "d"}), V{"l"});  // not an integer: nothing runs
+  EXPECT_EQ(Keys({"SORT", "l", "NOSUCH", "STORE", "d"}), V{"l"});               // a syntax error
+  EXPECT_EQ(Keys({"SORT_RO", "l", "STORE", "d"}), V{"l"});                      // SORT_RO has no STORE
+  const SortOptions o = ParseSort(
+      false, std::vector<std::string_view>{"SORT", "l", "BY", "STORE", "GET", "#", "GET", "o_*", "STORE", "d"});
   EXPECT_EQ(o.store, 9);
   EXPECT_EQ(o.patterns, (std::vector<uint32_t>{3, 5, 7}));
   EXPECT_EQ(ParseSort(false, std::vector<std::string_view>{"SORT", "l", "LIMIT", "x", "1"}).error,
@@ -104,14 +104,19 @@ TEST(FindKeys, SortAndGeoradiusFollowTheExecutedParse) {
   EXPECT_EQ(Keys({"GEORADIUS", "geo:a", "13", "38", "500", "km", "STORE", "store", "ASC"}), (V{"geo:a", "store"}));
   // The specs' STORE here is STOREDIST's argument and their key past the end: the real one stays.
   EXPECT_EQ(Keys({"GEORADIUS", "g", "0", "0", "1", "km", "COUNT", "3", "STOREDIST", "STORE"}), (V{"g", "STORE"}));
-  EXPECT_EQ(GeoRadiusStore(std::vector<std::string_view>{"GEORADIUS", "g", "0", "0", "1", "km", "COUNT", "STORE", "x"},
-                           6), -1);  // COUNT not an integer: nothing runs
-  EXPECT_EQ(GeoRadiusStore(std::vector<std::string_view>{"GEORADIUS", "g", "0", "0", "1", "km", "NOSUCH", "STORE", "x"},
-                           6), -1);
-  EXPECT_EQ(GeoRadiusStore(std::vector<std::string_view>{"GEORADIUS", "g", "0", "0", "1", "km", "ANY", "STORE", "x"},
-                           6), -1);  // ANY without COUNT
+  EXPECT_EQ(
+      GeoRadiusStore(std::vector<std::string_view>{"GEORADIUS", "g", "0", "0", "1", "km", "COUNT", "STORE", "x"}, 6),
+      -1);  // COUNT not an integer: nothing runs
+  EXPECT_EQ(
+      GeoRadiusStore(std::vector<std::string_view>{"GEORADIUS", "g", "0", "0", "1", "km", "NOSUCH", "STORE", "x"}, 6),
+      -1);
+  EXPECT_EQ(
+      GeoRadiusStore(std::vector<std::string_view>{"GEORADIUS", "g", "0", "0", "1", "km", "ANY", "STORE", "x"}, 6),
+      -1);  // ANY without COUNT
   EXPECT_EQ(GeoRadiusStore(std::vector<std::string_view>{"GEORADIUS", "g", "0", "0", "1", "km", "COUNT", "1", "ANY",
-                                                         "WITHDIST", "STORE", "x"}, 6), -1);  // STORE with WITHDIST
+                                                         "WITHDIST", "STORE", "x"},
+                           6),
+            -1);  // STORE with WITHDIST
   EXPECT_EQ(Keys({"MIGRATE", "h", "6379", "k", "0", "100"}), V{"k"});
   EXPECT_EQ(Keys({"MIGRATE", "h", "6379", "", "0", "100", "AUTH", "pw", "KEYS", "a", "b"}), (V{"a", "b"}));
 }

@@ -75,8 +75,10 @@ TEST(Config, ErrorsNameTheField) {
       {"key_policy:\n  rules:\n    - name: a\n      pattern: \"(x\"", "key_policy.rules[0].pattern: missing )"},
       {"key_policy: {scripts: {allowed_scripts: [abc]}}",
        "key_policy.scripts.allowed_scripts[0]: must be 40 hex digits (the SHA1 SCRIPT LOAD answers)"},
-      {"key_policy:\n  lowercase: {action: rejekt}", "key_policy.lowercase.action: 'rejekt' is not one of observe, warn, rewrite, reject"},
-      {"key_policy:\n  charset: {scope: {categories: [nope]}}", "key_policy.charset.scope.categories[0]: 'nope' is neither"},
+      {"key_policy:\n  lowercase: {action: rejekt}",
+       "key_policy.lowercase.action: 'rejekt' is not one of observe, warn, rewrite, reject"},
+      {"key_policy:\n  charset: {scope: {categories: [nope]}}",
+       "key_policy.charset.scope.categories[0]: 'nope' is neither"},
       {"listen: [a", "line 1, column"},
       {"listen: 127.0.0.1:7000\nadmin: 127.0.0.1:7000", "admin: must differ from listen"},
   };
@@ -129,8 +131,9 @@ TEST(ConfigLoadTest, AliasBombsStopAtTheExpansionBudget) {
   std::string yaml = "key_policy:\n  rules:\n    - &r {name: a, scope: {commands: " + commands + "}}\n";
   for (int i = 0; i < 1000; ++i) yaml += "    - *r\n";
   v1::Config proto;
-  EXPECT_EQ(ProtoError(yaml, &proto),
-            "key_policy.rules[993].scope.commands[37]: the document expands (through aliases) to more than 1000000 values");
+  EXPECT_EQ(
+      ProtoError(yaml, &proto),
+      "key_policy.rules[993].scope.commands[37]: the document expands (through aliases) to more than 1000000 values");
   // Few values, but a 100 KB scalar aliased 200 times: 20 MB of text.
   std::string big(100000, 'x');
   yaml = "key_policy:\n  rules:\n    - &r {name: " + big + "}\n";
@@ -158,7 +161,8 @@ TEST(ConfigLoadTest, TagsAreRefused) {
   EXPECT_EQ(ParseError("listen: !!str 127.0.0.1:1\n"), "listen: tags are not supported (!!str); write the plain value");
   EXPECT_EQ(ParseError("listen: !custom x\n"), "listen: tags are not supported (!custom); write the plain value");
   EXPECT_EQ(ParseError("!!map {threads: 1}\n"), "(top level): tags are not supported (!!map); write the plain value");
-  EXPECT_EQ(ParseError("deny_commands: !!seq [get]\n"), "deny_commands: tags are not supported (!!seq); write the plain value");
+  EXPECT_EQ(ParseError("deny_commands: !!seq [get]\n"),
+            "deny_commands: tags are not supported (!!seq); write the plain value");
   EXPECT_EQ(ParseError("? !!str threads\n: 1\n"), "(top level): tags are not supported (!!str); write the plain value");
   // Quoting is not a tag.
   EXPECT_EQ(ParseError("listen: '127.0.0.1:7001'\nupstream: \"127.0.0.1:7002\"\n"), "ok");
@@ -166,7 +170,8 @@ TEST(ConfigLoadTest, TagsAreRefused) {
 
 TEST(ConfigLoadTest, DuplicateKeysAreRefused) {
   EXPECT_EQ(ParseError("threads: 1\nthreads: 2\n"), "threads: duplicate key (first at line 1)");
-  EXPECT_EQ(ParseError("limits:\n  max_depth: 1\n  'max_depth': 2\n"), "limits.max_depth: duplicate key (first at line 2)");
+  EXPECT_EQ(ParseError("limits:\n  max_depth: 1\n  'max_depth': 2\n"),
+            "limits.max_depth: duplicate key (first at line 2)");
   EXPECT_EQ(ParseError("key_policy: {rules: [{name: a, name: b}]}\n"),
             "key_policy.rules[0].name: duplicate key (first at line 1)");
 }
@@ -186,12 +191,16 @@ TEST(ConfigLoadTest, IntegersOutsideTheFieldTypeAreRangeErrors) {
       {"threads: 4294967295", "ok"},
       {"threads: -0", "ok"},
       // int64 (limits.max_bulk_len)
-      {"limits: {max_bulk_len: 9223372036854775808}", "limits.max_bulk_len: must be between -9223372036854775808 and 9223372036854775807"},
-      {"limits: {max_bulk_len: -9223372036854775809}", "limits.max_bulk_len: must be between -9223372036854775808 and 9223372036854775807"},
-      {"limits: {max_bulk_len: 99999999999999999999999999999}", "limits.max_bulk_len: must be between -9223372036854775808 and 9223372036854775807"},
+      {"limits: {max_bulk_len: 9223372036854775808}",
+       "limits.max_bulk_len: must be between -9223372036854775808 and 9223372036854775807"},
+      {"limits: {max_bulk_len: -9223372036854775809}",
+       "limits.max_bulk_len: must be between -9223372036854775808 and 9223372036854775807"},
+      {"limits: {max_bulk_len: 99999999999999999999999999999}",
+       "limits.max_bulk_len: must be between -9223372036854775808 and 9223372036854775807"},
       {"limits: {max_bulk_len: -9223372036854775808}", "ok"},
       // uint64 (hygiene.big_string_bytes)
-      {"hygiene: {big_string_bytes: 18446744073709551616}", "hygiene.big_string_bytes: must be between 0 and 18446744073709551615"},
+      {"hygiene: {big_string_bytes: 18446744073709551616}",
+       "hygiene.big_string_bytes: must be between 0 and 18446744073709551615"},
       {"hygiene: {big_string_bytes: -1}", "hygiene.big_string_bytes: must be between 0 and 18446744073709551615"},
       {"hygiene: {big_string_bytes: 18446744073709551615}", "ok"},
       // Not decimal integers.
@@ -248,23 +257,28 @@ TEST(ConfigLoadTest, WrongTypesNameTheField) {
   EXPECT_EQ(ParseError("hygiene: {enabled: maybe}"), "hygiene.enabled: expected true or false");
   EXPECT_EQ(ParseError("- threads"), "(top level): expected a mapping");
   EXPECT_EQ(ParseError("just text"), "(top level): expected a mapping");
-  EXPECT_EQ(ParseError("key_policy: {default_action: " + std::string(100, 'x') + "}"),
-            "key_policy.default_action: '" + std::string(64, 'x') + "...' is not one of observe, warn, rewrite, reject");
+  EXPECT_EQ(
+      ParseError("key_policy: {default_action: " + std::string(100, 'x') + "}"),
+      "key_policy.default_action: '" + std::string(64, 'x') + "...' is not one of observe, warn, rewrite, reject");
 }
 
 TEST(ConfigLoadTest, TextMustBePrintableUtf8) {
   EXPECT_EQ(ParseError(std::string("threads: 1\n\0", 12)),
-            "line 2, column 1: control character 0x00 is not allowed in YAML text (in a double-quoted string write it as \\x00)");
+            "line 2, column 1: control character 0x00 is not allowed in YAML text (in a double-quoted string write it "
+            "as \\x00)");
   EXPECT_EQ(ParseError("listen: a\x0b"),
-            "line 1, column 10: control character 0x0b is not allowed in YAML text (in a double-quoted string write it as \\x0b)");
+            "line 1, column 10: control character 0x0b is not allowed in YAML text (in a double-quoted string write it "
+            "as \\x0b)");
   EXPECT_EQ(ParseError("listen: \xff"), "line 1, column 9: invalid UTF-8 (byte 0xff)");
-  EXPECT_EQ(ParseError("# caf\xc3\xa9\nlisten: \xc0\xaf"), "line 2, column 9: invalid UTF-8 (byte 0xc0)");  // overlong '/'
+  EXPECT_EQ(ParseError("# caf\xc3\xa9\nlisten: \xc0\xaf"),
+            "line 2, column 9: invalid UTF-8 (byte 0xc0)");                                      // overlong '/'
   EXPECT_EQ(ParseError("listen: \xed\xa0\x80"), "line 1, column 9: invalid UTF-8 (byte 0xed)");  // a surrogate
   EXPECT_EQ(ParseError("listen: \xe2\x82"), "line 1, column 9: invalid UTF-8 (byte 0xe2)");      // cut short
   EXPECT_EQ(ParseError("listen: \xc2\x80"), "line 1, column 9: control character U+0080 is not allowed in YAML text");
   // Escapes in double quotes may write any character; UTF-8, tabs, CR and a byte order mark are fine.
   v1::Config proto;
-  EXPECT_EQ(ProtoError("\xef\xbb\xbflisten: \"a\\x0b\\u00ff\"\r\nkey_policy: {entities:\t[caf\xc3\xa9]}\n", &proto), "ok");
+  EXPECT_EQ(ProtoError("\xef\xbb\xbflisten: \"a\\x0b\\u00ff\"\r\nkey_policy: {entities:\t[caf\xc3\xa9]}\n", &proto),
+            "ok");
   EXPECT_EQ(proto.listen(), "a\x0b\xc3\xbf");
   EXPECT_EQ(proto.key_policy().entities(0), "caf\xc3\xa9");
 }
@@ -275,8 +289,10 @@ TEST(ConfigLoadTest, EmptyAndCommentOnlyFilesGiveDefaults) {
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->listen.ToString(), "127.0.0.1:6380") << yaml;
   }
-  EXPECT_EQ(ParseError("threads: 1\n---\nthreads: 2\n"), "line 2, column 1: a second YAML document; a config file holds one");
-  EXPECT_EQ(ParseError("threads: 1\n...\nthreads: 2\n"), "line 3, column 1: a second YAML document; a config file holds one");
+  EXPECT_EQ(ParseError("threads: 1\n---\nthreads: 2\n"),
+            "line 2, column 1: a second YAML document; a config file holds one");
+  EXPECT_EQ(ParseError("threads: 1\n...\nthreads: 2\n"),
+            "line 3, column 1: a second YAML document; a config file holds one");
   // yaml-cpp 0.7 reports endless empty documents at a ',' outside a flow collection (config_fuzz).
   EXPECT_EQ(ParseError(","), "line 1, column 1: unexpected ','");
   EXPECT_EQ(ParseError("- a\n,\n"), "line 2, column 1: unexpected ','");
@@ -342,13 +358,16 @@ TEST_F(ConfigFileTest, SizeLimitIsCheckedBeforeParsing) {
 TEST_F(ConfigFileTest, UsersFileGoesThroughTheSameChecks) {
   const std::string config = "tenancy:\n  users_file: ";
   const std::string bad = Write("users.yaml", "? [a, b]\n: 1\n");
-  EXPECT_EQ(ParseError(config + bad), "tenancy.users_file: " + bad + ": (top level): a key must be a field name, not a list (line 1, column 3)");
+  EXPECT_EQ(ParseError(config + bad),
+            "tenancy.users_file: " + bad + ": (top level): a key must be a field name, not a list (line 1, column 3)");
   EXPECT_EQ(ParseError(config + dir_), "tenancy.users_file: " + dir_ + ": is a directory, not a file");
   const std::string dup = Write("dup.yaml", "users:\n  - name: a\n    name: b\n");
-  EXPECT_EQ(ParseError(config + dup), "tenancy.users_file: " + dup + ": users[0].name: duplicate key (first at line 2)");
+  EXPECT_EQ(ParseError(config + dup),
+            "tenancy.users_file: " + dup + ": users[0].name: duplicate key (first at line 2)");
   const std::string nul = Write("nul.yaml", std::string("users: []\0", 10));
   EXPECT_EQ(ParseError(config + nul), "tenancy.users_file: " + nul +
-            ": line 1, column 10: control character 0x00 is not allowed in YAML text (in a double-quoted string write it as \\x00)");
+                                          ": line 1, column 10: control character 0x00 is not allowed in YAML text (in "
+                                          "a double-quoted string write it as \\x00)");
 }
 
 TEST_F(ConfigFileTest, UpstreamPasswordFileGoesThroughTheSameChecks) {
@@ -356,7 +375,8 @@ TEST_F(ConfigFileTest, UpstreamPasswordFileGoesThroughTheSameChecks) {
   const std::string fifo = dir_ + "/password";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_EQ(ParseError(config + fifo), "upstream_auth.password_file: " + fifo + ": is not a regular file (a FIFO)");
-  EXPECT_EQ(ParseError(config + "/dev/zero"), "upstream_auth.password_file: /dev/zero: is not a regular file (a device)");
+  EXPECT_EQ(ParseError(config + "/dev/zero"),
+            "upstream_auth.password_file: /dev/zero: is not a regular file (a device)");
   EXPECT_EQ(ParseError(config + dir_), "upstream_auth.password_file: " + dir_ + ": is a directory, not a file");
   const std::string empty = Write("empty", "\n");
   EXPECT_EQ(ParseError(config + empty), "upstream_auth.password_file: " + empty + " is empty");
@@ -384,8 +404,10 @@ TEST_F(ConfigFileTest, FailedReloadKeepsTheConfigCountsAndLogsJson) {
   const auto before = store.Current();
   Write("k.yaml", "? [a, b]\n: 1\n");
   nlohmann::json line = ReloadFailureLine(store);
-  EXPECT_EQ(line, nlohmann::json::parse(R"j({"level":"error","event":"config_reload_failed","trigger":"SIGHUP","version":1,)j"
-                                        R"j("error":")j" + path + R"j(: (top level): a key must be a field name, not a list (line 1, column 3)"})j"));
+  EXPECT_EQ(line, nlohmann::json::parse(
+                      R"j({"level":"error","event":"config_reload_failed","trigger":"SIGHUP","version":1,)j"
+                      R"j("error":")j" +
+                      path + R"j(: (top level): a key must be a field name, not a list (line 1, column 3)"})j"));
   EXPECT_EQ(store.failures(), 1u);
   EXPECT_EQ(store.version(), 1u);
   EXPECT_EQ(store.Current(), before);
@@ -400,7 +422,8 @@ TEST_F(ConfigFileTest, FailedReloadKeepsTheConfigCountsAndLogsJson) {
     bytes.push_back(c < 0x80 ? static_cast<char>(c) : static_cast<char>(((c & 0x03) << 6) | (error[i + 1] & 0x3f)));
     i += c < 0x80 ? 1 : 2;
   }
-  EXPECT_EQ(bytes, path + ": key_policy.default_action: 'a\x0b\"\\\xc3\xbf' is not one of observe, warn, rewrite, reject");
+  EXPECT_EQ(bytes,
+            path + ": key_policy.default_action: 'a\x0b\"\\\xc3\xbf' is not one of observe, warn, rewrite, reject");
   EXPECT_EQ(store.failures(), 2u);
   EXPECT_EQ(store.Current(), before);
 }

@@ -120,15 +120,23 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, RequestFramerTest,
     ::testing::Values(
         RequestCase{"simple", "*1\r\n$4\r\nPING\r\n", {{"PING"}}, ""},
-        RequestCase{"pipeline", "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
-                    {{"SET", "k", "v"}, {"GET", "k"}}, ""},
-        RequestCase{"binary", std::string("*2\r\n$4\r\nECHO\r\n$5\r\na\r\n\0b\r\n", 25), {{"ECHO", std::string("a\r\n\0b", 5)}}, ""},
+        RequestCase{"pipeline",
+                    "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
+                    {{"SET", "k", "v"}, {"GET", "k"}},
+                    ""},
+        RequestCase{"binary",
+                    std::string("*2\r\n$4\r\nECHO\r\n$5\r\na\r\n\0b\r\n", 25),
+                    {{"ECHO", std::string("a\r\n\0b", 5)}},
+                    ""},
         RequestCase{"empty_arg", "*2\r\n$4\r\nECHO\r\n$0\r\n\r\n", {{"ECHO", ""}}, ""},
         RequestCase{"empty_multibulk_ignored", "*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n", {{}, {}, {"PING"}}, ""},
         RequestCase{"terminator_not_checked", "*1\r\n$4\r\nPINGxx*1\r\n$4\r\nPING\r\n", {{"PING"}, {"PING"}}, ""},
         RequestCase{"inline", "PING\r\nSET a  b\nGET a\r\n", {{"PING"}, {"SET", "a", "b"}, {"GET", "a"}}, ""},
         RequestCase{"inline_blank_lines", "\r\n\n  \r\nPING\n", {{}, {}, {}, {"PING"}}, ""},
-        RequestCase{"inline_quotes", "SET \"a b\" 'c d'\r\nECHO \"x\\x41\\n\"\r\n", {{"SET", "a b", "c d"}, {"ECHO", "xA\n"}}, ""},
+        RequestCase{"inline_quotes",
+                    "SET \"a b\" 'c d'\r\nECHO \"x\\x41\\n\"\r\n",
+                    {{"SET", "a b", "c d"}, {"ECHO", "xA\n"}},
+                    ""},
         RequestCase{"inline_unbalanced", "SET \"a b\r\n", {}, "ERR Protocol error: unbalanced quotes in request"},
         RequestCase{"inline_quote_then_text", "SET 'a'b c\r\n", {}, "ERR Protocol error: unbalanced quotes in request"},
         RequestCase{"bad_count", "*abc\r\n", {}, "ERR Protocol error: invalid multibulk length"},
@@ -140,8 +148,12 @@ INSTANTIATE_TEST_SUITE_P(
         RequestCase{"bad_bulk", "*1\r\n$abc\r\n", {}, "ERR Protocol error: invalid bulk length"},
         RequestCase{"bulk_too_big", "*1\r\n$600000000\r\n", {}, "ERR Protocol error: invalid bulk length"},
         RequestCase{"inline_too_big", std::string(70000, 'x'), {}, "ERR Protocol error: too big inline request"},
-        RequestCase{"mbulk_count_too_big", "*" + std::string(70000, '1'), {}, "ERR Protocol error: too big mbulk count string"},
-        RequestCase{"bulk_count_too_big", "*1\r\n$" + std::string(70000, '1'), {}, "ERR Protocol error: too big bulk count string"}),
+        RequestCase{
+            "mbulk_count_too_big", "*" + std::string(70000, '1'), {}, "ERR Protocol error: too big mbulk count string"},
+        RequestCase{"bulk_count_too_big",
+                    "*1\r\n$" + std::string(70000, '1'),
+                    {},
+                    "ERR Protocol error: too big bulk count string"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(RequestFramer, HintAsksForTheWholeBulkAtOnce) {
@@ -204,26 +216,38 @@ TEST_P(ReplyFramerTest, SameFramesAtEveryFragmentSize) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, ReplyFramerTest,
     ::testing::Values(
-        ReplyCase{"resp2_scalars", "+OK\r\n-ERR bad\r\n:42\r\n:-7\r\n$3\r\nfoo\r\n$-1\r\n$0\r\n\r\n",
+        ReplyCase{"resp2_scalars",
+                  "+OK\r\n-ERR bad\r\n:42\r\n:-7\r\n$3\r\nfoo\r\n$-1\r\n$0\r\n\r\n",
                   {'+', '-', ':', ':', '$', '$', '$'},
                   {{"+OK"}, {"-ERR bad"}, {":42"}, {":-7"}, {"$foo"}, {"_"}, {"$"}}},
         ReplyCase{"resp2_arrays", "*2\r\n$1\r\na\r\n*1\r\n:1\r\n*-1\r\n*0\r\n", {'*', '*', '*'}, {{"$a"}, {"_"}, {}}},
-        ReplyCase{"pubsub_message", "*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$5\r\nhello\r\n", {'*'}, {{"$message", "$ch", "$hello"}}},
-        ReplyCase{"resp3_types", "_\r\n,3.14\r\n#t\r\n(12345678901234567890\r\n!5\r\nERR x\r\n=8\r\ntxt:abcd\r\n",
+        ReplyCase{"pubsub_message",
+                  "*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$5\r\nhello\r\n",
+                  {'*'},
+                  {{"$message", "$ch", "$hello"}}},
+        ReplyCase{"resp3_types",
+                  "_\r\n,3.14\r\n#t\r\n(12345678901234567890\r\n!5\r\nERR x\r\n=8\r\ntxt:abcd\r\n",
                   {'_', ',', '#', '(', '!', '='},
                   {{"_"}, {",3.14"}, {"#t"}, {"(12345678901234567890"}, {"!ERR x"}, {"=txt:abcd"}}},
-        ReplyCase{"resp3_aggregates", "%2\r\n+a\r\n:1\r\n+b\r\n*1\r\n:2\r\n~2\r\n+x\r\n+y\r\n",
-                  {'%', '~'}, {{"+a", ":1", "+b"}, {"+x", "+y"}}},
-        ReplyCase{"push", ">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nm\r\n>2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n",
-                  {'>', '>'}, {{"$message", "$c", "$m"}, {"$invalidate"}}},
-        ReplyCase{"attribute_belongs_to_next_value", "|1\r\n+ttl\r\n:3\r\n$2\r\nhi\r\n*2\r\n|1\r\n+a\r\n+b\r\n:1\r\n:2\r\n",
-                  {'$', '*'}, {{"$hi"}, {":1", ":2"}}},
+        ReplyCase{"resp3_aggregates",
+                  "%2\r\n+a\r\n:1\r\n+b\r\n*1\r\n:2\r\n~2\r\n+x\r\n+y\r\n",
+                  {'%', '~'},
+                  {{"+a", ":1", "+b"}, {"+x", "+y"}}},
+        ReplyCase{"push",
+                  ">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nm\r\n>2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n",
+                  {'>', '>'},
+                  {{"$message", "$c", "$m"}, {"$invalidate"}}},
+        ReplyCase{"attribute_belongs_to_next_value",
+                  "|1\r\n+ttl\r\n:3\r\n$2\r\nhi\r\n*2\r\n|1\r\n+a\r\n+b\r\n:1\r\n:2\r\n",
+                  {'$', '*'},
+                  {{"$hi"}, {":1", ":2"}}},
         ReplyCase{"nested", "*2\r\n*2\r\n$1\r\na\r\n*1\r\n$1\r\nb\r\n$1\r\nc\r\n", {'*'}, {{}}},
         ReplyCase{"crlf_in_bulk", "$4\r\n\r\n\r\n\r\n+x\r\n", {'$', '+'}, {{"$\r\n\r\n"}, {"+x"}}}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ReplyFramer, RejectsMalformedReplies) {
-  for (const char* bad : {"?x\r\n", ":abc\r\n", "$-2\r\n", "*-2\r\n", "#x\r\n", "_x\r\n", "%-1\r\n", "!-1\r\n", "=-1\r\n"}) {
+  for (const char* bad :
+       {"?x\r\n", ":abc\r\n", "$-2\r\n", "*-2\r\n", "#x\r\n", "_x\r\n", "%-1\r\n", "!-1\r\n", "=-1\r\n"}) {
     EXPECT_NE(FeedReplies(bad, 0).error, "") << bad;
   }
 }
@@ -238,12 +262,8 @@ std::string DeepReply(int depth) {
     const char* close;
   };
   static constexpr Level kLevels[] = {
-      {"*1\r\n", ""},
-      {"%2\r\n+k\r\n", "+k2\r\n:2\r\n"},
-      {"~2\r\n:7\r\n", ""},
-      {">1\r\n", ""},
-      {"|1\r\n+a\r\n", "$1\r\nx\r\n"},
-      {"*3\r\n:1\r\n", "$-1\r\n"},
+      {"*1\r\n", ""},       {"%2\r\n+k\r\n", "+k2\r\n:2\r\n"}, {"~2\r\n:7\r\n", ""},
+      {">1\r\n", ""},       {"|1\r\n+a\r\n", "$1\r\nx\r\n"},   {"*3\r\n:1\r\n", "$-1\r\n"},
       {"%1\r\n", ":1\r\n"},
   };
   constexpr int kKinds = sizeof(kLevels) / sizeof(kLevels[0]);

@@ -196,8 +196,9 @@ TEST(HotKeysBoardTest, PublishesIntervalsAndRendersJson) {
   EXPECT_NE(metrics.find("keyguard_hot_key_pattern_accesses{key_pattern=\"p:a\"} 5\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("keyguard_hot_key_pattern_accesses{key_pattern=\"p:b\"} 1\n"), std::string::npos) << metrics;
   const std::string big = board.BigKeysJson(20);
-  EXPECT_NE(big.find(R"({"key":"big","tenant":"svc","key_pattern":"p:b","type":"string","bytes":50000,"command":"set",)"),
-            std::string::npos)
+  EXPECT_NE(
+      big.find(R"({"key":"big","tenant":"svc","key_pattern":"p:b","type":"string","bytes":50000,"command":"set",)"),
+      std::string::npos)
       << big;
   EXPECT_NE(big.find(R"("by_elements":[{"key":"h","tenant":null,"key_pattern":"p:h","type":"hash","elements":6000,)"),
             std::string::npos)

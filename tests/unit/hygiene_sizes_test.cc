@@ -16,11 +16,21 @@ TEST(GlobMatch, RedisGlobs) {
     const char* text;
     bool match;
   } cases[] = {
-      {"cache:*", "cache:1", true},       {"cache:*", "cache:", true},        {"cache:*", "session:1", false},
-      {"*:profile", "user:1:profile", true}, {"user:?", "user:1", true},     {"user:?", "user:12", false},
-      {"h[ae]llo", "hello", true},        {"h[^e]llo", "hello", false},       {"h[a-c]llo", "hbllo", true},
-      {"a\\*b", "a*b", true},             {"a\\*b", "axb", false},            {"*", "", true},
-      {"a*b*c", "axxbyyc", true},         {"a*b*c", "axxbyy", false},         {"", "", true},
+      {"cache:*", "cache:1", true},
+      {"cache:*", "cache:", true},
+      {"cache:*", "session:1", false},
+      {"*:profile", "user:1:profile", true},
+      {"user:?", "user:1", true},
+      {"user:?", "user:12", false},
+      {"h[ae]llo", "hello", true},
+      {"h[^e]llo", "hello", false},
+      {"h[a-c]llo", "hbllo", true},
+      {"a\\*b", "a*b", true},
+      {"a\\*b", "axb", false},
+      {"*", "", true},
+      {"a*b*c", "axxbyyc", true},
+      {"a*b*c", "axxbyy", false},
+      {"", "", true},
   };
   for (const Case& c : cases) EXPECT_EQ(GlobMatch(c.pattern, c.text), c.match) << c.pattern << " " << c.text;
 }
@@ -49,9 +59,10 @@ TEST(ProbeQueue, DedupesBoundsAndRateLimits) {
   std::deque<ProbeRequest> out;
   EXPECT_EQ(q.Take(100000, 100, &out), 10u);  // a full second's worth of tokens
   EXPECT_EQ(q.Take(100000, 100, &out), 0u);
-  EXPECT_EQ(q.Take(100500, 100, &out), 5u);   // half a second later
+  EXPECT_EQ(q.Take(100500, 100, &out), 5u);                                 // half a second later
   EXPECT_TRUE(q.Push(ProbeRequest{3, "k", Finding{Kind::kBigKeyAccess}}));  // taken, so it may come again
-  for (uint64_t k = 100; k < 100 + ProbeQueue::kCapacity; ++k) q.Push(ProbeRequest{k, "k", Finding{Kind::kBigKeyAccess}});
+  for (uint64_t k = 100; k < 100 + ProbeQueue::kCapacity; ++k)
+    q.Push(ProbeRequest{k, "k", Finding{Kind::kBigKeyAccess}});
   EXPECT_EQ(q.size(), ProbeQueue::kCapacity);
   EXPECT_GT(q.dropped(), 0u);
 }

@@ -14,19 +14,25 @@ using namespace std::string_literals;
 TEST(DetectFormat, RecognisesSerializedObjects) {
   EXPECT_EQ(DetectFormat(R"({"name":"ada","age":36})"), Format::kJsonObject);
   EXPECT_EQ(DetectFormat("  [1, 2, 3]\n"), Format::kJsonArray);
-  EXPECT_EQ(DetectFormat("\x82\xa4name\xa3" "ada\xa3" "age\x24"s), Format::kMessagePack);
+  EXPECT_EQ(DetectFormat("\x82\xa4name\xa3"
+                         "ada\xa3"
+                         "age\x24"s),
+            Format::kMessagePack);
   EXPECT_EQ(DetectFormat("\xac\xed\x00\x05sr\x00\x04User"s), Format::kJavaSerialized);
   EXPECT_EQ(DetectFormat("\x80\x04\x95\x10\x00"s), Format::kPickle);
   EXPECT_EQ(DetectFormat(R"(a:2:{s:4:"name";s:3:"ada";s:3:"age";i:36;})"), Format::kPhpSerialize);
   EXPECT_EQ(DetectFormat(R"(O:4:"User":1:{s:4:"name";s:3:"ada";})"), Format::kPhpSerialize);
-  for (const char* plain : {"ada", "36", "{not json", "", "a:b"}) EXPECT_EQ(DetectFormat(plain), Format::kNone) << plain;
+  for (const char* plain : {"ada", "36", "{not json", "", "a:b"})
+    EXPECT_EQ(DetectFormat(plain), Format::kNone) << plain;
 }
 
 TEST(JsonTopLevelFields, FingerprintsEachField) {
   std::vector<std::pair<uint64_t, uint64_t>> a, b;
-  ASSERT_TRUE(JsonTopLevelFields(R"({"name":"ada","tags":["x","y"],"addr":{"city":"Paris","zip":"75001"},"age":36})", &a));
+  ASSERT_TRUE(
+      JsonTopLevelFields(R"({"name":"ada","tags":["x","y"],"addr":{"city":"Paris","zip":"75001"},"age":36})", &a));
   ASSERT_EQ(a.size(), 4u);
-  ASSERT_TRUE(JsonTopLevelFields(R"({ "name" : "ada", "tags":["x","y"], "addr":{"city":"Lyon","zip":"75001"}, "age":36 })", &b));
+  ASSERT_TRUE(JsonTopLevelFields(
+      R"({ "name" : "ada", "tags":["x","y"], "addr":{"city":"Lyon","zip":"75001"}, "age":36 })", &b));
   ASSERT_EQ(b.size(), 4u);
   EXPECT_EQ(a[0], b[0]);
   EXPECT_NE(a[2], b[2]);  // the nested object changed
@@ -148,13 +154,14 @@ TEST(AttributeTracker, ThreeAttributesUnderOneParentOnce) {
   EXPECT_FALSE(t.OnWrite("user:1:name", 0, &parent, &names));
   EXPECT_FALSE(t.OnWrite("user:1:name", 1, &parent, &names));  // same attribute again
   EXPECT_FALSE(t.OnWrite("user:1:age", 2, &parent, &names));
-  EXPECT_FALSE(t.OnWrite("user:2:age", 3, &parent, &names));   // another parent
+  EXPECT_FALSE(t.OnWrite("user:2:age", 3, &parent, &names));  // another parent
   ASSERT_TRUE(t.OnWrite("user:1:favor", 4, &parent, &names));
   EXPECT_EQ(parent, "user:1");
   EXPECT_EQ(names, (std::vector<std::string>{"name", "age", "favor"}));
   EXPECT_FALSE(t.OnWrite("user:1:email", 5, &parent, &names));  // reported once per window
   // Ids are not attributes; keys without a parent are ignored; writes far apart are not "together".
-  for (const char* k : {"session:1", "session:2", "session:3", "plain", ":x"}) EXPECT_FALSE(t.OnWrite(k, 6, &parent, &names));
+  for (const char* k : {"session:1", "session:2", "session:3", "plain", ":x"})
+    EXPECT_FALSE(t.OnWrite(k, 6, &parent, &names));
   EXPECT_FALSE(t.OnWrite("user:3:a", 0, &parent, &names));
   EXPECT_FALSE(t.OnWrite("user:3:b", 0, &parent, &names));
   EXPECT_FALSE(t.OnWrite("user:3:c", s.rmw_window_ms + 1, &parent, &names));

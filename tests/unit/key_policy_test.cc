@@ -86,16 +86,33 @@ TEST(MayCreateKey, ByKeySpecFlagsAndDenyoom) {
     for (const commands::KeyRef& k : keys) out += MayCreateKey(k.flags, *spec) ? "c" : "-";
     return out;
   };
-  for (auto args : std::vector<std::vector<std::string_view>>{
-           {"GET", "k"}, {"EXISTS", "k"}, {"TTL", "k"}, {"DUMP", "k"}, {"WATCH", "k"}, {"EXPIRE", "k", "1"},
-           {"PERSIST", "k"}, {"DEL", "k"}, {"UNLINK", "k"}, {"GETDEL", "k"}, {"LPOP", "k"}, {"HDEL", "k", "f"},
-           {"TYPE", "k"}, {"OBJECT", "ENCODING", "k"}, {"GETEX", "k", "EX", "1"}}) {
+  for (auto args : std::vector<std::vector<std::string_view>>{{"GET", "k"},
+                                                              {"EXISTS", "k"},
+                                                              {"TTL", "k"},
+                                                              {"DUMP", "k"},
+                                                              {"WATCH", "k"},
+                                                              {"EXPIRE", "k", "1"},
+                                                              {"PERSIST", "k"},
+                                                              {"DEL", "k"},
+                                                              {"UNLINK", "k"},
+                                                              {"GETDEL", "k"},
+                                                              {"LPOP", "k"},
+                                                              {"HDEL", "k", "f"},
+                                                              {"TYPE", "k"},
+                                                              {"OBJECT", "ENCODING", "k"},
+                                                              {"GETEX", "k", "EX", "1"}}) {
     EXPECT_EQ(creates(args), "-") << args[0];
   }
-  for (auto args : std::vector<std::vector<std::string_view>>{
-           {"SET", "k", "v"}, {"SET", "k", "v", "GET"}, {"INCR", "k"}, {"HSET", "k", "f", "v"}, {"LPUSH", "k", "v"},
-           {"APPEND", "k", "v"}, {"SETRANGE", "k", "0", "v"}, {"RESTORE", "k", "0", "x"}, {"XADD", "k", "*", "f", "v"},
-           {"PFADD", "k", "a"}}) {
+  for (auto args : std::vector<std::vector<std::string_view>>{{"SET", "k", "v"},
+                                                              {"SET", "k", "v", "GET"},
+                                                              {"INCR", "k"},
+                                                              {"HSET", "k", "f", "v"},
+                                                              {"LPUSH", "k", "v"},
+                                                              {"APPEND", "k", "v"},
+                                                              {"SETRANGE", "k", "0", "v"},
+                                                              {"RESTORE", "k", "0", "x"},
+                                                              {"XADD", "k", "*", "f", "v"},
+                                                              {"PFADD", "k", "a"}}) {
     EXPECT_EQ(creates(args), "c") << args[0];
   }
   EXPECT_EQ(creates({"RENAME", "old", "new"}), "-c");  // the source is renamed away

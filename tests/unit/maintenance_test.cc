@@ -37,8 +37,9 @@ TEST(MaintenanceSettingsTest, DefaultsWithoutSections) {
 }
 
 TEST(MaintenanceSettingsTest, AuditSection) {
-  MaintenanceConfig c = Parse("audit: {scan_count: 100, max_ops_per_second: 0, cold_after_seconds: 5, fail_on: warning, "
-                              "json_depth: 3, top_keys: 4}\n");
+  MaintenanceConfig c = Parse(
+      "audit: {scan_count: 100, max_ops_per_second: 0, cold_after_seconds: 5, fail_on: warning, "
+      "json_depth: 3, top_keys: 4}\n");
   EXPECT_EQ(c.audit.scan_count, 100u);
   EXPECT_EQ(c.audit.max_ops_per_second, 0u);
   EXPECT_EQ(c.audit.cold_after_seconds, 5u);
@@ -46,7 +47,8 @@ TEST(MaintenanceSettingsTest, AuditSection) {
   EXPECT_EQ(c.audit.json_depth, 3u);
   EXPECT_EQ(c.audit.top_keys, 4u);
   EXPECT_EQ(ParseError("audit: {scan_count: 0}\n"), "audit.scan_count: must be between 1 and 100000");
-  EXPECT_EQ(ParseError("audit: {fail_on: loud}\n"), "audit.fail_on: 'loud' is not one of info, warning, critical, never");
+  EXPECT_EQ(ParseError("audit: {fail_on: loud}\n"),
+            "audit.fail_on: 'loud' is not one of info, warning, critical, never");
 }
 
 TEST(MaintenanceSettingsTest, MigrationFromItsOwnPatternOrAPolicyRule) {
@@ -80,26 +82,35 @@ migrations:
 }
 
 TEST(MaintenanceSettingsTest, MigrationErrorsNameTheField) {
-  EXPECT_EQ(ParseError("migrations: [{name: a, rule: nope}]\n"), "migrations[0].rule: no key_policy.rules entry is named 'nope'");
-  EXPECT_EQ(ParseError("migrations: [{name: a, rewrite: 'x:$1'}]\n"), "migrations[0].pattern: required (or name a key_policy rule in rule)");
-  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '(x'}]\n"), "migrations[0].rewrite: required (or name a key_policy rule in rule)");
-  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x$', rewrite: 'y'}]\n"), "migrations[0].pattern: missing ): ^(x$");
+  EXPECT_EQ(ParseError("migrations: [{name: a, rule: nope}]\n"),
+            "migrations[0].rule: no key_policy.rules entry is named 'nope'");
+  EXPECT_EQ(ParseError("migrations: [{name: a, rewrite: 'x:$1'}]\n"),
+            "migrations[0].pattern: required (or name a key_policy rule in rule)");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '(x'}]\n"),
+            "migrations[0].rewrite: required (or name a key_policy rule in rule)");
+  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x$', rewrite: 'y'}]\n"),
+            "migrations[0].pattern: missing ): ^(x$");
   EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^x$', rewrite: 'y:$2'}]\n"),
-            "migrations[0].rewrite: Rewrite schema requests 2 matches, but the regexp only has 0 parenthesized subexpressions.");
+            "migrations[0].rewrite: Rewrite schema requests 2 matches, but the regexp only has 0 parenthesized "
+            "subexpressions.");
   EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', nested: separate_key}]\n"),
             "migrations[0].nested: applies to reshape: json_to_hash only");
   EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', unconvertible: skip}]\n"),
             "migrations[0].unconvertible: applies to reshape: json_to_hash only");
-  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', reshape: json_to_hash, unconvertible: drop}]\n"),
-            "migrations[0].unconvertible: 'drop' is not one of fail, skip, copy_unchanged");
-  EXPECT_EQ(ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: y}, {name: a, pattern: '^(x)$', rewrite: y}]\n"),
-            "migrations[1].name: 'a' is used twice");
+  EXPECT_EQ(
+      ParseError(
+          "migrations: [{name: a, pattern: '^(x)$', rewrite: 'y', reshape: json_to_hash, unconvertible: drop}]\n"),
+      "migrations[0].unconvertible: 'drop' is not one of fail, skip, copy_unchanged");
+  EXPECT_EQ(
+      ParseError("migrations: [{name: a, pattern: '^(x)$', rewrite: y}, {name: a, pattern: '^(x)$', rewrite: y}]\n"),
+      "migrations[1].name: 'a' is used twice");
   EXPECT_EQ(ParseError("key_policy: {rules: [{name: r, pattern: x}]}\nmigrations: [{name: a, rule: r}]\n"),
             "migrations[0].rule: rule 'r' has no rewrite");
 }
 
 TEST(MaintenanceArgsTest, ValuedSwitchesAndPositional) {
-  auto a = ParseArgs({"copy", "--migration", "profiles", "--dry-run", "--max-keys=10"}, {"--migration", "--max-keys"}, {"--dry-run"});
+  auto a = ParseArgs({"copy", "--migration", "profiles", "--dry-run", "--max-keys=10"}, {"--migration", "--max-keys"},
+                     {"--dry-run"});
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->positional, std::vector<std::string>{"copy"});
   EXPECT_EQ(a->Str("--migration"), "profiles");
@@ -121,11 +132,17 @@ TEST(JsonFieldsTest, DepthCountsBracketsOutsideStringsEvenOnAPrefix) {
 
 TEST(JsonFieldsTest, TopLevelFieldsBecomeHashFields) {
   ShapeError error;
-  auto s = JsonToHash(R"({"name":"ada","age":36,"vip":true,"x":null,"pi":1.5,"tags":["a","b"],"addr":{"city":"Paris"}})",
-                      false, &error);
+  auto s =
+      JsonToHash(R"({"name":"ada","age":36,"vip":true,"x":null,"pi":1.5,"tags":["a","b"],"addr":{"city":"Paris"}})",
+                 false, &error);
   ASSERT_TRUE(s) << error.text;
-  EXPECT_EQ(s->fields, (Fields{{"name", "ada"}, {"age", "36"}, {"vip", "true"}, {"x", "null"}, {"pi", "1.5"},
-                               {"tags", R"(["a","b"])"}, {"addr", R"({"city":"Paris"})"}}));
+  EXPECT_EQ(s->fields, (Fields{{"name", "ada"},
+                               {"age", "36"},
+                               {"vip", "true"},
+                               {"x", "null"},
+                               {"pi", "1.5"},
+                               {"tags", R"(["a","b"])"},
+                               {"addr", R"({"city":"Paris"})"}}));
   EXPECT_TRUE(s->subkeys.empty());
 }
 
@@ -135,17 +152,24 @@ TEST(JsonFieldsTest, NumbersAndNestedTextAreByteExact) {
   ShapeError error;
   auto s = JsonToHash(
       "{ \"big\" : 12345678901234567890123 , \"f\":88.36768,\"z\":-0,\"e\":1E400,\"t\":1.10,"
-      "\"n\": { \"x\" : [ 1.50 , \"a \\u00e9 b\" ] },\"s\":\"tab\\there \\u00e9 \\ud83d\\ude00 \\/\",\"raw\":\"\xff\xfe\"}",
+      "\"n\": { \"x\" : [ 1.50 , \"a \\u00e9 b\" ] },\"s\":\"tab\\there \\u00e9 \\ud83d\\ude00 "
+      "\\/\",\"raw\":\"\xff\xfe\"}",
       false, &error);
   ASSERT_TRUE(s) << error.text;
-  EXPECT_EQ(s->fields, (Fields{{"big", "12345678901234567890123"}, {"f", "88.36768"}, {"z", "-0"}, {"e", "1E400"},
-                               {"t", "1.10"}, {"n", R"({"x":[1.50,"a \u00e9 b"]})"},
-                               {"s", "tab\there \xc3\xa9 \xf0\x9f\x98\x80 /"}, {"raw", "\xff\xfe"}}));
+  EXPECT_EQ(s->fields, (Fields{{"big", "12345678901234567890123"},
+                               {"f", "88.36768"},
+                               {"z", "-0"},
+                               {"e", "1E400"},
+                               {"t", "1.10"},
+                               {"n", R"({"x":[1.50,"a \u00e9 b"]})"},
+                               {"s", "tab\there \xc3\xa9 \xf0\x9f\x98\x80 /"},
+                               {"raw", "\xff\xfe"}}));
 }
 
 TEST(JsonFieldsTest, NestedValuesAsSeparateKeys) {
   ShapeError error;
-  auto s = JsonToHash(R"({"name":"ada","tags":["a"],"addr":{"city":"Paris","geo":{"lat":1}},"empty":{}})", true, &error);
+  auto s =
+      JsonToHash(R"({"name":"ada","tags":["a"],"addr":{"city":"Paris","geo":{"lat":1}},"empty":{}})", true, &error);
   ASSERT_TRUE(s) << error.text;
   EXPECT_EQ(s->fields, (Fields{{"name", "ada"}, {"empty", "{}"}}));
   ASSERT_EQ(s->subkeys.size(), 2u);
@@ -202,9 +226,10 @@ TEST(JsonFieldsTest, WhatCannotBecomeAHash) {
 
 class AuditReportTest : public ::testing::Test {
  protected:
-  AuditReportTest() : cfg_(Parse("hygiene: {big_string_bytes: 100, huge_string_bytes: 1000, big_collection_elements: 10}\n"
-                                 "audit: {cold_after_seconds: 60, top_keys: 3}\n")),
-                      report_(cfg_.proxy, cfg_.audit) {}
+  AuditReportTest()
+      : cfg_(Parse("hygiene: {big_string_bytes: 100, huge_string_bytes: 1000, big_collection_elements: 10}\n"
+                   "audit: {cold_after_seconds: 60, top_keys: 3}\n")),
+        report_(cfg_.proxy, cfg_.audit) {}
   void Add(std::string key, std::string type, int64_t pttl, int64_t memory, int64_t idle, int64_t size,
            std::string head = "") {
     KeyRecord r;
@@ -223,10 +248,10 @@ class AuditReportTest : public ::testing::Test {
 
 TEST_F(AuditReportTest, EveryKindOfFindingWithExactCounts) {
   Add("user:1:profile", "hash", -1, 100, 5, 3);
-  Add("user:2:profile", "hash", 5000, 300, 120, 20);                       // big collection, cold
+  Add("user:2:profile", "hash", 5000, 300, 120, 20);                          // big collection, cold
   Add("User_3_Profile", "string", -1, 80, 1, 30, R"({"name":"x","age":3})");  // naming, serialized -> hash
-  Add("doc:1", "string", 1000, 2000, 1, 1500, R"({"a":{"b":1}})");         // huge, nested JSON -> json type
-  Add("blob:1", "string", 1000, 200, 1, 150, "\x80\x04\x95");               // big, pickle
+  Add("doc:1", "string", 1000, 2000, 1, 1500, R"({"a":{"b":1}})");            // huge, nested JSON -> json type
+  Add("blob:1", "string", 1000, 200, 1, 150, "\x80\x04\x95");                 // big, pickle
   Json j = Json::parse(report_.Json());
   EXPECT_EQ(j["memory"], 2680);
   ASSERT_EQ(j["patterns"].size(), 4u);

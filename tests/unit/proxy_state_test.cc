@@ -54,7 +54,7 @@ TEST(ConnectionStateTest, TransactionQueuesAndExecCarriesTheTenantRewrites) {
   EXPECT_TRUE(s.in_multi());
   Sent get = Send(s, "GET k", true, /*rewrite=*/5);
   EXPECT_EQ(get.p.expect, Expect::kQueued);
-  EXPECT_EQ(get.p.rewrite, 0);  // the reply is +QUEUED; the rewrite applies inside EXEC's reply
+  EXPECT_EQ(get.p.rewrite, 0);              // the reply is +QUEUED; the rewrite applies inside EXEC's reply
   Sent unwatch = Send(s, "UNWATCH", true);  // queued like any command inside MULTI
   EXPECT_EQ(unwatch.p.expect, Expect::kQueued);
   Sent nested = Send(s, "MULTI", true);  // an error that keeps the transaction

@@ -107,8 +107,8 @@ TEST_F(TenantTest, GlobCharactersInThePrefixAreEscaped) {
   auto t = Make(p);
   RequestRewriter rw(*t);
   std::vector<std::string_view> args = {"KEYS", "*"}, out;
-  rw.Rewrite(*t->static_tenant(), commands::LookupCommand("keys"), &commands::Spec(commands::LookupCommand("keys")), args,
-             {}, true, &out);
+  rw.Rewrite(*t->static_tenant(), commands::LookupCommand("keys"), &commands::Spec(commands::LookupCommand("keys")),
+             args, {}, true, &out);
   EXPECT_EQ(out[1], "t\\*\\[1\\]:*");
   // SORT puts the element at the pattern's first '*', which would be the prefix's.
   auto sort = [&](std::vector<std::string_view> a) {
@@ -169,14 +169,31 @@ TEST_F(TenantTest, PatternsThatCannotBeProvenConfinedAreRefused) {
 }
 
 TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
-  for (auto words : std::vector<std::vector<std::string>>{
-           {"SWAPDB", "0", "1"}, {"MOVE", "k", "1"}, {"SELECT", "1"}, {"COPY", "a", "b", "DB", "1"},
-           {"MIGRATE", "evil", "6379", "k", "0", "100"}, {"MONITOR"}, {"CLIENT", "LIST"},
-           {"CLIENT", "KILL", "ID", "1"}, {"CONFIG", "GET", "*"}, {"DEBUG", "SLEEP", "0"}, {"SLOWLOG", "GET"},
-           {"ACL", "LIST"}, {"MODULE", "LIST"}, {"SCRIPT", "FLUSH"}, {"FUNCTION", "LIST"}, {"CLUSTER", "INFO"},
-           {"SHUTDOWN"}, {"REPLICAOF", "no", "one"}, {"EVAL", "return redis.call('keys','*')", "0"},
-           {"EVALSHA", "0000000000000000000000000000000000000000", "0"}, {"FCALL", "f", "0"}, {"PUBSUB", "NUMPAT"},
-           {"NOSUCHCOMMAND", "x"}, {"GET"}, {"MEMORY", "STATS"}}) {
+  for (auto words : std::vector<std::vector<std::string>>{{"SWAPDB", "0", "1"},
+                                                          {"MOVE", "k", "1"},
+                                                          {"SELECT", "1"},
+                                                          {"COPY", "a", "b", "DB", "1"},
+                                                          {"MIGRATE", "evil", "6379", "k", "0", "100"},
+                                                          {"MONITOR"},
+                                                          {"CLIENT", "LIST"},
+                                                          {"CLIENT", "KILL", "ID", "1"},
+                                                          {"CONFIG", "GET", "*"},
+                                                          {"DEBUG", "SLEEP", "0"},
+                                                          {"SLOWLOG", "GET"},
+                                                          {"ACL", "LIST"},
+                                                          {"MODULE", "LIST"},
+                                                          {"SCRIPT", "FLUSH"},
+                                                          {"FUNCTION", "LIST"},
+                                                          {"CLUSTER", "INFO"},
+                                                          {"SHUTDOWN"},
+                                                          {"REPLICAOF", "no", "one"},
+                                                          {"EVAL", "return redis.call('keys','*')", "0"},
+                                                          {"EVALSHA", "0000000000000000000000000000000000000000", "0"},
+                                                          {"FCALL", "f", "0"},
+                                                          {"PUBSUB", "NUMPAT"},
+                                                          {"NOSUCHCOMMAND", "x"},
+                                                          {"GET"},
+                                                          {"MEMORY", "STATS"}}) {
     EXPECT_EQ(Req(words).substr(0, 8), "REFUSE: ") << words[0];
   }
   EXPECT_EQ(Req({"SELECT", "0"}), "SELECT 0");
@@ -201,8 +218,9 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
   // One step: an EVAL of the walk script over the tenant's escaped glob, from a cursor.
   const std::string step = WalkStep(*tenancy_->static_tenant(), Walk::kDbsize, "1234", 7, 500);
   EXPECT_TRUE(absl::StartsWith(step, "*9\r\n$4\r\nEVAL\r\n")) << step;
-  EXPECT_TRUE(absl::EndsWith(step, "$1\r\n0\r\n$6\r\ndbsize\r\n$10\r\ntenant:a:*\r\n$9\r\ntenant:a:\r\n"
-                                   "$4\r\n1234\r\n$3\r\n500\r\n$1\r\n7\r\n"))
+  EXPECT_TRUE(absl::EndsWith(step,
+                             "$1\r\n0\r\n$6\r\ndbsize\r\n$10\r\ntenant:a:*\r\n$9\r\ntenant:a:\r\n"
+                             "$4\r\n1234\r\n$3\r\n500\r\n$1\r\n7\r\n"))
       << step;
   EXPECT_EQ(Req({"GET"}), "REFUSE: ERR wrong number of arguments for 'get' command");
   // A key count that does not fit goes to the server for its own error, every possible key
@@ -216,14 +234,16 @@ TEST_F(TenantTest, EscapesAreRefusedOrEmulated) {
 TEST_F(TenantTest, RepliesLoseThePrefix) {
   EXPECT_EQ(Rep(ReplyRewrite::kKeyArray, "*3\r\n$10\r\ntenant:a:x\r\n$10\r\ntenant:b:y\r\n$11\r\ntenant:a:yy\r\n"),
             "*2\r\n$1\r\nx\r\n$2\r\nyy\r\n");
-  EXPECT_EQ(Rep(ReplyRewrite::kScan, "*2\r\n$1\r\n0\r\n*1\r\n$10\r\ntenant:a:x\r\n"), "*2\r\n$1\r\n0\r\n*1\r\n$1\r\nx\r\n");
+  EXPECT_EQ(Rep(ReplyRewrite::kScan, "*2\r\n$1\r\n0\r\n*1\r\n$10\r\ntenant:a:x\r\n"),
+            "*2\r\n$1\r\n0\r\n*1\r\n$1\r\nx\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kFirstKey, "*2\r\n$10\r\ntenant:a:l\r\n$1\r\nv\r\n"), "*2\r\n$1\r\nl\r\n$1\r\nv\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kFirstKey, "*-1\r\n"), "*-1\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$10\r\ntenant:a:k\r\n"), "$1\r\nk\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kBulkKey, "$-1\r\n"), "$-1\r\n");
   // CLIENT TRACKINGINFO: prefixes lose the tenant's; one without it is never shown.
-  EXPECT_EQ(Rep(ReplyRewrite::kTrackingInfo, "*6\r\n$5\r\nflags\r\n*2\r\n$2\r\non\r\n$5\r\nbcast\r\n$8\r\nredirect\r\n"
-                                             ":0\r\n$8\r\nprefixes\r\n*3\r\n$9\r\ntenant:a:\r\n$10\r\ntenant:a:u\r\n$2\r\nxx\r\n"),
+  EXPECT_EQ(Rep(ReplyRewrite::kTrackingInfo,
+                "*6\r\n$5\r\nflags\r\n*2\r\n$2\r\non\r\n$5\r\nbcast\r\n$8\r\nredirect\r\n"
+                ":0\r\n$8\r\nprefixes\r\n*3\r\n$9\r\ntenant:a:\r\n$10\r\ntenant:a:u\r\n$2\r\nxx\r\n"),
             "*6\r\n$5\r\nflags\r\n*2\r\n$2\r\non\r\n$5\r\nbcast\r\n$8\r\nredirect\r\n:0\r\n$8\r\nprefixes\r\n*2\r\n"
             "$0\r\n\r\n$1\r\nu\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kTrackingInfo, "%1\r\n$8\r\nprefixes\r\n*1\r\n$10\r\ntenant:b:u\r\n"),
@@ -242,9 +262,10 @@ TEST_F(TenantTest, RepliesLoseThePrefix) {
   EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$41\r\n# Server\r\nv:1\r\n\r\n# Keyspace\r\ndb0:keys=3\r\n\r\n"),
             "$15\r\n# Server\r\nv:1\r\n\r\n");
   // Only sections that describe the server itself stay: what moves with other tenants' traffic goes.
-  EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$130\r\n# Server\r\nv:1\r\n\r\n# Clients\r\nblocked_clients:1\r\n\r\n"
-                                     "# Stats\r\nkeyspace_hits:9\r\n\r\n# Commandstats\r\ncmdstat_get:calls=9\r\n\r\n"
-                                     "# Cluster\r\nc:0\r\n"),
+  EXPECT_EQ(Rep(ReplyRewrite::kInfo,
+                "$130\r\n# Server\r\nv:1\r\n\r\n# Clients\r\nblocked_clients:1\r\n\r\n"
+                "# Stats\r\nkeyspace_hits:9\r\n\r\n# Commandstats\r\ncmdstat_get:calls=9\r\n\r\n"
+                "# Cluster\r\nc:0\r\n"),
             "$31\r\n# Server\r\nv:1\r\n\r\n# Cluster\r\nc:0\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kInfo, "$26\r\n# Stats\r\nkeyspace_hits:9\r\n\r\n"), "$0\r\n\r\n");
   EXPECT_EQ(Rep(ReplyRewrite::kChannelCounts, "*4\r\n$10\r\ntenant:a:c\r\n:1\r\n$10\r\ntenant:b:c\r\n:1\r\n"),
@@ -264,9 +285,11 @@ TEST_F(TenantTest, DeepRepliesInsideExecKeepTheirBytes) {
 }
 
 TEST_F(TenantTest, PushesAreConfined) {
-  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$13\r\ntenant:a:news\r\n$2\r\nhi\r\n"), "*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n");
+  EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$13\r\ntenant:a:news\r\n$2\r\nhi\r\n"),
+            "*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n");
   EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$13\r\ntenant:b:news\r\n$2\r\nhi\r\n"), "DROP");
-  EXPECT_EQ(Push(">4\r\n$8\r\npmessage\r\n$25\r\n__keyspace@0__:tenant:a:*\r\n$25\r\n__keyspace@0__:tenant:a:k\r\n$3\r\nset\r\n"),
+  EXPECT_EQ(Push(">4\r\n$8\r\npmessage\r\n$25\r\n__keyspace@0__:tenant:a:*\r\n$25\r\n__keyspace@0__:tenant:a:k\r\n$"
+                 "3\r\nset\r\n"),
             ">4\r\n$8\r\npmessage\r\n$16\r\n__keyspace@0__:*\r\n$16\r\n__keyspace@0__:k\r\n$3\r\nset\r\n");
   EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$25\r\n__keyspace@0__:tenant:b:k\r\n$3\r\nset\r\n"), "DROP");
   EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$18\r\n__keyevent@0__:set\r\n$10\r\ntenant:a:k\r\n"),
@@ -277,7 +300,8 @@ TEST_F(TenantTest, PushesAreConfined) {
   EXPECT_EQ(Push(">2\r\n$10\r\ninvalidate\r\n*1\r\n$10\r\ntenant:b:k\r\n"), "DROP");
   EXPECT_EQ(Push(">2\r\n$10\r\ninvalidate\r\n_\r\n"), ">2\r\n$10\r\ninvalidate\r\n_\r\n");
   EXPECT_EQ(Push("*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$10\r\ntenant:b:k\r\n"), "DROP");
-  EXPECT_EQ(Push("*3\r\n$9\r\nsubscribe\r\n$13\r\ntenant:a:news\r\n:1\r\n"), "*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n");
+  EXPECT_EQ(Push("*3\r\n$9\r\nsubscribe\r\n$13\r\ntenant:a:news\r\n:1\r\n"),
+            "*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n");
 }
 
 TEST_F(TenantTest, ModuleCommandsNeedCompleteKeySpecs) {
@@ -297,13 +321,15 @@ TEST_F(TenantTest, ModuleCommandsNeedCompleteKeySpecs) {
   ASSERT_TRUE(commands::ExtendFromCommandInfo(info).ok());
   rewriter_ = std::make_unique<RequestRewriter>(*tenancy_);
   EXPECT_EQ(Req({"TMOD.SET", "k", "v"}), "TMOD.SET tenant:a:k v");
-  EXPECT_EQ(Req({"TMOD.SEARCH", "idx", "*"}),
-            "REFUSE: ERR keyguard: command 'TMOD.SEARCH' does not declare all its keys, so it cannot be confined to the "
-            "tenant");
+  EXPECT_EQ(
+      Req({"TMOD.SEARCH", "idx", "*"}),
+      "REFUSE: ERR keyguard: command 'TMOD.SEARCH' does not declare all its keys, so it cannot be confined to the "
+      "tenant");
 }
 
 TEST_F(TenantTest, TrackingRedirectNamesOnlyTheTenantsConnections) {
-  const std::string refused = "REFUSE: ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant";
+  const std::string refused =
+      "REFUSE: ERR keyguard: CLIENT TRACKING REDIRECT may only name a connection of the same tenant";
   EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), refused);  // no registry: none is known
   Connections connections;
   Tenant other{"b", "tenant:b:", "tenant:b:"};
@@ -311,7 +337,8 @@ TEST_F(TenantTest, TrackingRedirectNamesOnlyTheTenantsConnections) {
   connections.Set(8, &other);
   rewriter_ = std::make_unique<RequestRewriter>(*tenancy_, &connections);
   EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "7"}), "CLIENT TRACKING on REDIRECT 7");
-  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", std::string("redirect\0", 9), "8"}), refused);  // a NUL ends the word for Redis
+  EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", std::string("redirect\0", 9), "8"}),
+            refused);  // a NUL ends the word for Redis
   EXPECT_EQ(Req({"CLIENT", "TRACKING", "off", "REDIRECT", "7", "REDIRECT", "9"}), refused);
   EXPECT_EQ(Req({"CLIENT", "TRACKING", "on", "REDIRECT", "x"}), "CLIENT TRACKING on REDIRECT x");  // the server's error
   connections.Set(7, nullptr);

@@ -75,8 +75,9 @@ TEST_F(TrafficTest, BigStringWriteIsReportedAndARejectRuleRefusesIt) {
   EXPECT_EQ(r.refusal, "");
   settings_.actions[static_cast<size_t>(Kind::kBigStringWrite)] = Action::kReject;
   r = Send(c, "SET k " + std::string(20, 'x'));
-  EXPECT_EQ(r.refusal,
-            "ERR keyguard: big_string_write: big value: store the parts you update separately (a Hash), or compress it");
+  EXPECT_EQ(
+      r.refusal,
+      "ERR keyguard: big_string_write: big value: store the parts you update separately (a Hash), or compress it");
   EXPECT_EQ(Send(c, "SET k small").refusal, "");
 }
 
@@ -98,7 +99,7 @@ TEST_F(TrafficTest, RewritesEditTheStagedArgumentsNotTheClients) {
   Result del = Send(c, "DEL big other", "DEL t:big t:other");
   EXPECT_EQ(del.upstream, (std::vector<std::string>{"UNLINK", "t:big", "t:other"}));
   EXPECT_EQ(sink_.findings.back().kind, Kind::kDelBigKey);
-  EXPECT_EQ(sink_.findings.back().key, "big");  // findings name the client's key
+  EXPECT_EQ(sink_.findings.back().key, "big");                                       // findings name the client's key
   EXPECT_EQ(Send(c, "DEL big").upstream, (std::vector<std::string>{"DEL", "big"}));  // the size was forgotten
 }
 

@@ -45,12 +45,12 @@ struct KeySpec {
   const char* keyword;  // kKeyword: the keyword before the first key
   int16_t startfrom;    // kKeyword: where to start looking; negative counts from the end
   Find find;
-  int16_t lastkey;      // kRange: last key relative to the first; negative counts from the end
-  int16_t keystep;      // kRange and kKeynum: distance between keys
-  int16_t limit;        // kRange with lastkey -1: only 1/limit of the remaining arguments
-  int16_t keynumidx;    // kKeynum: position of the key count, relative to the begin
-  int16_t firstkey;     // kKeynum: position of the first key, relative to the begin
-  uint32_t flags;       // KeyFlag
+  int16_t lastkey;    // kRange: last key relative to the first; negative counts from the end
+  int16_t keystep;    // kRange and kKeynum: distance between keys
+  int16_t limit;      // kRange with lastkey -1: only 1/limit of the remaining arguments
+  int16_t keynumidx;  // kKeynum: position of the key count, relative to the begin
+  int16_t firstkey;   // kKeynum: position of the first key, relative to the begin
+  uint32_t flags;     // KeyFlag
 };
 
 struct CommandSpec {
@@ -125,8 +125,8 @@ absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply);
 
 // Ids the proxy treats specially, resolved once.
 struct KnownCommands {
-  CommandId multi, exec, discard, subscribe, psubscribe, ssubscribe, unsubscribe, punsubscribe,
-      sunsubscribe, hello, monitor, reset, quit, client, watch, unwatch, auth, sync, psync;
+  CommandId multi, exec, discard, subscribe, psubscribe, ssubscribe, unsubscribe, punsubscribe, sunsubscribe, hello,
+      monitor, reset, quit, client, watch, unwatch, auth, sync, psync;
 };
 const KnownCommands& Known();
 

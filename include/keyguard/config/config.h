@@ -31,14 +31,14 @@ struct ProxyConfig {
   HostPort listen{"127.0.0.1", 6380};
   HostPort upstream{"127.0.0.1", 6379};
   HostPort admin{"127.0.0.1", 9121};
-  int threads = 0;                        // worker threads; 0 = one per hardware thread
+  int threads = 0;  // worker threads; 0 = one per hardware thread
   int upstream_connect_timeout_ms = 2000;
-  int drain_timeout_ms = 10000;           // after SIGTERM, how long in-flight replies may take
-  std::vector<std::string> deny_commands; // lowercase command names refused with an error
+  int drain_timeout_ms = 10000;            // after SIGTERM, how long in-flight replies may take
+  std::vector<std::string> deny_commands;  // lowercase command names refused with an error
   resp::Limits limits;
-  int64_t max_pending_commands = 10000;   // per connection: stop reading the client beyond this
-  int64_t max_output_buffer = 1 << 20;    // per direction: stop reading the other side beyond this
-  int64_t read_buffer_size = 16 * 1024;   // initial read buffer per direction
+  int64_t max_pending_commands = 10000;  // per connection: stop reading the client beyond this
+  int64_t max_output_buffer = 1 << 20;   // per direction: stop reading the other side beyond this
+  int64_t read_buffer_size = 16 * 1024;  // initial read buffer per direction
   hygiene::Settings hygiene;
   // Commands the table does not know: forwarded (and counted) or refused.
   bool reject_unknown_commands = false;

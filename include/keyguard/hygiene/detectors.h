@@ -53,8 +53,8 @@ bool CanReject(Kind k);
 
 // A key pattern that must carry a TTL (`hygiene.ttl_patterns`).
 struct TtlPattern {
-  std::string glob;         // Redis glob on the client's key name, e.g. "cache:*"
-  bool session = false;     // session data rather than a cache (only the log wording differs)
+  std::string glob;           // Redis glob on the client's key name, e.g. "cache:*"
+  bool session = false;       // session data rather than a cache (only the log wording differs)
   int64_t default_ttl_s = 0;  // the TTL the rewrite adds; 0: missing_ttl cannot rewrite
 };
 
@@ -62,28 +62,28 @@ enum class KeyMode : uint8_t { kRaw, kHashed, kRedacted };
 
 struct Settings {
   bool enabled = true;
-  size_t big_string_bytes = 10 * 1024;         // a string value this large is a big key
-  size_t huge_string_bytes = 10 * 1024 * 1024; // and this large a huge one
-  int64_t big_collection_elements = 5000;      // members in one reply that make a whole-collection read
-  int64_t rmw_window_ms = 10000;               // a write this soon after a read is read-modify-write
-  size_t tracked_keys = 10000;                 // serialized keys remembered per worker
-  size_t findings_kept = 1000;                 // recent findings at /debug/findings
-  int64_t hot_keys_interval_s = 60;            // hot-key sketches start afresh this often
-  size_t hot_keys_capacity = 256;              // counters per hot-key sketch per worker (0: off)
-  uint32_t hot_keys_sample = 8;                // count about one keyed command in this many (1: all)
+  size_t big_string_bytes = 10 * 1024;          // a string value this large is a big key
+  size_t huge_string_bytes = 10 * 1024 * 1024;  // and this large a huge one
+  int64_t big_collection_elements = 5000;       // members in one reply that make a whole-collection read
+  int64_t rmw_window_ms = 10000;                // a write this soon after a read is read-modify-write
+  size_t tracked_keys = 10000;                  // serialized keys remembered per worker
+  size_t findings_kept = 1000;                  // recent findings at /debug/findings
+  int64_t hot_keys_interval_s = 60;             // hot-key sketches start afresh this often
+  size_t hot_keys_capacity = 256;               // counters per hot-key sketch per worker (0: off)
+  uint32_t hot_keys_sample = 8;                 // count about one keyed command in this many (1: all)
   std::array<Action, kKindCount> actions = DefaultActions();
-  KeyMode finding_keys = KeyMode::kRaw;        // how findings show keys
-  std::string findings_file;                   // JSON lines go here (appended) instead of stderr
-  std::vector<TtlPattern> ttl_patterns;        // cache/session patterns that must carry a TTL
-  int64_t missing_ttl_window_ms = 1000;        // a later EXPIRE on the connection within this is fine
-  int64_t expiry_cluster_keys = 1000;          // keys given one expiry second (per worker) that cluster
-  int jitter_percent = 10;                     // the expiry_clustering rewrite adds up to this much TTL
+  KeyMode finding_keys = KeyMode::kRaw;  // how findings show keys
+  std::string findings_file;             // JSON lines go here (appended) instead of stderr
+  std::vector<TtlPattern> ttl_patterns;  // cache/session patterns that must carry a TTL
+  int64_t missing_ttl_window_ms = 1000;  // a later EXPIRE on the connection within this is fine
+  int64_t expiry_cluster_keys = 1000;    // keys given one expiry second (per worker) that cluster
+  int jitter_percent = 10;               // the expiry_clustering rewrite adds up to this much TTL
   // Sizing probe: its own upstream connection asks the size of keys touched by commands whose
   // replies do not show it (HGET, DEL, EXPIRE, ...), at most this many keys a second per worker.
   bool probe = true;
   int probe_keys_per_second = 50;
-  size_t size_cache_keys = 10000;              // sizes remembered per worker
-  int64_t size_cache_ttl_ms = 60000;           // ... for this long
+  size_t size_cache_keys = 10000;     // sizes remembered per worker
+  int64_t size_cache_ttl_ms = 60000;  // ... for this long
 
   static std::array<Action, kKindCount> DefaultActions() {
     std::array<Action, kKindCount> a;
@@ -107,8 +107,8 @@ struct Finding {
   int64_t elements = -1;
   int64_t fields_changed = -1;
   int64_t fields_total = -1;
-  int64_t keys = -1;       // expiry_clustering: keys expiring in the same second
-  int64_t ttl_s = -1;      // the TTL the command gave (or the rewrite added)
+  int64_t keys = -1;   // expiry_clustering: keys expiring in the same second
+  int64_t ttl_s = -1;  // the TTL the command gave (or the rewrite added)
 };
 
 // JSON string values of log lines and findings (keyguard/common/json_line.h).

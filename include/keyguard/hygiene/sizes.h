@@ -22,11 +22,11 @@ bool GlobMatch(std::string_view pattern, std::string_view text);
 const char* SizeCommand(std::string_view type);
 
 struct KeySize {
-  std::string type;        // string, hash, list, set, zset, stream
-  int64_t bytes = -1;      // string length
-  int64_t elements = -1;   // collection members
-  int64_t memory = -1;     // MEMORY USAGE, when probed
-  int64_t at_ms = 0;       // when learned
+  std::string type;       // string, hash, list, set, zset, stream
+  int64_t bytes = -1;     // string length
+  int64_t elements = -1;  // collection members
+  int64_t memory = -1;    // MEMORY USAGE, when probed
+  int64_t at_ms = 0;      // when learned
 };
 
 // Sizes of keys seen lately: from writes, from replies and from the probe. Bounded by

@@ -26,11 +26,11 @@ namespace keyguard::hygiene {
 // What a worker's connections share.
 struct WorkerDetectors {
   explicit WorkerDetectors(const Settings& s) : rmw(s), attributes(s), sizes(s), probe_queue(s), expiries(s) {}
-  RmwTracker rmw;              // serialized reads and writes
-  AttributeTracker attributes;  // one-attribute-per-key writes
-  SizeCache sizes;             // key sizes seen lately
-  ProbeQueue probe_queue;      // keys waiting for the sizing probe
-  ExpiryClusters expiries;     // keys per expiry second
+  RmwTracker rmw;                                   // serialized reads and writes
+  AttributeTracker attributes;                      // one-attribute-per-key writes
+  SizeCache sizes;                                  // key sizes seen lately
+  ProbeQueue probe_queue;                           // keys waiting for the sizing probe
+  ExpiryClusters expiries;                          // keys per expiry second
   std::minstd_rand random{std::random_device{}()};  // TTL jitter
 };
 
@@ -54,7 +54,9 @@ class ArgEditor {
   std::string_view Own(std::string s) { return owned_.emplace_back(std::move(s)); }
   bool modified() const { return modified_; }
   std::span<const std::string_view> input() const { return base_; }
-  std::span<const std::string_view> args() const { return modified_ ? std::span<const std::string_view>(args_) : base_; }
+  std::span<const std::string_view> args() const {
+    return modified_ ? std::span<const std::string_view>(args_) : base_;
+  }
   // The command has been encoded: the owned strings may go.
   void Release() {
     if (!owned_.empty()) owned_.clear();

@@ -50,14 +50,13 @@ enum class Outcome : uint8_t {
 inline constexpr const char* kOutcomeNames[] = {"ok", "error", "rejected", "failed", "noreply"};
 
 // Upper bounds of the latency histogram buckets, in seconds.
-inline constexpr std::array<double, 16> kLatencyBuckets = {
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-    0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   10};
+inline constexpr std::array<double, 16> kLatencyBuckets = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                           0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   10};
 
 // Upper bounds of the reply size histograms: bytes of a reply frame, and elements of a top-level
 // aggregate reply (pairs for a RESP3 map).
-inline constexpr std::array<double, 10> kReplyBytesBuckets = {64,     256,     1024,    4096,     16384,
-                                                              65536,  262144,  1048576, 4194304,  16777216};
+inline constexpr std::array<double, 10> kReplyBytesBuckets = {64,    256,    1024,    4096,    16384,
+                                                              65536, 262144, 1048576, 4194304, 16777216};
 inline constexpr std::array<double, 8> kReplyElementsBuckets = {1, 10, 100, 1000, 5000, 10000, 100000, 1000000};
 
 // A Prometheus histogram with one writer: a counter per bound, the last for values over them all.
@@ -78,9 +77,9 @@ struct Histogram {
 
 struct CommandStats {
   std::array<Counter, static_cast<size_t>(Outcome::kCount)> outcomes;
-  Histogram<kLatencyBuckets.size()> latency;                // seconds; sum in nanoseconds
-  Histogram<kReplyBytesBuckets.size()> reply_bytes;         // every reply
-  Histogram<kReplyElementsBuckets.size()> reply_elements;   // aggregate replies only
+  Histogram<kLatencyBuckets.size()> latency;               // seconds; sum in nanoseconds
+  Histogram<kReplyBytesBuckets.size()> reply_bytes;        // every reply
+  Histogram<kReplyElementsBuckets.size()> reply_elements;  // aggregate replies only
 };
 
 enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kCount };
@@ -139,12 +138,12 @@ class WorkerShard {
   Counter unexpected_replies;
   Counter probed_keys;  // keys the sizing probe asked about
   std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
-  LabeledCounters key_violations;    // rule, action, key_pattern
-  LabeledCounters keys_rewritten;    // rule
-  LabeledCounters commands_rejected; // reason
-  LabeledCounters findings;          // kind, key_pattern
-  LabeledCounters bigkey_access;     // kind, command, key_pattern
-  LabeledCounters hygiene_actions;   // kind, action: what keyguard did about each finding
+  LabeledCounters key_violations;     // rule, action, key_pattern
+  LabeledCounters keys_rewritten;     // rule
+  LabeledCounters commands_rejected;  // reason
+  LabeledCounters findings;           // kind, key_pattern
+  LabeledCounters bigkey_access;      // kind, command, key_pattern
+  LabeledCounters hygiene_actions;    // kind, action: what keyguard did about each finding
   // Per tenant (label values bounded by the configured tenants).
   LabeledCounters tenant_commands;        // tenant
   LabeledCounters tenant_received_bytes;  // tenant

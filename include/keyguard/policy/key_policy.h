@@ -24,7 +24,6 @@ class KeyPolicy;
 
 namespace keyguard::policy {
 
-
 // The commands a rule applies to.
 struct Scope {
   std::vector<commands::CommandId> commands;  // empty: every command
@@ -35,8 +34,17 @@ struct Scope {
 
 struct Rule {
   enum class Kind : uint8_t {
-    kUser, kLowercase, kCharset, kStartsWithLetter, kForbiddenCharacters, kHashTags, kMaxLength,
-    kMaxSegments, kOpaqueSegments, kEntities, kPrefix,
+    kUser,
+    kLowercase,
+    kCharset,
+    kStartsWithLetter,
+    kForbiddenCharacters,
+    kHashTags,
+    kMaxLength,
+    kMaxSegments,
+    kOpaqueSegments,
+    kEntities,
+    kPrefix,
   };
   Kind kind;
   std::string name;  // "lowercase", ..., or the user rule's name

@@ -62,9 +62,9 @@ class RequestFramer {
   // State of the frame in progress; offsets are relative to the frame start.
   bool in_frame_ = false;
   size_t pos_ = 0;
-  size_t scan_ = 0;         // where the search for the current line's end resumes (0 = fresh)
-  int64_t remaining_ = 0;   // arguments still to read
-  int64_t bulk_len_ = -1;   // length of the argument whose header was read, or -1
+  size_t scan_ = 0;        // where the search for the current line's end resumes (0 = fresh)
+  int64_t remaining_ = 0;  // arguments still to read
+  int64_t bulk_len_ = -1;  // length of the argument whose header was read, or -1
   // (offset, length) of each argument of a frame left incomplete by the last call.
   std::vector<std::pair<size_t, size_t>> offsets_;
   // Result of the last call.
@@ -124,7 +124,7 @@ class ReplyFramer {
   Limits limits_;
   bool in_frame_ = false;
   size_t pos_ = 0;
-  size_t scan_pos_ = 0;     // where the search for the current line's CRLF resumes
+  size_t scan_pos_ = 0;  // where the search for the current line's CRLF resumes
   int64_t pending_bulk_ = -1;
   char pending_type_ = 0;
   // Open aggregates: how many, and of the innermost one the elements still to come (pairs count

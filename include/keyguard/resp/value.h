@@ -15,13 +15,13 @@ namespace keyguard::resp {
 constexpr int kMaxParseDepth = 32;
 
 struct Value {
-  char type = 0;            // the RESP type byte: + - : $ * _ , # ! = ( % ~ >
-  bool null = false;        // $-1 / *-1 / _
+  char type = 0;      // the RESP type byte: + - : $ * _ , # ! = ( % ~ >
+  bool null = false;  // $-1 / *-1 / _
   // An aggregate nested kMaxParseDepth levels deep: not parsed; `text` is all of its bytes (with
   // an attribute before it, if any) and `type` their first byte.
   bool unparsed = false;
-  std::string_view text;    // payload of bulk/verbatim/blob error, line of simple types
-  int64_t integer = 0;      // for ':'
+  std::string_view text;          // payload of bulk/verbatim/blob error, line of simple types
+  int64_t integer = 0;            // for ':'
   std::vector<Value> elements;    // aggregates; a map holds key, value, key, value, ...
   std::vector<Value> attributes;  // from the '|'s before the value, key, value, ...
 };

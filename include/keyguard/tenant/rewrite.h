@@ -20,16 +20,16 @@ namespace keyguard::tenant {
 // How a reply must be rewritten for the tenant. Stored per pending command (uint8_t).
 enum class ReplyRewrite : uint8_t {
   kNone,
-  kKeyArray,      // KEYS: every element a key
-  kScan,          // SCAN: [cursor, [keys]]
-  kFirstKey,      // BLPOP, BRPOP, BZPOPMIN/MAX, LMPOP, BLMPOP, ZMPOP, BZMPOP: [key, ...]
-  kBulkKey,       // RANDOMKEY: a key or nil
-  kStreams,       // XREAD, XREADGROUP: [[key, entries], ...] or, in RESP3, {key: entries}
-  kChannelArray,  // PUBSUB CHANNELS / SHARDCHANNELS: channel names
-  kChannelCounts, // PUBSUB NUMSUB / SHARDNUMSUB: [channel, count, ...]
-  kInfo,          // INFO: without the # Keyspace section (other tenants' key counts)
-  kExec,          // EXEC: element i rewritten as queued command i
-  kTrackingInfo,  // CLIENT TRACKINGINFO: [name, value, ...] or a map; "prefixes" lose the prefix
+  kKeyArray,       // KEYS: every element a key
+  kScan,           // SCAN: [cursor, [keys]]
+  kFirstKey,       // BLPOP, BRPOP, BZPOPMIN/MAX, LMPOP, BLMPOP, ZMPOP, BZMPOP: [key, ...]
+  kBulkKey,        // RANDOMKEY: a key or nil
+  kStreams,        // XREAD, XREADGROUP: [[key, entries], ...] or, in RESP3, {key: entries}
+  kChannelArray,   // PUBSUB CHANNELS / SHARDCHANNELS: channel names
+  kChannelCounts,  // PUBSUB NUMSUB / SHARDNUMSUB: [channel, count, ...]
+  kInfo,           // INFO: without the # Keyspace section (other tenants' key counts)
+  kExec,           // EXEC: element i rewritten as queued command i
+  kTrackingInfo,   // CLIENT TRACKINGINFO: [name, value, ...] or a map; "prefixes" lose the prefix
 };
 
 // A command keyguard answers by walking the tenant's keys one bounded step at a time, so no single
@@ -50,7 +50,7 @@ struct RequestResult {
   bool modified = false;
   ReplyRewrite reply = ReplyRewrite::kNone;
   Walk walk = Walk::kNone;  // kForward: nothing is forwarded as is; the session walks the keys
-  std::string message;  // kRefuse: the error text, without '-'
+  std::string message;      // kRefuse: the error text, without '-'
 };
 
 // Rewrites requests for one tenant. One per worker; not thread-safe.
@@ -65,8 +65,8 @@ class RequestRewriter {
   // kForward with `modified`, `out` holds the arguments to send; its views point into `args` or
   // into storage owned here, valid until the next Rewrite().
   RequestResult Rewrite(const Tenant& tenant, commands::CommandId id, const commands::CommandSpec* spec,
-                        std::span<const std::string_view> args, std::span<const commands::KeyRef> keys,
-                        bool keys_ok, std::vector<std::string_view>* out);
+                        std::span<const std::string_view> args, std::span<const commands::KeyRef> keys, bool keys_ok,
+                        std::vector<std::string_view>* out);
 
  private:
   std::string_view Own(std::string s);
@@ -75,7 +75,8 @@ class RequestRewriter {
   // For a command whose key count does not fit its arguments (FindKeys placed no keys): prefixes
   // every argument from the first key position on except the counts, in `args`. False when the
   // command's keys are not given by a count (the caller refuses it).
-  bool ConfineUnplacedKeys(const Tenant& tenant, const commands::CommandSpec& spec, std::vector<std::string_view>* args);
+  bool ConfineUnplacedKeys(const Tenant& tenant, const commands::CommandSpec& spec,
+                           std::vector<std::string_view>* args);
   std::string_view ChannelIn(const Tenant& t, std::string_view channel);
   // The pattern confined to the tenant, or nullopt when its structure cannot be proven confined
   // (a keyspace pattern whose head is not literal, or in shared-channel mode a pattern that may
@@ -86,8 +87,8 @@ class RequestRewriter {
   const Connections* connections_;
   std::array<std::string, 4> own_scripts_;  // SHA1s of keyguard's scripts (the walk step, and earlier emulations)
   std::deque<std::string> owned_;
-  std::string key_space_;      // the prefixed keys of the last request
-  std::vector<uint8_t> kind_;  // by CommandId: the special handling below
+  std::string key_space_;                 // the prefixed keys of the last request
+  std::vector<uint8_t> kind_;             // by CommandId: the special handling below
   std::vector<uint8_t> has_subcommands_;  // by CommandId: args[1] names a subcommand
 };
 
@@ -96,8 +97,8 @@ enum class ReplyAction : uint8_t { kPass, kReplace, kDrop };
 // Rewrites the reply `frame` (one complete RESP frame) of a command for `tenant`. kReplace puts
 // the new frame in `out`. `exec` holds the rewrite of each queued command for kExec. Error
 // replies lose every occurrence of the prefix (NOGROUP names the key).
-ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewrite kind,
-                         std::span<const uint8_t> exec, std::string_view frame, std::string* out);
+ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewrite kind, std::span<const uint8_t> exec,
+                         std::string_view frame, std::string* out);
 
 // Rewrites an out-of-band frame: pub/sub messages and subscribe confirmations (RESP2 arrays or
 // RESP3 pushes), keyspace/keyevent notifications, tracking invalidations. kDrop when the frame

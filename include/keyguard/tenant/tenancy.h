@@ -47,7 +47,7 @@ class Tenancy {
  public:
   // `file_users` are the users read from `users_file` (the config loader reads the file).
   static absl::StatusOr<std::shared_ptr<const Tenancy>> Compile(const config::v1::Tenancy& proto,
-                                                               const std::vector<config::v1::TenantUser>& file_users);
+                                                                const std::vector<config::v1::TenantUser>& file_users);
 
   // The tenant of every client (static tenancy), or nullptr when clients must authenticate.
   const Tenant* static_tenant() const { return static_tenant_; }
@@ -61,11 +61,11 @@ class Tenancy {
   Emulation flush = Emulation::kEmulate;
   Emulation dbsize = Emulation::kEmulate;
   Emulation randomkey = Emulation::kEmulate;
-  uint32_t walk_step_keys = 1000;        // keys one walk step SCANs
-  uint32_t walk_steps_per_second = 250;  // per tenant and worker; 0: no cap
+  uint32_t walk_step_keys = 1000;                      // keys one walk step SCANs
+  uint32_t walk_steps_per_second = 250;                // per tenant and worker; 0: no cap
   absl::flat_hash_set<std::string> allowed_scripts;    // lowercase hex SHA1
   absl::flat_hash_set<std::string> allowed_functions;  // as given
-  std::vector<std::string> migrate_targets;           // "host:port"
+  std::vector<std::string> migrate_targets;            // "host:port"
 
  private:
   std::vector<std::unique_ptr<Tenant>> tenants_;
