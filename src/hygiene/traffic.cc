@@ -341,13 +341,18 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
     // Relative TTLs up to ~31,700 years (in either unit) are spread; a larger one is left as it
     // came, so the jitter never makes an expiry the server accepts into one it refuses.
     constexpr int64_t kMaxJitteredTtl = 1000000000000;
-    if (settings.action(Kind::kExpiryClustering) == Action::kRewrite && (unit == kSeconds || unit == kMillis) &&
-        value <= kMaxJitteredTtl) {
-      // Spread relative TTLs: never shorter than asked, up to jitter_percent longer.
-      const int64_t extra = value * settings.jitter_percent / 100;
-      if (extra > 0) {
-        const int64_t jittered = value + static_cast<int64_t>(w_.random() % static_cast<uint64_t>(extra + 1));
-        edit.Edit()[ttl_arg] = edit.Own(absl::StrCat(jittered));
+    if (settings.action(Kind::kExpiryClustering) == Action::kRewrite) {
+      // Spread expiries: never sooner than asked, up to jitter_percent of the time left later. A
+      // relative TTL is the time left; an absolute one (EXPIREAT, PEXPIREAT, EXAT, PXAT) is moved
+      // by a share of what is left until it, in its own unit.
+      const bool relative = unit == kSeconds || unit == kMillis;
+      const int64_t left = relative ? value : value - (unit == kUnixSeconds ? now_ms / 1000 : now_ms);
+      if (left > 0 && left <= kMaxJitteredTtl) {
+        const int64_t extra = left * settings.jitter_percent / 100;
+        if (extra > 0) {
+          const int64_t jittered = value + static_cast<int64_t>(w_.random() % static_cast<uint64_t>(extra + 1));
+          edit.Edit()[ttl_arg] = edit.Own(absl::StrCat(jittered));
+        }
       }
     }
     // EXPIRE (or SET ... EX) on a big key: when it expires, the server frees it in one step.

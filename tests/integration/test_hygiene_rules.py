@@ -290,6 +290,13 @@ def test_expiry_clustering_found_once_and_jitter_spreads_ttls(fresh, direct):
         assert len(set(expiry)) > 5  # spread, not all in one second
         [j0] = expire_times(direct, ["j:0"])
         assert before + 2000 <= j0 <= after + 3000
+        # Absolute expiries too: up to 50% of the time left later, never sooner.
+        at = int(server_time(direct)) + 1000
+        for i in range(40):
+            r.set("a:%d" % i, "v", exat=at)
+        absolute = expire_times(direct, ["a:%d" % i for i in range(40)])
+        assert all(at <= t <= at + 501 for t in absolute), (at, absolute)
+        assert len(set(absolute)) > 5
     finally:
         assert kg.stop() == 0
 

@@ -120,7 +120,7 @@ TEST_F(TrafficTest, MissingTtlWaitsForAnExpireOrAddsTheDefault) {
   EXPECT_EQ(Send(c, "SET other v").upstream, (std::vector<std::string>{"SET", "other", "v"}));
 }
 
-TEST_F(TrafficTest, JitterOnlyLengthensRelativeTtls) {
+TEST_F(TrafficTest, JitterOnlyLengthensTtlsRelativeOrAbsolute) {
   settings_.actions[static_cast<size_t>(Kind::kExpiryClustering)] = Action::kRewrite;
   settings_.jitter_percent = 50;
   auto c = Connection(1);
@@ -130,7 +130,17 @@ TEST_F(TrafficTest, JitterOnlyLengthensRelativeTtls) {
     EXPECT_GE(ttl, 100);
     EXPECT_LE(ttl, 150);
   }
-  EXPECT_EQ(Send(c, "EXPIREAT k 4000000000").upstream[2], "4000000000");  // absolute: unchanged
+  // Absolute expiries move by a share of the time left until them, never sooner.
+  const int64_t now_s = UnixMs() / 1000;
+  for (int i = 0; i < 20; ++i) {
+    const int64_t at = std::stoll(Send(c, "EXPIREAT k " + std::to_string(now_s + 1000)).upstream[2]);
+    EXPECT_GE(at, now_s + 1000);
+    EXPECT_LE(at, now_s + 1000 + 501);
+    const int64_t pat = std::stoll(Send(c, "SET k v PXAT " + std::to_string(now_s * 1000 + 100000)).upstream[4]);
+    EXPECT_GE(pat, now_s * 1000 + 100000);
+    EXPECT_LE(pat, now_s * 1000 + 100000 + 51000);
+  }
+  EXPECT_EQ(Send(c, "EXPIREAT k 1000").upstream[2], "1000");  // in the past: deletes now, unchanged
   // The largest values a client may send: no overflow (UBSan in CI), and never jittered into a
   // value the server would refuse (found by the tenant fuzzer under UBSan).
   for (const char* cmd : {"EXPIRE", "PEXPIRE", "EXPIREAT", "PEXPIREAT", "SETEX", "PSETEX"}) {
