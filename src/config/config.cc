@@ -70,6 +70,11 @@ absl::Status CompileHygiene(const v1::Hygiene& h, hygiene::Settings* out) {
     if (h.expiry_cluster_keys() < 2) return FieldError("hygiene.expiry_cluster_keys", "must be at least 2");
     out->expiry_cluster_keys = static_cast<int64_t>(h.expiry_cluster_keys());
   }
+  if (h.has_expiry_cluster_window_ms()) {
+    if (h.expiry_cluster_window_ms() < 1000)
+      return FieldError("hygiene.expiry_cluster_window_ms", "must be at least 1000");
+    out->expiry_cluster_window_ms = static_cast<int64_t>(h.expiry_cluster_window_ms());
+  }
   if (h.has_jitter_percent()) {
     if (h.jitter_percent() < 1 || h.jitter_percent() > 100)
       return FieldError("hygiene.jitter_percent", "must be between 1 and 100");

@@ -112,11 +112,45 @@ size_t ProbeQueue::Take(int64_t now_ms, size_t max, std::deque<ProbeRequest>* ou
   return n;
 }
 
-int64_t ExpiryClusters::Add(int64_t second, uint64_t scope) {
-  // One second's keys of one scope share a slot; consecutive seconds of a scope never collide.
-  Slot& s = slots_[(static_cast<uint64_t>(second) ^ scope) % kSlots];
-  if (s.second != second || s.scope != scope) s = Slot{second, scope, 0};
-  return ++s.count == settings_.expiry_cluster_keys ? s.count : 0;
+int64_t ExpiryClusters::Add(uint64_t pattern, int64_t second, int64_t now_ms) {
+  Entry& e = entries_[pattern % kPatterns];
+  if (e.pattern != pattern || e.total == 0 || now_ms - e.window_start_ms > settings_.expiry_cluster_window_ms) {
+    e = Entry{};
+    e.pattern = pattern;
+    e.window_start_ms = now_ms;
+  }
+  ++e.total;
+  // The second's counter, or a free one, or the least busy one starts over for it: a second
+  // holding half the writes always keeps its counter.
+  int at = -1, least = 0;
+  for (int i = 0; i < kSeconds; ++i) {
+    if (e.counts[i] > 0 && e.seconds[i] == second) {
+      at = i;
+      break;
+    }
+    if (e.counts[i] < e.counts[least]) least = i;
+  }
+  if (at < 0) {
+    at = least;
+    e.seconds[at] = second;
+    e.counts[at] = 0;
+  }
+  const int64_t n = ++e.counts[at];
+  if (e.reported || n < settings_.expiry_cluster_keys || 2 * n < e.total) return 0;
+  e.reported = true;
+  return n;
+}
+
+uint64_t PatternFingerprint(std::string_view key, uint64_t scope) {
+  uint64_t h = scope;
+  bool digits = false;
+  for (unsigned char c : key) {
+    const bool digit = c >= '0' && c <= '9';
+    if (digit && digits) continue;
+    h = Fnv1a(std::string_view(digit ? "#" : reinterpret_cast<const char*>(&c), 1), h);
+    digits = digit;
+  }
+  return h;
 }
 
 }  // namespace keyguard::hygiene

@@ -329,12 +329,13 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
     if (!pending_ttl_.empty()) {
       std::erase_if(pending_ttl_, [&](const PendingTtl& t) { return t.key == args[1]; });
     }
-    if (const int64_t n = w_.expiries.Add(at_s, scope_); n > 0) {
+    if (const int64_t n = w_.expiries.Add(PatternFingerprint(args[1], scope_), at_s, now_ms); n > 0) {
       Finding f{Kind::kExpiryClustering};
       f.keys = n;
       f.ttl_s = ttl_s;
       f.suggestion = absl::StrCat(n,
-                                  " keys expire in the same second: add random jitter to their TTLs so the server "
+                                  " keys of this pattern expire in the same second, most of its TTL writes: add "
+                                  "random jitter to their TTLs (the expiry_clustering rewrite does) so the server "
                                   "does not expire them all at once");
       Emit(std::move(f), args[1], id);
     }

@@ -67,25 +67,42 @@ TEST(ProbeQueue, DedupesBoundsAndRateLimits) {
   EXPECT_GT(q.dropped(), 0u);
 }
 
-TEST(ExpiryClusters, ReportsOncePerSecondAtTheThreshold) {
+TEST(ExpiryClusters, APatternWhoseWritesMostlyShareASecondIsClusteredOncePerWindow) {
   Settings s;
   s.expiry_cluster_keys = 5;
+  s.expiry_cluster_window_ms = 60000;
   ExpiryClusters c(s);
+  const uint64_t tok = PatternFingerprint("tok:1", kFnvBasis);
+  EXPECT_EQ(tok, PatternFingerprint("tok:98765", kFnvBasis));  // digit runs fold
+  EXPECT_NE(tok, PatternFingerprint("tokx:1", kFnvBasis));
+  // A batch with one expiry second: the fifth key makes the finding, once.
   std::vector<int64_t> hits;
   for (int i = 0; i < 12; ++i) {
-    if (int64_t n = c.Add(1700000000)) hits.push_back(n);
+    if (int64_t n = c.Add(tok, 1700000000, 1000 + i)) hits.push_back(n);
   }
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.Add(1700000001), 0);
   EXPECT_EQ(hits, std::vector<int64_t>{5});
-  // A second that reuses the slot starts from zero.
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.Add(1700000000 + ExpiryClusters::kSlots), 0);
+  // The next window counts afresh.
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.Add(tok, 1700000100, 100000), 0);
+  EXPECT_EQ(c.Add(tok, 1700000100, 100000), 5);
+  // A pattern written steadily with one TTL spreads its expiries: never clustered, whatever the
+  // volume (each second gets a few keys, far from half of them).
+  const uint64_t steady = PatternFingerprint("cache:1", kFnvBasis);
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(c.Add(steady, 1700000000 + i / 3, 1000 + i * 50), 0) << i;
+  // Jittered TTLs: a thousand keys over many seconds, none of them holding half.
+  const uint64_t jittered = PatternFingerprint("j:1", kFnvBasis);
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(c.Add(jittered, 1700000000 + (i * 7919) % 360, 5000), 0) << i;
+  // Enough keys in one second but not most of the pattern's writes: not clustered.
+  const uint64_t mixed = PatternFingerprint("m:1", kFnvBasis);
+  for (int i = 0; i < 30; ++i) c.Add(mixed, 1700001000 + i, 5000);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(c.Add(mixed, 1700002000, 5000), 0);
   // Tenants count apart: four keys each in one second make no cluster for either.
-  const uint64_t a = Fingerprint("tenant:a:"), b = Fingerprint("tenant:b:");
+  const uint64_t a = PatternFingerprint("t:1", Fingerprint("tenant:a:")),
+                 b = PatternFingerprint("t:1", Fingerprint("tenant:b:"));
   for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(c.Add(1700000100, a), 0);
-    EXPECT_EQ(c.Add(1700000100, b), 0);
+    EXPECT_EQ(c.Add(a, 1700000200, 5000), 0);
+    EXPECT_EQ(c.Add(b, 1700000200, 5000), 0);
   }
-  EXPECT_EQ(c.Add(1700000100, a), 5);
+  EXPECT_EQ(c.Add(a, 1700000200, 5000), 5);
 }
 
 TEST(Finding, JsonIsTheEventsProto) {

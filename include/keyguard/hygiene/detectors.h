@@ -72,12 +72,13 @@ struct Settings {
   size_t hot_keys_capacity = 256;               // counters per hot-key sketch per worker (0: off)
   uint32_t hot_keys_sample = 8;                 // count about one keyed command in this many (1: all)
   std::array<Action, kKindCount> actions = DefaultActions();
-  KeyMode finding_keys = KeyMode::kRaw;  // how findings show keys
-  std::string findings_file;             // JSON lines go here (appended) instead of stderr
-  std::vector<TtlPattern> ttl_patterns;  // cache/session patterns that must carry a TTL
-  int64_t missing_ttl_window_ms = 1000;  // a later EXPIRE on the connection within this is fine
-  int64_t expiry_cluster_keys = 1000;    // keys given one expiry second (per worker) that cluster
-  int jitter_percent = 10;               // the expiry_clustering rewrite adds up to this much TTL
+  KeyMode finding_keys = KeyMode::kRaw;      // how findings show keys
+  std::string findings_file;                 // JSON lines go here (appended) instead of stderr
+  std::vector<TtlPattern> ttl_patterns;      // cache/session patterns that must carry a TTL
+  int64_t missing_ttl_window_ms = 1000;      // a later EXPIRE on the connection within this is fine
+  int64_t expiry_cluster_keys = 20;          // keys of one pattern sharing an expiry second that may cluster
+  int64_t expiry_cluster_window_ms = 60000;  // ... counted over this much time of the pattern's writes
+  int jitter_percent = 10;                   // the expiry_clustering rewrite adds up to this much TTL
   // Sizing probe: its own upstream connection asks the size of keys touched by commands whose
   // replies do not show it (HGET, DEL, EXPIRE, ...), at most this many keys a second per worker.
   bool probe = true;

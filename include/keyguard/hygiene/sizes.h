@@ -77,24 +77,38 @@ class ProbeQueue {
   uint64_t dropped_ = 0;
 };
 
-// How many keys were given each expiry second, over a sliding window of kSlots seconds.
+// Where each key pattern's TTL writes land. A pattern is clustered when, within
+// Settings::expiry_cluster_window_ms of its writes, one expiry second holds at least
+// Settings::expiry_cluster_keys of its keys and at least half of its TTL writes: most of its keys
+// expire together (a batch written with one TTL and no jitter). A pattern written steadily with a
+// fixed TTL, or with jittered TTLs, spreads its expiries and is never clustered, whatever its
+// volume.
 class ExpiryClusters {
  public:
-  static constexpr size_t kSlots = 4096;
+  static constexpr size_t kPatterns = 4096;  // patterns tracked per worker; a collision starts over
+  static constexpr int kSeconds = 4;         // expiry seconds tracked per pattern (the busiest stay)
   explicit ExpiryClusters(const Settings& s) : settings_(s) {}
-  // Records one key of `scope` (see RmwTracker::OnRead) expiring at `second` (Unix seconds).
-  // Returns the key count when it reaches Settings::expiry_cluster_keys (once per second and
-  // scope), else 0.
-  int64_t Add(int64_t second, uint64_t scope = kFnvBasis);
+  // Records one TTL write, at `now_ms`, of a key of `pattern` (a fingerprint of the key's pattern
+  // in its tenant's scope: PatternFingerprint) expiring at `second` (Unix seconds). Returns the
+  // number of the pattern's keys that share that second when the pattern becomes clustered (once
+  // per window), else 0.
+  int64_t Add(uint64_t pattern, int64_t second, int64_t now_ms);
 
  private:
-  struct Slot {
-    int64_t second = -1;
-    uint64_t scope = 0;
-    int64_t count = 0;
+  struct Entry {
+    uint64_t pattern = 0;
+    int64_t window_start_ms = 0;
+    int64_t total = 0;  // TTL writes in the window
+    bool reported = false;
+    std::array<int64_t, kSeconds> seconds{};
+    std::array<int64_t, kSeconds> counts{};
   };
   const Settings& settings_;
-  std::array<Slot, kSlots> slots_{};
+  std::vector<Entry> entries_ = std::vector<Entry>(kPatterns);
 };
+
+// A fingerprint of `key`'s pattern in `scope`: the key with each run of digits folded into one
+// marker, so `session:1001` and `session:42` are one pattern.
+uint64_t PatternFingerprint(std::string_view key, uint64_t scope);
 
 }  // namespace keyguard::hygiene
