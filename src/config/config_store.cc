@@ -89,6 +89,9 @@ std::string DescribeConfig(const ProxyConfig& c) {
     if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0)
       absl::StrAppend(&out, "    scoped: true\n");
   }
+  absl::StrAppend(&out, "  scripts: ", policy::ActionName(c.key_policy->scripts_rule().action), " (",
+                  c.key_policy->reviewed_scripts(), " reviewed scripts, ", c.key_policy->reviewed_functions(),
+                  " reviewed functions)\n");
   const hygiene::Settings& h = c.hygiene;
   absl::StrAppend(&out, "hygiene:", h.enabled ? "" : " off", "\n");
   if (h.enabled) {
@@ -112,6 +115,13 @@ std::string DescribeConfig(const ProxyConfig& c) {
     for (const auto& t : c.tenancy->tenants())
       absl::StrAppend(&out, "  - tenant: ", t->name, "\n    prefix: \"", t->prefix, "\"\n");
     for (const auto& u : c.tenancy->users()) absl::StrAppend(&out, "  - user: ", u.name, " -> ", u.tenant->name, "\n");
+    const tenant::Tenancy& t = *c.tenancy;
+    auto emulation = [](tenant::Emulation e) { return e == tenant::Emulation::kRefuse ? "refuse" : "walk"; };
+    absl::StrAppend(&out, "  flush: ", emulation(t.flush), "\n  dbsize: ", emulation(t.dbsize),
+                    "\n  randomkey: ", emulation(t.randomkey), "\n  walk_step_keys: ", t.walk_step_keys,
+                    "\n  walk_steps_per_second: ", t.walk_steps_per_second,
+                    "\n  allowed_scripts: ", t.allowed_scripts.size(),
+                    "\n  allowed_functions: ", t.allowed_functions.size(), "\n");
   }
   absl::StrAppend(&out, "upstream_auth: ",
                   c.upstream_auth.password.empty()

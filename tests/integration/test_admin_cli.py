@@ -5,7 +5,7 @@ import tempfile
 
 import redis
 
-from conftest import KEYGUARD, Keyguard, parse_log_lines
+from conftest import KEYGUARD, ROOT, Keyguard, parse_log_lines
 from resp import RespConn, encode
 
 
@@ -85,6 +85,16 @@ def test_check_config_and_flag_override(redis_server):
     finally:
         assert kg.stop() == 0
     os.unlink(f.name)
+
+
+def test_check_config_shows_the_script_policy_and_the_tenant_walks():
+    strict = run("check-config", os.path.join(ROOT, "examples", "strict.yaml"))
+    assert strict.returncode == 0
+    assert "  scripts: reject (0 reviewed scripts, 0 reviewed functions)\n" in strict.stdout
+    tenants = run("check-config", os.path.join(ROOT, "examples", "tenants.yaml"))
+    assert tenants.returncode == 0
+    assert ("  flush: walk\n  dbsize: walk\n  randomkey: walk\n  walk_step_keys: 1000\n"
+            "  walk_steps_per_second: 250\n  allowed_scripts: 0\n  allowed_functions: 0\n") in tenants.stdout
 
 
 def test_command_table_from_upstream_and_refusing_upstream():

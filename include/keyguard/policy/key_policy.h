@@ -87,6 +87,8 @@ class KeyPolicy {
   // and whether a script (its SHA1, lowercase hex) or a function (its name) was reviewed.
   const Rule& scripts_rule() const { return scripts_; }
   bool ScriptReviewed(std::string_view sha1) const { return allowed_scripts_.contains(std::string(sha1)); }
+  size_t reviewed_scripts() const { return allowed_scripts_.size(); }
+  size_t reviewed_functions() const { return allowed_functions_.size(); }
   bool FunctionReviewed(std::string_view name) const { return allowed_functions_.contains(std::string(name)); }
   size_t max_key_patterns() const { return max_key_patterns_; }
   bool empty() const { return rules_.empty(); }
