@@ -391,15 +391,6 @@ absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
   return absl::OkStatus();
 }
 
-const char* StepName(StepKind k) {
-  switch (k) {
-    case StepKind::kCopy: return "copy";
-    case StepKind::kVerify: return "verify";
-    case StepKind::kCleanup: return "cleanup";
-  }
-  return "";
-}
-
 }  // namespace
 
 const char kMigrateUsage[] =
@@ -555,7 +546,7 @@ int RunMigrate(const std::vector<std::string>& argv) {
   }
   if (st.failed) {
     std::fprintf(stderr, "keyguard migrate: %s found keys that need attention (listed above with the reason)\n",
-                 StepName(kind));
+                 step_name.c_str());
   }
   return exit_code;
 }

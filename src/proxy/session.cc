@@ -511,10 +511,11 @@ void Session::BindTenant(const tenant::Tenant* t) {
   tenant_ = t;
   tenant_rejected_.fill(nullptr);
   if (upstream_client_id_ != 0) worker_.connections->Set(upstream_client_id_, t);
-  detectors_.set_scope(DetectorScope(t));
+  const uint64_t scope = DetectorScope(t);
+  detectors_.set_scope(scope);
   if (t != nullptr) {
     reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
-    reply_scope_ = DetectorScope(t);
+    reply_scope_ = scope;
   }
   if (t == nullptr) {
     tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
@@ -847,8 +848,8 @@ void Session::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) 
   // The first step takes a token like every other: a pipeline of walks of one step each stays
   // within the tenant's rate.
   if (WaitForWalkToken()) return;  // the timer sends it, after this batch
-  walk_.request = tenant::WalkStep(*tenant_, walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
-  ForwardRaw(walk_.request.data(), walk_.request.size());  // sent with this batch
+  const std::string& request = NextWalkRequest();
+  ForwardRaw(request.data(), request.size());  // sent with this batch
 }
 
 bool Session::WaitForWalkToken() {
@@ -887,9 +888,13 @@ bool Session::ClientGone() {
 
 void Session::SendWalkStep() {
   if (WaitForWalkToken()) return;
+  upstream_out_.Send(NextWalkRequest());
+}
+
+const std::string& Session::NextWalkRequest() {
   walk_.request =
       tenant::WalkStep(*tenant_, walk_.walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
-  upstream_out_.Send(walk_.request);
+  return walk_.request;
 }
 
 void Session::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now) {

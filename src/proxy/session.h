@@ -95,6 +95,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // A step's reply (the kWalk entry at the head): the next step, or the answer.
   void ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now);
   void SendWalkStep();
+  // The request of the walk's next step, kept in walk_ while it is on its way upstream.
+  const std::string& NextWalkRequest();
   // Takes one of the tenant's step tokens on this worker; without one, arms the timer that calls
   // SendWalkStep when one is due and returns true.
   bool WaitForWalkToken();
