@@ -57,7 +57,13 @@ elif config=$(flag --config) && [ -n "$config" ] && [ -f "$config" ]; then
 fi
 
 if [ "$private" = yes ]; then
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  # A free port that is not the one keyguard is about to listen on (or serve metrics on): the
+  # kernel may hand out a port that was free a moment ago, --listen's included.
+  listen=$(flag --listen) admin=$(flag --admin)
+  while :; do
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    [ "$port" != "${listen##*:}" ] && [ "$port" != "${admin##*:}" ] && break
+  done
   dir=$(mktemp -d /tmp/keyguard-redis.XXXX)
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize no \
     --logfile "$dir/redis.log" &
