@@ -129,6 +129,10 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
                     store.version(), "\n");
   });
   asio::io_context control(1);
+  // Signals are caught from here on (Asio keeps one that comes before its handler waits): a
+  // SIGTERM during start-up drains a keyguard that has barely started rather than killing it.
+  asio::signal_set signals(control, SIGTERM, SIGINT);
+  asio::signal_set hup(control, SIGHUP);
 
   auto upstream = Resolve(control, config.upstream, "upstream");
   if (!upstream.ok()) return upstream.status();
@@ -224,7 +228,6 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   }
 
   // SIGTERM/SIGINT: stop accepting, let sessions finish their pending replies, then stop.
-  asio::signal_set signals(control, SIGTERM, SIGINT);
   asio::steady_timer drain_timer(control);
   std::chrono::steady_clock::time_point deadline;
   std::function<void()> poll = [&] {
@@ -262,7 +265,6 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   });
 
   // Reload on SIGHUP, and when the file changes (a ConfigMap update).
-  asio::signal_set hup(control, SIGHUP);
   std::function<void()> wait_hup = [&] {
     hup.async_wait([&](error_code ec, int) {
       if (ec) return;

@@ -29,24 +29,6 @@ constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
 constexpr std::string_view kClientId = "*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n";
 
-// A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
-// backslash) as \xNN, at most 64 bytes of the key, then its size: an error line stays short and
-// one line whatever the key.
-std::string KeyInError(std::string_view key) {
-  constexpr size_t kShown = 64;
-  std::string out;
-  for (size_t i = 0; i < key.size() && i < kShown; ++i) {
-    const auto c = static_cast<unsigned char>(key[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    }
-  }
-  if (key.size() > kShown) absl::StrAppend(&out, "... (", key.size(), " bytes)");
-  return out;
-}
-
 // Keeps one tenant's detector state and cached sizes apart from another's: the fingerprint of its
 // prefix (of "" without a tenant: hygiene::kFnvBasis), the seed of every key hash.
 uint64_t DetectorScope(const tenant::Tenant* t) {
@@ -101,7 +83,8 @@ Session::Session(Worker& worker, tcp::socket client)
       reply_framer_(worker.config.limits),
       queue_event_(worker.io),
       id_(worker.next_session_id++),
-      detectors_(worker.config.hygiene, worker.hygiene, sink_, id_) {
+      detectors_(worker.config.hygiene, worker.hygiene, sink_, id_),
+      pipeline_(worker.stages, detectors_) {
   worker_.shard->client_connections.Add(1);
   worker_.shard->client_connections_total.Add();
   worker_.session_count.fetch_add(1, std::memory_order_relaxed);
@@ -222,7 +205,7 @@ awaitable<void> Session::ClientPump() {
 
 void Session::ProcessClientBytes(size_t* hint) {
   *hint = 0;
-  worker_.Refresh();
+  worker_.stages.Refresh();
   forward_.clear();
   const char* base = client_buf_.data();
   const size_t len = client_buf_.size();
@@ -324,168 +307,53 @@ std::string_view Session::Encode(std::span<const std::string_view> args) {
 }
 
 void Session::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {
-  const commands::KnownCommands& known = commands::Known();
-  const commands::CommandId id = commands::LookupCommand(args[0]);
-  const bool subscribe = id == known.subscribe || id == known.psubscribe || id == known.ssubscribe ||
-                         id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
+  CommandContext c;
+  c.id = commands::LookupCommand(args[0]);
+  c.args = args;
   // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP or a replication stream.
-  const ConnectionState::ReplyMode mode = state_.TakeReplyMode();
-  const bool skipped = mode.skipped;
-  const bool silent = mode.silent;
-
-  const tenant::Tenancy* tenancy = worker_.config.tenancy.get();
-  if (tenancy != nullptr) {
-    if (tenant_commands_ != nullptr) {
-      tenant_commands_->Add();
-      tenant_received_->Add(raw_len);
-    }
-    if (id == known.auth || id == known.hello) {
-      HandleAuth(id, args, skipped, silent, now);
-      return;
-    }
-    static const uint32_t kNoAuth = commands::CommandFlagMask("no_auth");
-    if (tenant_ == nullptr && (commands::Spec(id).flags & kNoAuth) == 0) {
-      Refuse(id, Refusal::kNoAuth, "NOAUTH Authentication required.", skipped, silent);
-      return;
-    }
-    // keyguard tells RESP2 pub/sub messages from replies by the confirmations it reads in step
-    // with its commands. Inside MULTI, and under CLIENT REPLY OFF/SKIP, Redis sends those out of
-    // step, and a message of any tenant's keys would then pass as some command's reply.
-    if (tenant_ != nullptr && subscribe && (state_.in_multi() || silent)) {
-      Refuse(id, Refusal::kTenant,
-             absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
-                          " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants"),
-             skipped, silent);
-      return;
-    }
-    if (tenant_ != nullptr && state_.in_multi() && id == known.client && args.size() > 1 &&
-        EqualsIgnoreCase(args[1], "reply")) {
-      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants", skipped,
-             silent);
-      return;
-    }
-    // A RESP2 server refuses CLIENT REPLY while the connection is subscribed, but keyguard
-    // follows OFF/SKIP when it forwards them: its replies would fall out of step with the
-    // server's, and a reply (INFO's keyspace) would pass with another command's filter. Whether
-    // the subscription holds when the server gets there is not known here, so fail closed.
-    if (tenant_ != nullptr && id == known.client && args.size() > 1 && EqualsIgnoreCase(args[1], "reply") &&
-        MayBeSubscribed()) {
-      Refuse(id, Refusal::kTenant, "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants",
-             skipped, silent);
-      return;
-    }
+  c.mode = state_.TakeReplyMode();
+  c.tenant = tenant_;
+  c.state = &state_;
+  c.queue = &queue_;
+  c.upstream_ready = upstream_ready_;
+  c.client = client_address_;
+  if (tenant_commands_ != nullptr) {
+    tenant_commands_->Add();
+    tenant_received_->Add(raw_len);
   }
-  if (!upstream_ready_) {
-    worker_.shard->CountCommand(id, metrics::Outcome::kFailed);
-    Reply(std::string(kUpstreamUnavailable), id, /*close_after=*/true);
-    stop_reading_ = true;
-    return;
-  }
-  if (id == commands::kUnknownCommand && worker_.live->reject_unknown_commands) {
-    Refuse(id, Refusal::kUnknownCommand, absl::StrCat("ERR keyguard: unknown command '", std::string(args[0]), "'"),
-           skipped, silent);
-    return;
-  }
-  if (worker_.deny[id]) {
-    Refuse(
-        id, Refusal::kDenyList,
-        absl::StrCat("ERR keyguard: command '", absl::AsciiStrToUpper(std::string(args[0])), "' is not allowed here"),
-        skipped, silent);
-    return;
+  const Verdict& v = pipeline_.Run(c);
+  switch (v.action) {
+    case Verdict::Action::kForward: break;
+    case Verdict::Action::kRefuse: Refuse(c, v.reason, v.message); return;
+    case Verdict::Action::kLogin: Login(c, v, now); return;
+    case Verdict::Action::kUnavailable:
+      worker_.shard->CountCommand(c.id, metrics::Outcome::kFailed);
+      Reply(std::string(kUpstreamUnavailable), c.id, /*close_after=*/true);
+      stop_reading_ = true;
+      return;
+    case Verdict::Action::kWalk:
+      pipeline_.Release();
+      StartWalk(v.walk, c.id, now);
+      return;
   }
   std::string_view bytes(raw, raw_len);
-  uint8_t rewrite = 0;
-  const bool check_policy = !worker_.live->key_policy->empty();
-  std::span<const std::string_view> out = args;
-  bool modified = false;
-  tenant::Walk walk = tenant::Walk::kNone;
-  if (check_policy || tenant_ != nullptr) {
-    const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
-    key_refs_.clear();
-    const bool keys_ok = spec != nullptr && commands::FindKeys(*spec, args, &key_refs_);
-    if (check_policy) {
-      std::string refusal;
-      if (!ApplyScriptPolicy(args, id, &refusal)) {
-        Refuse(id, Refusal::kKeyPolicy, std::move(refusal), skipped, silent);
-        return;
-      }
-    }
-    if (check_policy && !key_refs_.empty()) {
-      std::string refusal;
-      if (!ApplyKeyPolicy(args, id, *spec, &modified, &refusal)) {
-        Refuse(id, Refusal::kKeyPolicy, std::move(refusal), skipped, silent);
-        return;
-      }
-      if (modified) out = cmd_args_;
-    }
-    if (tenant_ != nullptr) {
-      const tenant::RequestResult r =
-          worker_.rewriter->Rewrite(*tenant_, id, spec, out, key_refs_, keys_ok, &tenant_args_);
-      if (r.kind == tenant::RequestResult::Kind::kRefuse) {
-        Refuse(id, Refusal::kTenant, r.message, skipped, silent);
-        return;
-      }
-      if (r.modified) {
-        out = tenant_args_;
-        modified = true;
-      }
-      rewrite = static_cast<uint8_t>(r.reply);
-      walk = r.walk;
-      if (walk != tenant::Walk::kNone && (state_.in_multi() || silent)) {
-        // A walk takes several round trips: it cannot be queued in a transaction, and under
-        // CLIENT REPLY OFF/SKIP the server would not answer its steps.
-        Refuse(id, Refusal::kTenant,
-               absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(std::string(args[0])),
-                            " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants (keyguard walks "
-                            "the tenant's keys in steps)"),
-               skipped, silent);
-        return;
-      }
-    }
-  }
-  uint8_t reply_check = 0;
-  if (worker_.config.hygiene.enabled) {
-    // The detectors look at the client's own names (args); their rewrites apply on top of what
-    // the policy and the tenant stage made (out): positions are the same.
-    edit_.Reset(out);
-    std::string refusal;
-    reply_check = detectors_.OnRequest(id, args, edit_, state_.watching(), tenant_ != nullptr, &refusal);
-    if (!refusal.empty()) {
-      policy_owned_.clear();
-      edit_.Release();
-      Refuse(id, Refusal::kHygiene, std::move(refusal), skipped, silent);
-      return;
-    }
-    if (edit_.modified()) {
-      out = edit_.args();
-      modified = true;
-    }
-  }
-  if (walk != tenant::Walk::kNone) {
-    if (!policy_owned_.empty()) policy_owned_.clear();
-    edit_.Release();
-    StartWalk(walk, id, now);
-    return;
-  }
   splice_.clear();
-  if (modified && !Splice(raw, raw_len, args, out, &bytes)) {
+  if (v.modified && !Splice(raw, raw_len, args, v.args, &bytes)) {
     // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
-    bytes = Encode(out);
+    bytes = Encode(v.args);
   }
-  if (!policy_owned_.empty()) policy_owned_.clear();
-  edit_.Release();
-
   Pending p;
-  p.rewrite = rewrite;
-  p.command = id;
+  p.rewrite = v.rewrite;
+  p.command = c.id;
   p.start_ns = now;
-  p.reply_check = reply_check;
-  const bool hot = worker_.config.hygiene.enabled && HotKeysRequest(id, args, raw_len, &p);
-  if (reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
-  const ConnectionState::Effects e = state_.OnForward(id, args, mode, tenant_ != nullptr, &p);
+  p.reply_check = v.reply_check;
+  pipeline_.Release();
+  const bool hot = worker_.config.hygiene.enabled && HotKeysRequest(c.id, args, raw_len, &p);
+  if (p.reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
+  const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);
   if (e.stop_reading) stop_reading_ = true;
   if (e.ping_first) ForwardRaw(kPing.data(), kPing.size());
-  if (e.logout && tenancy != nullptr && tenancy->requires_auth()) {
+  if (e.logout && worker_.config.tenancy != nullptr && worker_.config.tenancy->requires_auth()) {
     // keyguard's own upstream credentials are sent again right after the RESET (below).
     BindTenant(nullptr);
   }
@@ -499,7 +367,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     ForwardRaw(bytes.data(), bytes.size());
   }
   if (e.silent) {
-    worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);
+    worker_.shard->CountCommand(c.id, metrics::Outcome::kNoReply);
     return;
   }
   const bool reset = p.kind == Kind::kReset;
@@ -546,103 +414,34 @@ void Session::SendInternal(std::string_view command, commands::CommandId id, boo
   }
 }
 
-void Session::HandleAuth(commands::CommandId id, std::span<const std::string_view> args, bool skipped, bool silent,
-                         int64_t now) {
-  const tenant::Tenancy& tenancy = *worker_.config.tenancy;
-  const bool hello = id == commands::Known().hello;
-  if (state_.in_multi()) {
-    Refuse(id, Refusal::kTenant, "ERR keyguard: AUTH and HELLO are not allowed inside MULTI", skipped, silent);
+void Session::Login(const CommandContext& c, const Verdict& v, int64_t now) {
+  if (v.bind) BindTenant(v.login);
+  if (c.id != commands::Known().hello) {
+    worker_.shard->CountCommand(c.id, metrics::Outcome::kOk);
+    if (c.mode.skipped) ForwardRaw(kPing.data(), kPing.size());  // the upstream still owes the skip
+    if (!c.mode.silent) Reply("+OK\r\n", c.id, false);
     return;
   }
-  if (hello && silent) {
-    // keyguard must read HELLO's reply to know the protocol, and with it what is a push.
-    Refuse(id, Refusal::kTenant, "ERR keyguard: HELLO under CLIENT REPLY OFF/SKIP is not allowed", skipped, silent);
-    return;
-  }
-  std::string_view user, password;
-  bool has_auth = false;
-  std::vector<std::string_view> forward;  // HELLO as it goes upstream: without AUTH
-  if (!hello) {
-    if (args.size() == 2) {
-      user = "default";
-      password = args[1];
-    } else if (args.size() == 3) {
-      user = args[1];
-      password = args[2];
-    } else {
-      Refuse(id, Refusal::kTenant, "ERR wrong number of arguments for 'auth' command", skipped, silent);
-      return;
-    }
-    has_auth = true;
-  } else {
-    forward.assign(args.begin(), args.begin() + std::min<size_t>(args.size(), 2));
-    for (size_t i = 2; i < args.size(); ++i) {
-      if (EqualsIgnoreCase(args[i], "auth") && i + 2 < args.size()) {
-        user = args[i + 1];
-        password = args[i + 2];
-        has_auth = true;
-        i += 2;
-      } else {
-        forward.push_back(args[i]);
-      }
-    }
-  }
-  if (has_auth) {
-    const tenant::User* u = nullptr;
-    if (!tenancy.requires_auth()) {
-      // Static tenancy: clients need no password, as with Redis's passwordless default user.
-      if (!hello && args.size() == 2) {
-        Refuse(id, Refusal::kAuth,
-               "ERR AUTH <password> called without any password configured for the default user. Are you sure "
-               "your configuration is correct?",
-               skipped, silent);
-        return;
-      }
-      if (user != "default") {
-        Refuse(id, Refusal::kAuth, "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
-        return;
-      }
-    } else {
-      u = tenancy.Authenticate(user, password);
-      if (u == nullptr) {
-        Refuse(id, Refusal::kAuth, "WRONGPASS invalid username-password pair or user is disabled.", skipped, silent);
-        return;
-      }
-      BindTenant(u->tenant);
-    }
-  }
-  if (!hello) {
-    worker_.shard->CountCommand(id, metrics::Outcome::kOk);
-    if (skipped) ForwardRaw(kPing.data(), kPing.size());  // the upstream still owes the skip
-    if (!silent) Reply("+OK\r\n", id, false);
-    return;
-  }
-  if (tenant_ == nullptr) {
-    Refuse(id, Refusal::kNoAuth,
-           "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH "
-           "<user> <pass> option can be used to authenticate the client and select the RESP protocol version at the "
-           "same time",
-           skipped, silent);
-    return;
-  }
-  const std::string_view encoded = Encode(forward);
+  // HELLO goes upstream without its AUTH (keyguard's credentials are the connection's).
+  const std::string_view encoded = Encode(v.args);
   ForwardRaw(encoded.data(), encoded.size());
-  if (silent) {
-    worker_.shard->CountCommand(id, metrics::Outcome::kNoReply);
+  if (c.mode.silent) {
+    worker_.shard->CountCommand(c.id, metrics::Outcome::kNoReply);
     return;
   }
   Pending p;
   p.kind = Kind::kHello;
-  p.command = id;
+  p.command = c.id;
   p.start_ns = now;
-  p.hello_version = HelloVersion(args);
+  p.hello_version = HelloVersion(c.args);
   queue_.Push(std::move(p));
 }
 
-void Session::Refuse(commands::CommandId id, Refusal reason, std::string message, bool skipped, bool silent) {
+void Session::Refuse(const CommandContext& c, Refusal reason, std::string_view message) {
+  const commands::CommandId id = c.id;
   worker_.shard->CountCommand(id, metrics::Outcome::kRejected);
   const size_t r = static_cast<size_t>(reason);
-  worker_.rejected[r]->Add();
+  worker_.stages.rejected[r]->Add();
   if (tenant_ != nullptr) {
     // Resolved once per tenant binding and reason (a label string and a map lookup).
     metrics::Counter*& c = tenant_rejected_[r];
@@ -655,145 +454,11 @@ void Session::Refuse(commands::CommandId id, Refusal reason, std::string message
   state_.OnRefused();  // Redis fails EXEC after a refused queued command
   // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would
   // swallow the reply of the next command we forward.
-  if (skipped) ForwardRaw(kPing.data(), kPing.size());
-  if (silent) return;
+  if (c.mode.skipped) ForwardRaw(kPing.data(), kPing.size());
+  if (c.mode.silent) return;
   std::string text;
   resp::AppendError(&text, message);
   Reply(std::move(text), id, false);
-}
-
-bool Session::ApplyScriptPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string* refusal) {
-  enum : uint8_t { kNone, kEval, kEvalSha, kFcall, kScript, kFunction };
-  static const std::vector<uint8_t> kScriptKind = [] {
-    std::vector<uint8_t> t(commands::CommandCount(), kNone);
-    for (auto [name, kind] : {std::pair{"eval", kEval}, std::pair{"evalsha", kEvalSha}, std::pair{"fcall", kFcall},
-                              std::pair{"script", kScript}, std::pair{"function", kFunction}}) {
-      const commands::CommandId c = commands::LookupCommand(name);
-      if (c < t.size()) t[c] = kind;
-    }
-    return t;
-  }();
-  const uint8_t kind = id < kScriptKind.size() ? kScriptKind[id] : kNone;
-  if (kind == kNone || args.size() < 2) return true;
-  const policy::KeyPolicy& policy = *worker_.live->key_policy;
-  auto script = [&](std::string_view sha) {
-    return policy.ScriptReviewed(sha) ? std::string() : "script " + std::string(sha);
-  };
-  std::string unreviewed;  // what the refusal names
-  switch (kind) {
-    case kEval: unreviewed = script(tenant::Sha1Hex(args[1])); break;
-    case kEvalSha: unreviewed = script(absl::AsciiStrToLower(std::string(args[1]))); break;
-    case kFcall:
-      if (!policy.FunctionReviewed(args[1])) unreviewed = absl::StrCat("function '", KeyInError(args[1]), "'");
-      break;
-    case kScript:
-      if (args.size() == 3 && EqualsIgnoreCase(args[1], "load")) unreviewed = script(tenant::Sha1Hex(args[2]));
-      break;
-    case kFunction:
-      if (args.size() >= 3 && EqualsIgnoreCase(args[1], "load")) {
-        unreviewed = script(tenant::Sha1Hex(args.back()));  // the library code comes last
-      } else if (EqualsIgnoreCase(args[1], "restore")) {
-        unreviewed = "FUNCTION RESTORE (a dump cannot be reviewed)";
-      }
-      break;
-  }
-  if (unreviewed.empty()) return true;
-  const policy::Rule& rule = policy.scripts_rule();
-  const policy::Action action = rule.action == policy::Action::kReject || rule.action == policy::Action::kWarn
-                                    ? rule.action
-                                    : policy::Action::kObserve;  // nothing to rewrite
-  worker_.shard->key_violations
-      .Get(absl::StrCat("rule=\"scripts\",action=\"", policy::ActionName(action), "\",key_pattern=\"\""))
-      .Add();
-  if (action == policy::Action::kWarn) Warn(policy::Violation{&rule, ""}, unreviewed, id);
-  if (action != policy::Action::kReject) return true;
-  *refusal =
-      absl::StrCat("ERR keyguard: ", unreviewed,
-                   " is not reviewed (key_policy.scripts): a script may write key names the key policy never sees");
-  return false;
-}
-
-bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id,
-                             const commands::CommandSpec& spec, bool* modified, std::string* refusal) {
-  const policy::KeyPolicy& policy = *worker_.live->key_policy;
-  metrics::WorkerShard& shard = *worker_.shard;
-  const policy::Violation* reject = nullptr;
-  std::string reject_key, reject_rules, reject_suggestion;
-  std::vector<std::pair<uint32_t, std::string>> rewrites;
-  for (const commands::KeyRef& ref : key_refs_) {
-    const std::string_view key = args[ref.pos];
-    violations_.clear();
-    policy.Check(key, id, spec, &violations_);
-    if (violations_.empty()) continue;
-    const std::string& pattern = shard.PatternLabel(policy::KeyPattern(key), policy.max_key_patterns());
-    // Rules judge the names a command creates: reading, expiring, deleting or renaming away an
-    // existing bad name is observed, never refused.
-    const bool creates = policy::MayCreateKey(ref.flags, spec);
-    bool rewritten = false;
-    for (const policy::Violation& v : violations_) {
-      const policy::Action action =
-          v.rule->action == policy::Action::kReject && !creates ? policy::Action::kObserve : v.rule->action;
-      shard.key_violations
-          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(action), "\",key_pattern=\"",
-                            pattern, "\""))
-          .Add();
-      switch (action) {
-        case policy::Action::kWarn: Warn(v, key, id); break;
-        case policy::Action::kReject:
-          // The refusal names every rule the first refused key breaks, and a suggestion only
-          // when the suggested name itself passes every rule.
-          if (reject == nullptr) {
-            reject = &v;
-            reject_key.assign(key.data(), key.size());
-          }
-          if (key == reject_key) {
-            absl::StrAppend(&reject_rules, reject_rules.empty() ? "" : ", ", "'", v.rule->name, "'");
-            if (reject_suggestion.empty() && !v.suggestion.empty()) {
-              std::vector<policy::Violation> again;
-              policy.Check(v.suggestion, id, spec, &again);
-              if (again.empty()) reject_suggestion = v.suggestion;
-            }
-          }
-          break;
-        case policy::Action::kRewrite:
-          if (!rewritten && !v.suggestion.empty()) {
-            rewritten = true;
-            rewrites.emplace_back(ref.pos, v.suggestion);
-            shard.keys_rewritten.Get(absl::StrCat("rule=\"", v.rule->name, "\"")).Add();
-          }
-          break;
-        case policy::Action::kObserve: break;
-      }
-    }
-    if (reject != nullptr) break;
-  }
-  if (reject != nullptr) {
-    *refusal = absl::StrCat("ERR keyguard: key '", KeyInError(reject_key), "' violates rule",
-                            reject_rules.find(',') == std::string::npos ? " " : "s ", reject_rules);
-    if (!reject_suggestion.empty()) absl::StrAppend(refusal, ": use ", KeyInError(reject_suggestion));
-    return false;
-  }
-  if (!rewrites.empty()) {
-    cmd_args_.assign(args.begin(), args.end());
-    for (auto& [pos, key] : rewrites) cmd_args_[pos] = policy_owned_.emplace_back(std::move(key));
-    *modified = true;
-  }
-  return true;
-}
-
-void Session::Warn(const policy::Violation& v, std::string_view key, commands::CommandId id) {
-  // At most kWarnBurst lines per second per worker, so a misbehaving app cannot flood the log.
-  constexpr int kWarnBurst = 20;
-  const int64_t second = NowNs() / 1000000000;
-  if (second != worker_.warn_second) {
-    worker_.warn_second = second;
-    worker_.warn_count = 0;
-  }
-  if (++worker_.warn_count > kWarnBurst) return;
-  EventLine line("warn", "key_violation");
-  line.Str("rule", v.rule->name).Str("key", key).Str("command", commands::CommandName(id));
-  if (!v.suggestion.empty()) line.Str("suggestion", v.suggestion);
-  line.Str("client", client_address_).Str("client_name", state_.client_name()).Write(stderr);
 }
 
 void ReportFinding(Worker& worker, hygiene::Finding f) {
@@ -816,7 +481,8 @@ void Session::Sink::Stamp(hygiene::Finding* f, std::string_view key, commands::C
   const hygiene::Settings& settings = worker.config.hygiene;
   f->action = settings.action(f->kind);
   f->key = hygiene::ShownKey(key, settings.finding_keys);
-  f->key_pattern = worker.shard->PatternLabel(policy::KeyPattern(key), worker.live->key_policy->max_key_patterns());
+  f->key_pattern =
+      worker.shard->PatternLabel(policy::KeyPattern(key), worker.stages.live->key_policy->max_key_patterns());
   f->command = CommandNameOf(id);
   f->client = session.client_address_;
   f->client_name = session.state_.client_name();
@@ -1000,11 +666,6 @@ void Session::DeliverPush(std::string_view frame) {
       break;
     case tenant::ReplyAction::kDrop: break;
   }
-}
-
-bool Session::MayBeSubscribed() const {
-  return state_.subscribed() ||
-         std::any_of(queue_.begin(), queue_.end(), [](const Pending& p) { return p.kind == Kind::kSubscribe; });
 }
 
 bool Session::ProcessUpstreamBytes(size_t* hint) {

@@ -21,6 +21,7 @@
 #include "proxy/asio.h"
 #include "proxy/connection_state.h"
 #include "proxy/outbox.h"
+#include "proxy/pipeline.h"
 #include "proxy/read_buffer.h"
 #include "proxy/refusal.h"
 #include "proxy/reply_queue.h"
@@ -59,17 +60,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // command) and Encode must re-encode it.
   bool Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
               std::span<const std::string_view> out, std::string_view* bytes);
-  // key_policy.scripts: false (with the refusal) when a script or function nobody reviewed is to
-  // be run or loaded and the action is reject; counts (and with warn logs) it otherwise.
-  bool ApplyScriptPolicy(std::span<const std::string_view> args, commands::CommandId id, std::string* refusal);
-  // Applies the key policy to the keys in key_refs_. Returns false with the error text in
-  // `refusal` when the command is
-  // refused; with a rewrite, sets `*modified` and leaves the new arguments in cmd_args_.
-  bool ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id, const commands::CommandSpec& spec,
-                      bool* modified, std::string* refusal);
-  // Tenancy: AUTH and HELLO are answered (and authenticated) by keyguard.
-  void HandleAuth(commands::CommandId id, std::span<const std::string_view> args, bool skipped, bool silent,
-                  int64_t now);
+  // AUTH or HELLO accepted (tenancy): keyguard answers AUTH; HELLO goes upstream without AUTH.
+  void Login(const CommandContext& c, const Verdict& v, int64_t now);
   void BindTenant(const tenant::Tenant* t);
   // Queues keyguard's upstream AUTH (when configured); `send_now` outside a client batch.
   void SendUpstreamAuth(bool send_now);
@@ -80,8 +72,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void DeliverPush(std::string_view frame);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
   // SKIP semantics.
-  void Refuse(commands::CommandId id, Refusal reason, std::string message, bool skipped, bool silent);
-  void Warn(const policy::Violation& v, std::string_view key, commands::CommandId id);
+  void Refuse(const CommandContext& c, Refusal reason, std::string_view message);
   // Hot and big keys (session_hot_keys.cc): counts string write sizes, and returns true when the
   // reply needs the command's first key (args[1]): an access to count (sampled; p->request_bytes
   // set) or a size to read from the reply. HotKeysReply runs for every reply with a key.
@@ -109,9 +100,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void DeliverLocalsAtHead();
   // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
   void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
-  // Whether the connection has, or may have by the time the server reads the next command, a
-  // subscription: a tracked channel or a (un)subscribe still waiting for its confirmations.
-  bool MayBeSubscribed() const;
   void FailUpstream(metrics::UpstreamError reason);
   // Closes the upstream connection (and counts it gone, if it was up).
   void CloseUpstream();
@@ -140,12 +128,6 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<std::string> held_;             // local replies referenced by deliver_ until sent
   std::deque<std::string> scratch_;          // chunks of rewritten commands forward_ points into until sent
   std::vector<asio::const_buffer> splice_;   // the pieces of the current command, when spliced
-  std::vector<commands::KeyRef> key_refs_;
-  std::vector<std::string_view> cmd_args_;     // arguments after the key policy's rewrites
-  std::vector<std::string_view> tenant_args_;  // arguments after tenant prefixing
-  std::deque<std::string> policy_owned_;       // rewritten keys cmd_args_ points to
-  std::string rewritten_;                      // a reply rewritten for the tenant
-  std::vector<policy::Violation> violations_;
   std::string client_address_;
   uint64_t id_ = 0;  // per worker, for the hygiene trackers
   // Where detectors_ report: findings stamped with this client (who and where), counted, logged.
@@ -158,7 +140,7 @@ class Session : public std::enable_shared_from_this<Session> {
   };
   Sink sink_{*this};
   hygiene::ConnectionDetectors detectors_;
-  hygiene::ArgEditor edit_;  // the detectors' rewrites of a command's arguments
+  CommandPipeline pipeline_;  // what becomes of each command, before anything is sent
 
   // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
   const tenant::Tenant* tenant_ = nullptr;

@@ -1,0 +1,388 @@
+#include "proxy/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "keyguard/common/json_line.h"
+#include "keyguard/policy/key_pattern.h"
+
+namespace keyguard::proxy {
+namespace {
+
+using commands::EqualsIgnoreCase;
+
+std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(std::string(s)); }
+
+}  // namespace
+
+std::string KeyInError(std::string_view key) {
+  constexpr size_t kShown = 64;
+  std::string out;
+  for (size_t i = 0; i < key.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  if (key.size() > kShown) absl::StrAppend(&out, "... (", key.size(), " bytes)");
+  return out;
+}
+
+bool MayBeSubscribed(const ConnectionState& state, const ReplyQueue& queue) {
+  return state.subscribed() ||
+         std::any_of(queue.begin(), queue.end(), [](const Pending& p) { return p.kind == Pending::Kind::kSubscribe; });
+}
+
+StageShared::StageShared(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s,
+                         tenant::Connections* conns)
+    : config(c), store(st), shard(s), connections(conns) {
+  Refresh();
+  for (size_t r = 0; r < kRefusalCount; ++r) {
+    rejected[r] = &shard->commands_rejected.Get(std::string("reason=\"") + RefusalName(static_cast<Refusal>(r)) + "\"");
+  }
+  if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy, connections);
+}
+
+void StageShared::Refresh() {
+  const uint64_t v = store.version();
+  if (v == live_version && live != nullptr) return;
+  live = store.Current();
+  live_version = v;
+  deny.assign(commands::CommandCount(), false);
+  for (const std::string& name : live->deny_commands) deny[commands::LookupCommand(name)] = true;
+}
+
+CommandPipeline::CommandPipeline(StageShared& shared, hygiene::ConnectionDetectors& detectors)
+    : shared_(shared), detectors_(detectors) {}
+
+const Verdict& CommandPipeline::Run(const CommandContext& c) {
+  v_.action = Verdict::Action::kForward;
+  v_.args = c.args;
+  v_.modified = false;
+  v_.bind = false;
+  v_.login = nullptr;
+  v_.rewrite = 0;
+  v_.reply_check = 0;
+  v_.walk = tenant::Walk::kNone;
+  if (!v_.message.empty()) v_.message.clear();
+  if (!Gate(c)) return v_;
+  if (!c.upstream_ready) {
+    v_.action = Verdict::Action::kUnavailable;
+    return v_;
+  }
+  if (!Access(c)) return v_;
+  const bool check_policy = !shared_.live->key_policy->empty();
+  if (check_policy || c.tenant != nullptr) {
+    const commands::CommandSpec* spec = commands::ResolveSpec(c.id, c.args);
+    key_refs_.clear();
+    const bool keys_ok = spec != nullptr && commands::FindKeys(*spec, c.args, &key_refs_);
+    if (check_policy && !ScriptPolicy(c)) return v_;
+    if (check_policy && !key_refs_.empty() && !KeyPolicy(c, *spec)) return v_;
+    if (c.tenant != nullptr && !Tenant(c, spec, keys_ok)) return v_;
+  }
+  if (shared_.config.hygiene.enabled && !Hygiene(c)) return v_;
+  if (v_.walk != tenant::Walk::kNone) v_.action = Verdict::Action::kWalk;
+  return v_;
+}
+
+void CommandPipeline::Release() { edit_.Release(); }
+
+bool CommandPipeline::Refuse(Refusal reason, std::string message) {
+  v_.action = Verdict::Action::kRefuse;
+  v_.reason = reason;
+  v_.message = std::move(message);
+  edit_.Release();
+  return false;
+}
+
+// Tenancy: AUTH and HELLO are keyguard's; what a tenant may not do on this connection.
+bool CommandPipeline::Gate(const CommandContext& c) {
+  if (shared_.config.tenancy == nullptr) return true;
+  const commands::KnownCommands& known = commands::Known();
+  if (c.id == known.auth || c.id == known.hello) return Login(c);
+  static const uint32_t kNoAuth = commands::CommandFlagMask("no_auth");
+  if (c.tenant == nullptr) {
+    if ((commands::Spec(c.id).flags & kNoAuth) == 0) return Refuse(Refusal::kNoAuth, "NOAUTH Authentication required.");
+    return true;
+  }
+  const bool subscribe = c.id == known.subscribe || c.id == known.psubscribe || c.id == known.ssubscribe ||
+                         c.id == known.unsubscribe || c.id == known.punsubscribe || c.id == known.sunsubscribe;
+  // keyguard tells RESP2 pub/sub messages from replies by the confirmations it reads in step
+  // with its commands. Inside MULTI, and under CLIENT REPLY OFF/SKIP, Redis sends those out of
+  // step, and a message of any tenant's keys would then pass as some command's reply.
+  if (subscribe && (c.state->in_multi() || c.mode.silent)) {
+    return Refuse(Refusal::kTenant,
+                  absl::StrCat("ERR keyguard: ", Upper(c.args[0]),
+                               " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants"));
+  }
+  if (c.id == known.client && c.args.size() > 1 && EqualsIgnoreCase(c.args[1], "reply")) {
+    if (c.state->in_multi()) {
+      return Refuse(Refusal::kTenant, "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants");
+    }
+    // A RESP2 server refuses CLIENT REPLY while the connection is subscribed, but keyguard
+    // follows OFF/SKIP when it forwards them: its replies would fall out of step with the
+    // server's, and a reply (INFO's keyspace) would pass with another command's filter. Whether
+    // the subscription holds when the server gets there is not known here, so fail closed.
+    if (MayBeSubscribed(*c.state, *c.queue)) {
+      return Refuse(Refusal::kTenant,
+                    "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants");
+    }
+  }
+  return true;
+}
+
+bool CommandPipeline::Login(const CommandContext& c) {
+  const tenant::Tenancy& tenancy = *shared_.config.tenancy;
+  const bool hello = c.id == commands::Known().hello;
+  const auto args = c.args;
+  if (c.state->in_multi()) return Refuse(Refusal::kTenant, "ERR keyguard: AUTH and HELLO are not allowed inside MULTI");
+  if (hello && c.mode.silent) {
+    // keyguard must read HELLO's reply to know the protocol, and with it what is a push.
+    return Refuse(Refusal::kTenant, "ERR keyguard: HELLO under CLIENT REPLY OFF/SKIP is not allowed");
+  }
+  std::string_view user, password;
+  bool has_auth = false;
+  if (!hello) {
+    if (args.size() == 2) {
+      user = "default";
+      password = args[1];
+    } else if (args.size() == 3) {
+      user = args[1];
+      password = args[2];
+    } else {
+      return Refuse(Refusal::kTenant, "ERR wrong number of arguments for 'auth' command");
+    }
+    has_auth = true;
+  } else {
+    hello_args_.assign(args.begin(), args.begin() + std::min<size_t>(args.size(), 2));
+    for (size_t i = 2; i < args.size(); ++i) {
+      if (EqualsIgnoreCase(args[i], "auth") && i + 2 < args.size()) {
+        user = args[i + 1];
+        password = args[i + 2];
+        has_auth = true;
+        i += 2;
+      } else {
+        hello_args_.push_back(args[i]);
+      }
+    }
+  }
+  if (has_auth) {
+    if (!tenancy.requires_auth()) {
+      // Static tenancy: clients need no password, as with Redis's passwordless default user.
+      if (!hello && args.size() == 2) {
+        return Refuse(Refusal::kAuth,
+                      "ERR AUTH <password> called without any password configured for the default user. Are you sure "
+                      "your configuration is correct?");
+      }
+      if (user != "default") {
+        return Refuse(Refusal::kAuth, "WRONGPASS invalid username-password pair or user is disabled.");
+      }
+    } else {
+      const tenant::User* u = tenancy.Authenticate(user, password);
+      if (u == nullptr) return Refuse(Refusal::kAuth, "WRONGPASS invalid username-password pair or user is disabled.");
+      v_.bind = true;
+      v_.login = u->tenant;
+    }
+  }
+  if (hello && (v_.bind ? v_.login : c.tenant) == nullptr) {
+    return Refuse(Refusal::kNoAuth,
+                  "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> "
+                  "AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol "
+                  "version at the same time");
+  }
+  v_.action = Verdict::Action::kLogin;
+  v_.args = hello ? std::span<const std::string_view>(hello_args_) : std::span<const std::string_view>();
+  return false;  // the run ends here: keyguard answers AUTH, HELLO goes as it is now
+}
+
+bool CommandPipeline::Access(const CommandContext& c) {
+  if (c.id == commands::kUnknownCommand && shared_.live->reject_unknown_commands) {
+    return Refuse(Refusal::kUnknownCommand,
+                  absl::StrCat("ERR keyguard: unknown command '", std::string(c.args[0]), "'"));
+  }
+  if (shared_.deny[c.id]) {
+    return Refuse(Refusal::kDenyList,
+                  absl::StrCat("ERR keyguard: command '", Upper(c.args[0]), "' is not allowed here"));
+  }
+  return true;
+}
+
+bool CommandPipeline::ScriptPolicy(const CommandContext& c) {
+  enum : uint8_t { kNone, kEval, kEvalSha, kFcall, kScript, kFunction };
+  static const std::vector<uint8_t> kScriptKind = [] {
+    std::vector<uint8_t> t(commands::CommandCount(), kNone);
+    for (auto [name, kind] : {std::pair{"eval", kEval}, std::pair{"evalsha", kEvalSha}, std::pair{"fcall", kFcall},
+                              std::pair{"script", kScript}, std::pair{"function", kFunction}}) {
+      const commands::CommandId id = commands::LookupCommand(name);
+      if (id < t.size()) t[id] = kind;
+    }
+    return t;
+  }();
+  const auto args = c.args;
+  const uint8_t kind = c.id < kScriptKind.size() ? kScriptKind[c.id] : uint8_t{kNone};
+  if (kind == kNone || args.size() < 2) return true;
+  const policy::KeyPolicy& policy = *shared_.live->key_policy;
+  auto script = [&](std::string_view sha) {
+    return policy.ScriptReviewed(sha) ? std::string() : "script " + std::string(sha);
+  };
+  std::string unreviewed;  // what the refusal names
+  switch (kind) {
+    case kEval: unreviewed = script(tenant::Sha1Hex(args[1])); break;
+    case kEvalSha: unreviewed = script(absl::AsciiStrToLower(std::string(args[1]))); break;
+    case kFcall:
+      if (!policy.FunctionReviewed(args[1])) unreviewed = absl::StrCat("function '", KeyInError(args[1]), "'");
+      break;
+    case kScript:
+      if (args.size() == 3 && EqualsIgnoreCase(args[1], "load")) unreviewed = script(tenant::Sha1Hex(args[2]));
+      break;
+    case kFunction:
+      if (args.size() >= 3 && EqualsIgnoreCase(args[1], "load")) {
+        unreviewed = script(tenant::Sha1Hex(args.back()));  // the library code comes last
+      } else if (EqualsIgnoreCase(args[1], "restore")) {
+        unreviewed = "FUNCTION RESTORE (a dump cannot be reviewed)";
+      }
+      break;
+  }
+  if (unreviewed.empty()) return true;
+  const policy::Rule& rule = policy.scripts_rule();
+  const policy::Action action = rule.action == policy::Action::kReject || rule.action == policy::Action::kWarn
+                                    ? rule.action
+                                    : policy::Action::kObserve;  // nothing to rewrite
+  shared_.shard->key_violations
+      .Get(absl::StrCat("rule=\"scripts\",action=\"", policy::ActionName(action), "\",key_pattern=\"\""))
+      .Add();
+  if (action == policy::Action::kWarn) Warn(c, rule, "", unreviewed);
+  if (action != policy::Action::kReject) return true;
+  return Refuse(Refusal::kKeyPolicy,
+                absl::StrCat("ERR keyguard: ", unreviewed,
+                             " is not reviewed (key_policy.scripts): a script may write key names the key policy "
+                             "never sees"));
+}
+
+bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::CommandSpec& spec) {
+  const policy::KeyPolicy& policy = *shared_.live->key_policy;
+  metrics::WorkerShard& shard = *shared_.shard;
+  const auto args = c.args;
+  const policy::Violation* reject = nullptr;
+  std::string reject_key, reject_rules, reject_suggestion;
+  bool rewritten_any = false;
+  for (const commands::KeyRef& ref : key_refs_) {
+    const std::string_view key = args[ref.pos];
+    violations_.clear();
+    policy.Check(key, c.id, spec, &violations_);
+    if (violations_.empty()) continue;
+    const std::string& pattern = shard.PatternLabel(policy::KeyPattern(key), policy.max_key_patterns());
+    // Rules judge the names a command creates: reading, expiring, deleting or renaming away an
+    // existing bad name is observed, never refused.
+    const bool creates = policy::MayCreateKey(ref.flags, spec);
+    bool rewritten = false;
+    for (const policy::Violation& v : violations_) {
+      const policy::Action action =
+          v.rule->action == policy::Action::kReject && !creates ? policy::Action::kObserve : v.rule->action;
+      shard.key_violations
+          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(action), "\",key_pattern=\"",
+                            pattern, "\""))
+          .Add();
+      switch (action) {
+        case policy::Action::kWarn: Warn(c, *v.rule, v.suggestion, key); break;
+        case policy::Action::kReject:
+          // The refusal names every rule the first refused key breaks, and a suggestion only
+          // when the suggested name itself passes every rule.
+          if (reject == nullptr) {
+            reject = &v;
+            reject_key.assign(key.data(), key.size());
+          }
+          if (key == reject_key) {
+            absl::StrAppend(&reject_rules, reject_rules.empty() ? "" : ", ", "'", v.rule->name, "'");
+            if (reject_suggestion.empty() && !v.suggestion.empty()) {
+              std::vector<policy::Violation> again;
+              policy.Check(v.suggestion, c.id, spec, &again);
+              if (again.empty()) reject_suggestion = v.suggestion;
+            }
+          }
+          break;
+        case policy::Action::kRewrite:
+          if (!rewritten && !v.suggestion.empty()) {
+            rewritten = true;
+            if (!rewritten_any) policy_args_.assign(args.begin(), args.end());
+            rewritten_any = true;
+            policy_args_[ref.pos] = edit_.Own(v.suggestion);
+            shard.keys_rewritten.Get(absl::StrCat("rule=\"", v.rule->name, "\"")).Add();
+          }
+          break;
+        case policy::Action::kObserve: break;
+      }
+    }
+    if (reject != nullptr) break;
+  }
+  if (reject != nullptr) {
+    std::string refusal = absl::StrCat("ERR keyguard: key '", KeyInError(reject_key), "' violates rule",
+                                       reject_rules.find(',') == std::string::npos ? " " : "s ", reject_rules);
+    if (!reject_suggestion.empty()) absl::StrAppend(&refusal, ": use ", KeyInError(reject_suggestion));
+    return Refuse(Refusal::kKeyPolicy, std::move(refusal));
+  }
+  if (rewritten_any) {
+    v_.args = policy_args_;
+    v_.modified = true;
+  }
+  return true;
+}
+
+bool CommandPipeline::Tenant(const CommandContext& c, const commands::CommandSpec* spec, bool keys_ok) {
+  const tenant::RequestResult r =
+      shared_.rewriter->Rewrite(*c.tenant, c.id, spec, v_.args, key_refs_, keys_ok, &tenant_args_);
+  if (r.kind == tenant::RequestResult::Kind::kRefuse) return Refuse(Refusal::kTenant, r.message);
+  if (r.modified) {
+    v_.args = tenant_args_;
+    v_.modified = true;
+  }
+  v_.rewrite = static_cast<uint8_t>(r.reply);
+  v_.walk = r.walk;
+  if (v_.walk != tenant::Walk::kNone && (c.state->in_multi() || c.mode.silent)) {
+    // A walk takes several round trips: it cannot be queued in a transaction, and under CLIENT
+    // REPLY OFF/SKIP the server would not answer its steps.
+    return Refuse(Refusal::kTenant,
+                  absl::StrCat("ERR keyguard: ", Upper(c.args[0]),
+                               " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants (keyguard "
+                               "walks the tenant's keys in steps)"));
+  }
+  return true;
+}
+
+bool CommandPipeline::Hygiene(const CommandContext& c) {
+  // The detectors look at the client's own names (c.args); their rewrites apply on top of what
+  // the policy and the tenant stage made (v_.args): positions are the same.
+  edit_.Reset(v_.args);
+  std::string refusal;
+  v_.reply_check = detectors_.OnRequest(c.id, c.args, edit_, c.state->watching(), c.tenant != nullptr, &refusal);
+  if (!refusal.empty()) return Refuse(Refusal::kHygiene, std::move(refusal));
+  if (edit_.modified()) {
+    v_.args = edit_.args();
+    v_.modified = true;
+  }
+  return true;
+}
+
+void CommandPipeline::Warn(const CommandContext& c, const policy::Rule& rule, std::string_view suggestion,
+                           std::string_view key) {
+  // At most kWarnBurst lines per second per worker, so a misbehaving app cannot flood the log.
+  constexpr int kWarnBurst = 20;
+  const int64_t second =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (second != shared_.warn_second) {
+    shared_.warn_second = second;
+    shared_.warn_count = 0;
+  }
+  if (++shared_.warn_count > kWarnBurst) return;
+  EventLine line("warn", "key_violation");
+  line.Str("rule", rule.name).Str("key", key).Str("command", commands::CommandName(c.id));
+  if (!suggestion.empty()) line.Str("suggestion", suggestion);
+  line.Str("client", c.client).Str("client_name", c.state->client_name()).Write(stderr);
+}
+
+}  // namespace keyguard::proxy

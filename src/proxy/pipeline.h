@@ -1,0 +1,133 @@
+// The per-command pipeline: what keyguard decides about one client command before anything is
+// sent. Sans-io: a CommandContext (the command and what the connection is in) runs through the
+// stages in order, and the first that does not pass it ends the run with one Verdict:
+//
+//   gate (tenancy: AUTH/HELLO, NOAUTH, what tenants may not do on this connection)
+//   -> access (unknown commands, the deny list)
+//   -> key policy (key_policy.scripts, then each key against the rules: observe, warn, rewrite, reject)
+//   -> tenant (prefixes keys, patterns and channels; or walks the tenant's keys; or refuses)
+//   -> hygiene (the traffic detectors: findings, their rewrites and refusals)
+//
+// Rewritten arguments are owned here (the stages' outputs and one hygiene::ArgEditor) until
+// Release(); the session turns the verdict into bytes and replies. Unit-tested without sockets
+// (tests/unit/pipeline_test.cc).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keyguard/commands/command_table.h"
+#include "keyguard/config/config.h"
+#include "keyguard/config/config_store.h"
+#include "keyguard/hygiene/traffic.h"
+#include "keyguard/metrics/registry.h"
+#include "keyguard/policy/key_policy.h"
+#include "keyguard/tenant/connections.h"
+#include "keyguard/tenant/rewrite.h"
+#include "proxy/connection_state.h"
+#include "proxy/refusal.h"
+#include "proxy/reply_queue.h"
+
+namespace keyguard::proxy {
+
+// What the stages read and count, shared by one worker's sessions (used from its thread only).
+struct StageShared {
+  // `conns`: the process-wide registry of tenant connections (with tenancy; it outlives this).
+  StageShared(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s,
+              tenant::Connections* conns = nullptr);
+
+  // Takes the live snapshot when the store has a new version: one relaxed load per batch.
+  void Refresh();
+
+  const config::ProxyConfig& config;  // settings fixed at start-up
+  config::ConfigStore& store;
+  std::shared_ptr<const config::ProxyConfig> live;  // reloadable settings (key policy, deny list)
+  uint64_t live_version = 0;
+  std::vector<bool> deny;  // by command id, from `live`
+  metrics::WorkerShard* shard;
+  std::array<metrics::Counter*, kRefusalCount> rejected{};  // keyguard_commands_rejected_total by reason
+  tenant::Connections* connections;                   // with tenancy: which tenant each upstream connection serves
+  std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
+  int64_t warn_second = 0;                            // rate limit of key-policy warn lines
+  int warn_count = 0;
+};
+
+// One client command and what its connection is in, as the stages see it.
+struct CommandContext {
+  commands::CommandId id = commands::kUnknownCommand;
+  std::span<const std::string_view> args;  // as the client sent them, the name first
+  ConnectionState::ReplyMode mode;         // CLIENT REPLY OFF/SKIP (and a replication stream)
+  const tenant::Tenant* tenant = nullptr;  // the client's tenant: nullptr without one (yet)
+  const ConnectionState* state = nullptr;
+  const ReplyQueue* queue = nullptr;  // what is pending (a subscribe still unconfirmed)
+  std::string_view client;            // its address, for warn lines
+  bool upstream_ready = true;         // false: the upstream connection failed
+};
+
+// The outcome of a command's run through the stages.
+struct Verdict {
+  enum class Action : uint8_t {
+    kForward,      // send `args` (the client's own bytes when not `modified`)
+    kRefuse,       // answer `message` as an error in the command's place; nothing is sent
+    kLogin,        // AUTH or HELLO accepted: bind `login` when `bind`; HELLO sends `args` (its AUTH removed)
+    kWalk,         // tenancy: walk the tenant's keys (`walk`) and answer in the command's place
+    kUnavailable,  // no upstream connection: answer that, and close
+  };
+  Action action = Action::kForward;
+  Refusal reason = Refusal::kTenant;  // kRefuse
+  std::string message;                // kRefuse: the error text, without '-'
+  std::span<const std::string_view> args;
+  bool modified = false;
+  bool bind = false;
+  const tenant::Tenant* login = nullptr;
+  uint8_t rewrite = 0;      // kForward: the tenant::ReplyRewrite of its reply
+  uint8_t reply_check = 0;  // kForward: what the detectors read in its reply
+  tenant::Walk walk = tenant::Walk::kNone;
+};
+
+class CommandPipeline {
+ public:
+  CommandPipeline(StageShared& shared, hygiene::ConnectionDetectors& detectors);
+
+  // Runs `c` through the stages. The verdict's views stay valid until Release().
+  const Verdict& Run(const CommandContext& c);
+  // The verdict has been encoded (or answered): what the stages owned for it may go.
+  void Release();
+
+ private:
+  bool Gate(const CommandContext& c);
+  bool Login(const CommandContext& c);
+  bool Access(const CommandContext& c);
+  bool ScriptPolicy(const CommandContext& c);
+  bool KeyPolicy(const CommandContext& c, const commands::CommandSpec& spec);
+  bool Tenant(const CommandContext& c, const commands::CommandSpec* spec, bool keys_ok);
+  bool Hygiene(const CommandContext& c);
+  // Ends the run with a refusal.
+  bool Refuse(Refusal reason, std::string message);
+  void Warn(const CommandContext& c, const policy::Rule& rule, std::string_view suggestion, std::string_view key);
+
+  StageShared& shared_;
+  hygiene::ConnectionDetectors& detectors_;
+  Verdict v_;
+  std::vector<commands::KeyRef> key_refs_;
+  std::vector<policy::Violation> violations_;
+  std::vector<std::string_view> policy_args_;  // the key policy's rewrites (strings owned by edit_)
+  std::vector<std::string_view> tenant_args_;  // the tenant's (strings owned by shared_.rewriter)
+  std::vector<std::string_view> hello_args_;   // HELLO without its AUTH
+  hygiene::ArgEditor edit_;                    // the detectors' rewrites, and every owned string
+};
+
+// A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
+// backslash) as \xNN, at most 64 bytes of the key, then its size.
+std::string KeyInError(std::string_view key);
+
+// Whether the connection has, or may have by the time the server reads the next command, a
+// subscription: a tracked channel or a (un)subscribe still waiting for its confirmations.
+bool MayBeSubscribed(const ConnectionState& state, const ReplyQueue& queue);
+
+}  // namespace keyguard::proxy

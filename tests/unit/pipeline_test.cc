@@ -1,0 +1,247 @@
+// The per-command pipeline without a proxy: a config, a command and the connection's state in, one
+// verdict out (forward what, refuse why, log in whom, walk which keys), and the counters it moved.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "proxy/pipeline.h"
+
+namespace keyguard::proxy {
+namespace {
+
+class NoSink : public hygiene::FindingSink {
+ public:
+  void Stamp(hygiene::Finding* f, std::string_view, commands::CommandId) override {
+    f->action = settings->action(f->kind);
+  }
+  void Report(hygiene::Finding f) override { findings.push_back(std::move(f)); }
+  void WakeProbe() override {}
+  const hygiene::Settings* settings = nullptr;
+  std::vector<hygiene::Finding> findings;
+};
+
+// One connection through the pipeline of one worker, with the settings of `yaml`.
+class Connection {
+ public:
+  explicit Connection(const std::string& yaml) {
+    auto parsed = config::ParseConfig(yaml);
+    if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));
+    config_ = std::make_shared<const config::ProxyConfig>(*parsed);
+    store_ = std::make_unique<config::ConfigStore>(config_, "");
+    shared_ = std::make_unique<StageShared>(*config_, *store_, &shard_, &connections_);
+    sink_.settings = &config_->hygiene;
+    hygiene_ = std::make_unique<hygiene::WorkerDetectors>(config_->hygiene);
+    detectors_ = std::make_unique<hygiene::ConnectionDetectors>(config_->hygiene, *hygiene_, sink_, 1);
+    pipeline_ = std::make_unique<CommandPipeline>(*shared_, *detectors_);
+  }
+
+  // Runs `line` (words split at spaces) and returns the verdict; `upstream` gets what would be sent.
+  const Verdict& Run(const std::string& line) {
+    pipeline_->Release();
+    words_ = absl::StrSplit(line, ' ');
+    args_.assign(words_.begin(), words_.end());
+    CommandContext c;
+    c.id = commands::LookupCommand(args_[0]);
+    c.args = args_;
+    c.mode = state.TakeReplyMode();
+    c.tenant = tenant;
+    c.state = &state;
+    c.queue = &queue;
+    c.upstream_ready = upstream_ready;
+    c.client = "127.0.0.1:5555";
+    const Verdict& v = pipeline_->Run(c);
+    upstream.clear();
+    for (std::string_view a : v.args) {
+      if (!upstream.empty()) upstream.push_back(' ');
+      upstream.append(a.data(), a.size());
+    }
+    if (v.action == Verdict::Action::kLogin && v.bind) tenant = v.login;
+    if (v.action == Verdict::Action::kRefuse) state.OnRefused();
+    if (v.action == Verdict::Action::kForward) {
+      Pending p;
+      state.OnForward(c.id, args_, c.mode, tenant != nullptr, &p);
+    }
+    return v;
+  }
+
+  // The value of the labelled counter family `family` with exactly `labels`, 0 when absent.
+  uint64_t Count(const metrics::LabeledCounters& family, const std::string& labels) const {
+    uint64_t n = 0;
+    family.ForEach([&](const std::string& l, uint64_t v) {
+      if (l == labels) n = v;
+    });
+    return n;
+  }
+
+  const tenant::Tenant* StaticTenant() const { return config_->tenancy->static_tenant(); }
+
+  metrics::WorkerShard shard_;
+  ConnectionState state;
+  ReplyQueue queue;
+  const tenant::Tenant* tenant = nullptr;
+  bool upstream_ready = true;
+  std::string upstream;
+  NoSink sink_;
+
+ private:
+  std::shared_ptr<const config::ProxyConfig> config_;
+  std::unique_ptr<config::ConfigStore> store_;
+  tenant::Connections connections_;
+  std::unique_ptr<StageShared> shared_;
+  std::unique_ptr<hygiene::WorkerDetectors> hygiene_;
+  std::unique_ptr<hygiene::ConnectionDetectors> detectors_;
+  std::unique_ptr<CommandPipeline> pipeline_;
+  std::vector<std::string> words_;
+  std::vector<std::string_view> args_;
+};
+
+using Action = Verdict::Action;
+
+TEST(PipelineTest, WithNothingToDoTheClientsOwnArgumentsGoAsTheyAre) {
+  Connection c("key_policy: {enabled: false}\nhygiene: {enabled: false}\n");
+  const Verdict& v = c.Run("SET user:1:name ada");
+  EXPECT_EQ(v.action, Action::kForward);
+  EXPECT_FALSE(v.modified);
+  EXPECT_EQ(c.upstream, "SET user:1:name ada");
+}
+
+TEST(PipelineTest, AccessStageRefusesUnknownAndDeniedCommandsAfterTheUpstreamCheck) {
+  Connection c("deny_commands: [FLUSHALL]\nunknown_commands: reject_unknown\n");
+  const Verdict& denied = c.Run("flushall");
+  EXPECT_EQ(denied.action, Action::kRefuse);
+  EXPECT_EQ(denied.reason, Refusal::kDenyList);
+  EXPECT_EQ(denied.message, "ERR keyguard: command 'FLUSHALL' is not allowed here");
+  const Verdict& unknown = c.Run("NOSUCHCMD a");
+  EXPECT_EQ(unknown.action, Action::kRefuse);
+  EXPECT_EQ(unknown.reason, Refusal::kUnknownCommand);
+  EXPECT_EQ(unknown.message, "ERR keyguard: unknown command 'NOSUCHCMD'");
+  c.upstream_ready = false;  // the upstream is gone: that is the answer, whatever the command
+  EXPECT_EQ(c.Run("NOSUCHCMD a").action, Action::kUnavailable);
+  EXPECT_EQ(c.Run("GET k").action, Action::kUnavailable);
+}
+
+TEST(PipelineTest, KeyPolicyRejectNamesEveryRuleOfTheFirstKeyAndAPassingSuggestion) {
+  Connection c("key_policy: {default_action: reject}\n");
+  const Verdict& v = c.Run("SET User_1001_Profile x");
+  EXPECT_EQ(v.action, Action::kRefuse);
+  EXPECT_EQ(v.reason, Refusal::kKeyPolicy);
+  EXPECT_EQ(v.message, "ERR keyguard: key 'User_1001_Profile' violates rule 'lowercase': use user:1001:profile");
+  EXPECT_EQ(c.Count(c.shard_.key_violations, "rule=\"lowercase\",action=\"reject\",key_pattern=\"User_{id}_Profile\""),
+            1u);
+  // Reading a bad name is observed, never refused.
+  const Verdict& read = c.Run("GET User_1001_Profile");
+  EXPECT_EQ(read.action, Action::kForward);
+  EXPECT_EQ(c.Count(c.shard_.key_violations, "rule=\"lowercase\",action=\"observe\",key_pattern=\"User_{id}_Profile\""),
+            1u);
+  EXPECT_EQ(c.Run("SET user:1001:profile x").action, Action::kForward);
+}
+
+TEST(PipelineTest, KeyPolicyRewriteChangesOnlyTheKeyAndCountsIt) {
+  Connection c(
+      "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
+      "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n");
+  const Verdict& v = c.Run("MSET User_7_Profile a other b");
+  EXPECT_EQ(v.action, Action::kForward);
+  EXPECT_TRUE(v.modified);
+  EXPECT_EQ(c.upstream, "MSET user:7:profile a other b");
+  EXPECT_EQ(c.Count(c.shard_.keys_rewritten, "rule=\"legacy-profile\""), 1u);
+  // The next command starts from its own arguments.
+  const Verdict& next = c.Run("GET other");
+  EXPECT_FALSE(next.modified);
+  EXPECT_EQ(c.upstream, "GET other");
+}
+
+TEST(PipelineTest, UnreviewedScriptsAreRefusedUnderRejectAndCountedUnderTheScriptsRule) {
+  Connection c("key_policy: {default_action: reject}\n");
+  const Verdict& v = c.Run("EVAL return 0");
+  EXPECT_EQ(v.action, Action::kRefuse);
+  EXPECT_EQ(v.reason, Refusal::kKeyPolicy);
+  EXPECT_EQ(v.message.rfind("ERR keyguard: script ", 0), 0u) << v.message;
+  EXPECT_NE(v.message.find("is not reviewed (key_policy.scripts)"), std::string::npos);
+  EXPECT_EQ(c.Count(c.shard_.key_violations, "rule=\"scripts\",action=\"reject\",key_pattern=\"\""), 1u);
+  EXPECT_EQ(c.Run("FUNCTION RESTORE x").message,
+            "ERR keyguard: FUNCTION RESTORE (a dump cannot be reviewed) is not reviewed (key_policy.scripts): a "
+            "script may write key names the key policy never sees");
+  EXPECT_EQ(c.Run("EVAL_RO return 0").action, Action::kForward);
+}
+
+constexpr const char* kTenants =
+    "tenancy:\n"
+    "  users:\n"
+    "    - {name: alice, password_sha256: 0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376, "
+    "prefix: 'tenant:a:', tenant: a}\n"
+    "  dbsize: emulate\n"
+    "key_policy: {default_action: observe}\n";
+
+TEST(PipelineTest, TenantsLogInFirstAndAreRefusedWhatTheyCannotProveConfined) {
+  Connection c(kTenants);
+  const Verdict& noauth = c.Run("GET k");
+  EXPECT_EQ(noauth.action, Action::kRefuse);
+  EXPECT_EQ(noauth.reason, Refusal::kNoAuth);
+  EXPECT_EQ(noauth.message, "NOAUTH Authentication required.");
+  const Verdict& wrong = c.Run("AUTH alice nope");
+  EXPECT_EQ(wrong.action, Action::kRefuse);
+  EXPECT_EQ(wrong.reason, Refusal::kAuth);
+  EXPECT_EQ(wrong.message, "WRONGPASS invalid username-password pair or user is disabled.");
+  EXPECT_EQ(c.Run("AUTH a b c").message, "ERR wrong number of arguments for 'auth' command");
+  const Verdict& hello_first = c.Run("HELLO 3");
+  EXPECT_EQ(hello_first.reason, Refusal::kNoAuth);
+  const Verdict& hello = c.Run("HELLO 3 AUTH alice alice-secret SETNAME app");
+  EXPECT_EQ(hello.action, Action::kLogin);
+  ASSERT_NE(c.tenant, nullptr);
+  EXPECT_EQ(c.tenant->prefix, "tenant:a:");
+  EXPECT_EQ(c.upstream, "HELLO 3 SETNAME app") << "HELLO goes upstream without its AUTH";
+
+  const Verdict& get = c.Run("MGET k l");
+  EXPECT_EQ(get.action, Action::kForward);
+  EXPECT_EQ(c.upstream, "MGET tenant:a:k tenant:a:l");
+  EXPECT_EQ(c.Run("DBSIZE").action, Action::kWalk);
+  EXPECT_EQ(c.Run("MULTI").action, Action::kForward);
+  const Verdict& walk_in_multi = c.Run("DBSIZE");
+  EXPECT_EQ(walk_in_multi.action, Action::kRefuse);
+  EXPECT_EQ(
+      walk_in_multi.message,
+      "ERR keyguard: DBSIZE inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants (keyguard walks "
+      "the tenant's keys in steps)");
+  EXPECT_EQ(c.Run("SUBSCRIBE ch").message,
+            "ERR keyguard: SUBSCRIBE inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants");
+  EXPECT_EQ(c.Run("CLIENT REPLY OFF").message, "ERR keyguard: CLIENT REPLY inside MULTI is not allowed for tenants");
+  EXPECT_EQ(c.Run("AUTH alice alice-secret").message, "ERR keyguard: AUTH and HELLO are not allowed inside MULTI");
+}
+
+TEST(PipelineTest, ClientReplyIsRefusedToATenantWhileASubscribeIsUnconfirmed) {
+  Connection c(kTenants);
+  ASSERT_EQ(c.Run("AUTH alice alice-secret").action, Action::kLogin);
+  EXPECT_EQ(c.Run("CLIENT REPLY ON").action, Action::kForward);
+  Pending sub;
+  sub.kind = Pending::Kind::kSubscribe;
+  c.queue.Push(std::move(sub));
+  const Verdict& v = c.Run("CLIENT REPLY ON");
+  EXPECT_EQ(v.action, Action::kRefuse);
+  EXPECT_EQ(v.message, "ERR keyguard: CLIENT REPLY on a subscribed connection is not allowed for tenants");
+}
+
+TEST(PipelineTest, PolicyRewriteTenantPrefixAndHygieneRewriteCompose) {
+  Connection c(
+      "tenancy: {prefix: 'tenant:s:'}\n"
+      "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
+      "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n"
+      "hygiene:\n  rules: {missing_ttl: {action: rewrite}, keys_command: {action: reject}}\n"
+      "  ttl_patterns: [{pattern: 'User_*', kind: cache, default_ttl_s: 600}]\n");
+  c.tenant = c.StaticTenant();  // what the session binds at connect
+  ASSERT_NE(c.tenant, nullptr);
+  const Verdict& set = c.Run("SET User_3_Profile v");
+  EXPECT_EQ(set.action, Action::kForward);
+  EXPECT_EQ(c.upstream, "SET tenant:s:user:3:profile v EX 600");
+  const Verdict& keys = c.Run("KEYS *");
+  EXPECT_EQ(keys.action, Action::kRefuse);
+  EXPECT_EQ(keys.reason, Refusal::kHygiene);
+  EXPECT_EQ(keys.message.rfind("ERR keyguard: keys_command: ", 0), 0u) << keys.message;
+}
+
+}  // namespace
+}  // namespace keyguard::proxy
