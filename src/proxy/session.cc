@@ -503,7 +503,7 @@ void Session::Reply(std::string text, commands::CommandId id, bool close_after) 
 }
 
 void Session::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) {
-  walk_ = WalkState{walk, id, 0, 0, "0", {}};
+  walk_.Start(walk);
   Pending p;
   p.kind = Kind::kWalk;
   p.command = id;
@@ -514,33 +514,21 @@ void Session::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) 
   // The first step takes a token like every other: a pipeline of walks of one step each stays
   // within the tenant's rate.
   if (WaitForWalkToken()) return;  // the timer sends it, after this batch
-  const std::string& request = NextWalkRequest();
+  const std::string& request = walk_.NextRequest(*tenant_, worker_.config.tenancy->walk_step_keys);
   ForwardRaw(request.data(), request.size());  // sent with this batch
 }
 
 bool Session::WaitForWalkToken() {
   // The tenant's steps on this worker share a budget: a walk over many keys takes its time
   // rather than the server's.
-  const uint32_t rate = worker_.config.tenancy->walk_steps_per_second;
-  if (rate == 0) return false;
-  Worker::WalkBudget& b = worker_.walk_budget[tenant_];
-  const int64_t now = NowNs();
-  if (b.at_ns == 0) b.tokens = rate;
-  b.tokens = std::min<double>(rate, b.tokens + static_cast<double>(now - b.at_ns) * rate / 1e9);
-  b.at_ns = now;
-  if (b.tokens >= 1) {
-    b.tokens -= 1;
-    return false;
-  }
-  const auto wait = std::chrono::nanoseconds(static_cast<int64_t>((1 - b.tokens) * 1e9 / rate) + 1);
+  const int64_t wait = worker_.walk_budget[tenant_].Take(worker_.config.tenancy->walk_steps_per_second, NowNs());
+  if (wait == 0) return false;
   if (walk_timer_ == nullptr) walk_timer_ = std::make_unique<asio::steady_timer>(worker_.io);
-  walk_timer_->expires_after(wait);
+  walk_timer_->expires_after(std::chrono::nanoseconds(wait));
   std::weak_ptr<Session> weak = shared_from_this();
   walk_timer_->async_wait([weak](error_code e) {
     // The walk's entry need not be at the head yet (a first step waits behind earlier commands).
-    if (auto s = weak.lock(); s && !e && !s->closed_ && s->upstream_ready_ && s->walk_.walk != tenant::Walk::kNone) {
-      s->SendWalkStep();
-    }
+    if (auto s = weak.lock(); s && !e && !s->closed_ && s->upstream_ready_ && s->walk_.active()) s->SendWalkStep();
   });
   return true;
 }
@@ -554,55 +542,22 @@ bool Session::ClientGone() {
 
 void Session::SendWalkStep() {
   if (WaitForWalkToken()) return;
-  upstream_out_.Send(NextWalkRequest());
-}
-
-const std::string& Session::NextWalkRequest() {
-  walk_.request =
-      tenant::WalkStep(*tenant_, walk_.walk, walk_.cursor, walk_.step, worker_.config.tenancy->walk_step_keys);
-  return walk_.request;
+  upstream_out_.Send(walk_.NextRequest(*tenant_, worker_.config.tenancy->walk_step_keys));
 }
 
 void Session::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now) {
-  if (type == '-' || type == '!') {
-    // The server refused a step (OOM, a script timeout, ...): the command fails with its error.
-    std::string text;
-    resp::AppendError(&text, head.empty() ? std::string_view("ERR keyguard: walk step failed") : head[0].text);
-    FinishWalk(std::move(text), true, now);
-    return;
-  }
-  int64_t seen = 0;
-  if (type != '*' || head.size() < 3 || !resp::ParseRedisInt(head[1].text, &seen) || seen < 0) {
-    FinishWalk("-ERR keyguard: unexpected reply to a key walk step\r\n", true, now);
-    return;
-  }
-  walk_.total += static_cast<uint64_t>(seen);
-  ++walk_.step;
-  walk_.cursor.assign(head[0].text.data(), head[0].text.size());
-  const std::string_view found = head[2].text;
   const std::string_view prefix =
       reply_tenant_ != nullptr ? std::string_view(reply_tenant_->prefix) : std::string_view();
-  if (walk_.walk == tenant::Walk::kRandomkey && !found.empty()) {
-    std::string text;
-    resp::AppendBulk(&text, found.starts_with(prefix) ? found.substr(prefix.size()) : found);
-    FinishWalk(std::move(text), false, now);
-    return;
-  }
-  if (walk_.cursor != "0") {
-    if (walk_.walk != tenant::Walk::kFlush && ClientGone()) {
-      // DBSIZE/RANDOMKEY for a client that hung up and sent nothing after it: the answer has
-      // nobody to go to (while a walk runs the client's socket is not read, so its close is
-      // otherwise noticed only when the walk ends: a tenant could leave walks running).
-      FinishWalk("-ERR keyguard: the client closed the connection\r\n", true, now);
-      return;
-    }
+  tenant::KeyWalk::Step step = walk_.OnReply(type, head, prefix, state_.protocol());
+  if (step.done) {
+    FinishWalk(std::move(step.reply), step.error, now);
+  } else if (walk_.walk() != tenant::Walk::kFlush && ClientGone()) {
+    // DBSIZE/RANDOMKEY for a client that hung up and sent nothing after it: the answer has
+    // nobody to go to (while a walk runs the client's socket is not read, so its close is
+    // otherwise noticed only when the walk ends: a tenant could leave walks running).
+    FinishWalk("-ERR keyguard: the client closed the connection\r\n", true, now);
+  } else {
     SendWalkStep();
-    return;
-  }
-  switch (walk_.walk) {
-    case tenant::Walk::kDbsize: FinishWalk(absl::StrCat(":", walk_.total, "\r\n"), false, now); break;
-    case tenant::Walk::kRandomkey: FinishWalk(state_.protocol() == 3 ? "_\r\n" : "$-1\r\n", false, now); break;
-    default: FinishWalk("+OK\r\n", false, now); break;
   }
 }
 
@@ -612,7 +567,7 @@ void Session::FinishWalk(std::string reply, bool error, int64_t now) {
   worker_.shard->CountCommand(p.command, error ? metrics::Outcome::kError : metrics::Outcome::kOk);
   worker_.shard->ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));
   queue_.Pop();
-  walk_ = WalkState{};
+  walk_.Finish();
   holding_ = false;
   resume_ = true;  // ClientPump processes what was read meanwhile (NotifyQueue wakes it)
   DeliverLocalsAtHead();

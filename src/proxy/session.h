@@ -18,6 +18,7 @@
 #include "keyguard/hygiene/traffic.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
+#include "keyguard/tenant/walk.h"
 #include "proxy/asio.h"
 #include "proxy/connection_state.h"
 #include "proxy/outbox.h"
@@ -86,8 +87,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // A step's reply (the kWalk entry at the head): the next step, or the answer.
   void ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now);
   void SendWalkStep();
-  // The request of the walk's next step, kept in walk_ while it is on its way upstream.
-  const std::string& NextWalkRequest();
   // Takes one of the tenant's step tokens on this worker; without one, arms the timer that calls
   // SendWalkStep when one is due and returns true.
   bool WaitForWalkToken();
@@ -159,15 +158,7 @@ class Session : public std::enable_shared_from_this<Session> {
   int64_t upstream_client_id_ = 0;
 
   // The walk in progress (holding_: later commands wait until it ends; resume_: process them).
-  struct WalkState {
-    tenant::Walk walk = tenant::Walk::kNone;
-    commands::CommandId command = commands::kUnknownCommand;
-    uint64_t step = 0;
-    uint64_t total = 0;
-    std::string cursor;
-    std::string request;  // the step on its way upstream
-  };
-  WalkState walk_;
+  tenant::KeyWalk walk_;
   std::unique_ptr<asio::steady_timer> walk_timer_;  // a step waiting for the tenant's rate
   bool holding_ = false;
   bool resume_ = false;

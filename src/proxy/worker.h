@@ -19,6 +19,7 @@
 #include "keyguard/resp/encoder.h"
 #include "keyguard/tenant/connections.h"
 #include "keyguard/tenant/rewrite.h"
+#include "keyguard/tenant/walk.h"
 #include "proxy/asio.h"
 #include "proxy/pipeline.h"
 #include "proxy/refusal.h"
@@ -57,13 +58,9 @@ struct Worker {
   tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   StageShared stages;                // what the command pipeline reads and counts (live settings, deny list)
   std::string upstream_auth;         // the encoded AUTH for each upstream connection, or empty
-  // Tenancy: each tenant's budget of key-walk steps on this worker (a token bucket of
-  // walk_steps_per_second, up to one second's worth).
-  struct WalkBudget {
-    double tokens = 0;
-    int64_t at_ns = 0;
-  };
-  std::unordered_map<const tenant::Tenant*, WalkBudget> walk_budget;
+  // Tenancy: each tenant's budget of key-walk steps on this worker (walk_steps_per_second, up to
+  // one second's worth).
+  std::unordered_map<const tenant::Tenant*, tenant::StepBudget> walk_budget;
 };
 
 // Counts a finding (keyguard_findings_total, keyguard_bigkey_access_total) and hands it to the

@@ -12,6 +12,7 @@
 #include "keyguard/resp/encoder.h"
 #include "keyguard/tenant/rewrite.h"
 #include "keyguard/tenant/tenancy.h"
+#include "keyguard/tenant/walk.h"
 
 namespace keyguard::tenant {
 namespace {
@@ -376,6 +377,62 @@ TEST(TenancyConfigTest, Validation) {
             "tenancy.users[1].password_sha256: must be 64 hex digits (sha256sum of the password)");
   p.set_prefix("x:");
   EXPECT_FALSE(Tenancy::Compile(p, {}).ok());
+}
+
+// A walk's replies as the server sends them: [cursor, keys seen, a key found or ""].
+KeyWalk::Step StepReply(KeyWalk& w, std::string_view cursor, std::string_view seen, std::string_view found,
+                        int protocol = 2) {
+  const resp::ReplyFramer::Scalar head[] = {{'$', cursor}, {':', seen}, {'$', found}};
+  return w.OnReply('*', head, "tenant:a:", protocol);
+}
+
+TEST_F(TenantTest, KeyWalkSendsStepsFromTheLastCursorAndAnswersOnceTheCursorIsZero) {
+  const Tenant& t = *tenancy_->static_tenant();
+  KeyWalk w;
+  EXPECT_FALSE(w.active());
+  w.Start(Walk::kDbsize);
+  EXPECT_EQ(w.NextRequest(t, 100), WalkStep(t, Walk::kDbsize, "0", 0, 100));
+  KeyWalk::Step s = StepReply(w, "17", "100", "");
+  EXPECT_FALSE(s.done);
+  EXPECT_EQ(w.NextRequest(t, 100), WalkStep(t, Walk::kDbsize, "17", 1, 100));
+  s = StepReply(w, "0", "42", "");
+  EXPECT_TRUE(s.done);
+  EXPECT_FALSE(s.error);
+  EXPECT_EQ(s.reply, ":142\r\n");
+  w.Finish();
+  EXPECT_FALSE(w.active());
+
+  w.Start(Walk::kRandomkey);  // a key found ends the walk, without the tenant's prefix
+  s = StepReply(w, "5", "3", "tenant:a:user:1");
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.reply, "$6\r\nuser:1\r\n");
+  w.Start(Walk::kRandomkey);  // none at all: the protocol's null
+  EXPECT_EQ(StepReply(w, "0", "0", "", 2).reply, "$-1\r\n");
+  w.Start(Walk::kRandomkey);
+  EXPECT_EQ(StepReply(w, "0", "0", "", 3).reply, "_\r\n");
+  w.Start(Walk::kFlush);
+  EXPECT_EQ(StepReply(w, "0", "9", "").reply, "+OK\r\n");
+
+  w.Start(Walk::kDbsize);  // a refused step fails the command with the server's error
+  const resp::ReplyFramer::Scalar oom[] = {{'-', "OOM command not allowed"}};
+  s = w.OnReply('-', oom, "tenant:a:", 2);
+  EXPECT_TRUE(s.done && s.error);
+  EXPECT_EQ(s.reply, "-OOM command not allowed\r\n");
+  w.Start(Walk::kDbsize);
+  s = StepReply(w, "0", "-1", "");
+  EXPECT_TRUE(s.done && s.error);
+  EXPECT_EQ(s.reply, "-ERR keyguard: unexpected reply to a key walk step\r\n");
+}
+
+TEST(StepBudgetTest, HoldsOneSecondsWorthAndSaysHowLongUntilTheNext) {
+  StepBudget b;
+  const int64_t t0 = 1'000'000'000;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(b.Take(4, t0), 0) << i;  // a full bucket: 4 steps at once
+  const int64_t wait = b.Take(4, t0);
+  EXPECT_EQ(wait, 250'000'001);  // a quarter second, rounded up
+  EXPECT_GT(b.Take(4, t0 + wait / 2), 0);
+  EXPECT_EQ(b.Take(4, t0 + wait), 0);
+  EXPECT_EQ(b.Take(0, t0), 0) << "0: no limit";
 }
 
 }  // namespace
