@@ -522,10 +522,9 @@ void Session::BindTenant(const tenant::Tenant* t) {
     return;
   }
   metrics::WorkerShard& shard = *worker_.shard;
-  const std::string label = absl::StrCat("tenant=\"", t->name, "\"");
-  tenant_commands_ = &shard.tenant_commands.Get(label);
-  tenant_received_ = &shard.tenant_received_bytes.Get(label);
-  tenant_sent_ = &shard.tenant_sent_bytes.Get(label);
+  tenant_commands_ = &shard.tenant_commands.Get({t->name});
+  tenant_received_ = &shard.tenant_received_bytes.Get({t->name});
+  tenant_sent_ = &shard.tenant_sent_bytes.Get({t->name});
 }
 
 void Session::SendUpstreamAuth(bool send_now) {
@@ -644,12 +643,9 @@ void Session::Refuse(commands::CommandId id, Refusal reason, std::string message
   const size_t r = static_cast<size_t>(reason);
   worker_.rejected[r]->Add();
   if (tenant_ != nullptr) {
-    // Resolved once per tenant binding and reason (a label string and a map lookup).
+    // Resolved once per tenant binding and reason.
     metrics::Counter*& c = tenant_rejected_[r];
-    if (c == nullptr) {
-      c = &worker_.shard->tenant_rejected.Get(
-          absl::StrCat("tenant=\"", tenant_->name, "\",reason=\"", RefusalName(reason), "\""));
-    }
+    if (c == nullptr) c = &worker_.shard->tenant_rejected.Get({tenant_->name, RefusalName(reason)});
     c->Add();
   }
   state_.OnRefused();  // Redis fails EXEC after a refused queued command
@@ -702,9 +698,7 @@ bool Session::ApplyScriptPolicy(std::span<const std::string_view> args, commands
   const policy::Action action = rule.action == policy::Action::kReject || rule.action == policy::Action::kWarn
                                     ? rule.action
                                     : policy::Action::kObserve;  // nothing to rewrite
-  worker_.shard->key_violations
-      .Get(absl::StrCat("rule=\"scripts\",action=\"", policy::ActionName(action), "\",key_pattern=\"\""))
-      .Add();
+  worker_.shard->key_violations.Get({"scripts", policy::ActionName(action), ""}).Add();
   if (action == policy::Action::kWarn) Warn(policy::Violation{&rule, ""}, unreviewed, id);
   if (action != policy::Action::kReject) return true;
   *refusal =
@@ -733,10 +727,7 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
     for (const policy::Violation& v : violations_) {
       const policy::Action action =
           v.rule->action == policy::Action::kReject && !creates ? policy::Action::kObserve : v.rule->action;
-      shard.key_violations
-          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(action), "\",key_pattern=\"",
-                            pattern, "\""))
-          .Add();
+      shard.key_violations.Get({v.rule->name, policy::ActionName(action), pattern}).Add();
       switch (action) {
         case policy::Action::kWarn: Warn(v, key, id); break;
         case policy::Action::kReject:
@@ -759,7 +750,7 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
           if (!rewritten && !v.suggestion.empty()) {
             rewritten = true;
             rewrites.emplace_back(ref.pos, v.suggestion);
-            shard.keys_rewritten.Get(absl::StrCat("rule=\"", v.rule->name, "\"")).Add();
+            shard.keys_rewritten.Get({v.rule->name}).Add();
           }
           break;
         case policy::Action::kObserve: break;
@@ -799,14 +790,12 @@ void Session::Warn(const policy::Violation& v, std::string_view key, commands::C
 void ReportFinding(Worker& worker, hygiene::Finding f) {
   metrics::WorkerShard& shard = *worker.shard;
   const char* kind = hygiene::KindName(f.kind);
-  shard.findings.Get(absl::StrCat("kind=\"", kind, "\",key_pattern=\"", f.key_pattern, "\"")).Add();
-  shard.hygiene_actions.Get(absl::StrCat("kind=\"", kind, "\",action=\"", hygiene::ActionName(f.action), "\"")).Add();
+  shard.findings.Get({kind, f.key_pattern}).Add();
+  shard.hygiene_actions.Get({kind, hygiene::ActionName(f.action)}).Add();
   if (f.kind == hygiene::Kind::kBigStringWrite || f.kind == hygiene::Kind::kBigStringRead ||
       f.kind == hygiene::Kind::kWholeCollectionRead || f.kind == hygiene::Kind::kBigKeyAccess ||
       f.kind == hygiene::Kind::kDelBigKey || f.kind == hygiene::Kind::kExpireBigKey) {
-    shard.bigkey_access
-        .Get(absl::StrCat("kind=\"", kind, "\",command=\"", f.command, "\",key_pattern=\"", f.key_pattern, "\""))
-        .Add();
+    shard.bigkey_access.Get({kind, f.command, f.key_pattern}).Add();
   }
   if (worker.findings != nullptr) worker.findings->Add(f);
 }

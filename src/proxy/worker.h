@@ -34,8 +34,7 @@ struct Worker {
       : io(1), config(c), store(st), shard(s), upstream(up), connections(conns) {
     Refresh();
     for (size_t r = 0; r < kRefusalCount; ++r) {
-      rejected[r] =
-          &shard->commands_rejected.Get(std::string("reason=\"") + RefusalName(static_cast<Refusal>(r)) + "\"");
+      rejected[r] = &shard->commands_rejected.Get({RefusalName(static_cast<Refusal>(r))});
     }
     if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy, connections);
     if (!config.upstream_auth.password.empty()) {

@@ -102,6 +102,7 @@ TEST(FamiliesTest, TableIsWellFormed) {
   }
   EXPECT_EQ(Of(FamilyId::kKeyViolations).label_count(), 3u);
   EXPECT_EQ(Of(FamilyId::kDraining).label_count(), 0u);
+  static_assert(LabeledCounters<FamilyId::kTenantRejected>::kLabels == 2);
 }
 
 TEST(TextWriterTest, EscapesLabelValuesByPrometheusRules) {
@@ -158,6 +159,43 @@ TEST(TextWriterTest, WritesHeadersSamplesAndHistogramLines) {
             "keyguard_command_duration_seconds_sum{command=\"get\"} 0.0015\n"
             "keyguard_command_duration_seconds_count{command=\"get\"} 2\n"
             "keyguard_tenant_rejected_total{tenant=\"a\",reason=\"tenant\"} 7\n");
+}
+
+// Handles are stable, values are looked up as values, and a label value that needs escaping is
+// escaped once, at the scrape; shards sum into one series.
+TEST(Registry, LabeledCountersHandOutStableHandlesAndEscapeAtScrape) {
+  Registry registry;
+  WorkerShard* a = registry.AddShard();
+  WorkerShard* b = registry.AddShard();
+  Counter& c = a->key_violations.Get({"r\"1", "observe", "k\\{id}"});
+  c.Add();
+  for (int i = 0; i < 100; ++i) a->key_violations.Get({"rule" + std::to_string(i), "warn", "p"}).Add();
+  EXPECT_EQ(&a->key_violations.Get({"r\"1", "observe", "k\\{id}"}), &c);
+  EXPECT_NE(&a->key_violations.Get({"r\"1", "observe", "k"}), &c);
+  b->key_violations.Get({"r\"1", "observe", "k\\{id}"}).Add(2);
+  b->tenant_commands.Get({"t\n\xFF"}).Add(5);
+  const std::string text = registry.Render();
+  auto has = [&](const std::string& line) { return text.find("\n" + line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has("keyguard_key_violations_total{rule=\"r\\\"1\",action=\"observe\",key_pattern=\"k\\\\{id}\"} 3"))
+      << text;
+  EXPECT_TRUE(has("keyguard_key_violations_total{rule=\"r\\\"1\",action=\"observe\",key_pattern=\"k\"} 0"));
+  EXPECT_TRUE(has("keyguard_key_violations_total{rule=\"rule42\",action=\"warn\",key_pattern=\"p\"} 1"));
+  EXPECT_TRUE(has("keyguard_tenant_commands_total{tenant=\"t\\n\xEF\xBF\xBD\"} 5"));
+  // Series of a family are ordered by their label text, as before the table.
+  EXPECT_LT(text.find("rule=\"rule10\""), text.find("rule=\"rule9\""));
+}
+
+TEST(Registry, CollectorsWriteThroughTheWriter) {
+  Registry registry;
+  registry.AddCollector([](TextWriter& w) {
+    w.Header(Of(FamilyId::kConfigVersion));
+    w.Sample(Of(FamilyId::kConfigVersion), {}, uint64_t{4});
+  });
+  const std::string text = registry.Render();
+  EXPECT_NE(text.find("# HELP keyguard_config_version Version of the live config, 1 at start-up.\n"
+                      "# TYPE keyguard_config_version gauge\nkeyguard_config_version 4\n"),
+            std::string::npos)
+      << text;
 }
 
 TEST(CommandTable, LookupIsCaseInsensitiveAndBounded) {
