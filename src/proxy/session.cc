@@ -727,7 +727,7 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
     for (const policy::Violation& v : violations_) {
       const policy::Action action =
           v.rule->action == policy::Action::kReject && !creates ? policy::Action::kObserve : v.rule->action;
-      shard.key_violations.Get({v.rule->name, policy::ActionName(action), pattern}).Add();
+      worker_.KeyViolations(*v.rule, action, pattern).Add();
       switch (action) {
         case policy::Action::kWarn: Warn(v, key, id); break;
         case policy::Action::kReject:
@@ -750,7 +750,7 @@ bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::C
           if (!rewritten && !v.suggestion.empty()) {
             rewritten = true;
             rewrites.emplace_back(ref.pos, v.suggestion);
-            shard.keys_rewritten.Get({v.rule->name}).Add();
+            worker_.KeysRewritten(*v.rule).Add();
           }
           break;
         case policy::Action::kObserve: break;
@@ -791,7 +791,7 @@ void ReportFinding(Worker& worker, hygiene::Finding f) {
   metrics::WorkerShard& shard = *worker.shard;
   const char* kind = hygiene::KindName(f.kind);
   shard.findings.Get({kind, f.key_pattern}).Add();
-  shard.hygiene_actions.Get({kind, hygiene::ActionName(f.action)}).Add();
+  worker.HygieneActions(f.kind, f.action).Add();
   if (f.kind == hygiene::Kind::kBigStringWrite || f.kind == hygiene::Kind::kBigStringRead ||
       f.kind == hygiene::Kind::kWholeCollectionRead || f.kind == hygiene::Kind::kBigKeyAccess ||
       f.kind == hygiene::Kind::kDelBigKey || f.kind == hygiene::Kind::kExpireBigKey) {

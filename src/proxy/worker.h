@@ -6,8 +6,11 @@
 #include <atomic>
 #include <memory>
 #include <random>
+#include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "keyguard/config/config.h"
@@ -51,6 +54,8 @@ struct Worker {
     if (v == live_version) return;
     live = store.Current();
     live_version = v;
+    violation_handles.Clear();  // keyed by the old snapshot's rules
+    rewrite_handles.Clear();
     deny.assign(commands::CommandCount(), false);
     for (const std::string& name : live->deny_commands) deny[commands::LookupCommand(name)] = true;
   }
@@ -62,6 +67,26 @@ struct Worker {
   uint64_t live_version = 0;
   metrics::WorkerShard* shard;
   std::array<metrics::Counter*, kRefusalCount> rejected{};  // keyguard_commands_rejected_total by reason
+  // keyguard_key_violations_total for a rule of `live`, the action taken and a key pattern label
+  // (a WorkerShard::PatternLabel reference): resolved once per triple.
+  metrics::Counter& KeyViolations(const policy::Rule& rule, policy::Action action, const std::string& pattern) {
+    return violation_handles.Get({&rule, action, &pattern}, [&]() -> metrics::Counter& {
+      return shard->key_violations.Get({rule.name, policy::ActionName(action), pattern});
+    });
+  }
+  // keyguard_keys_rewritten_total for a rule of `live`.
+  metrics::Counter& KeysRewritten(const policy::Rule& rule) {
+    return rewrite_handles.Get(&rule, [&]() -> metrics::Counter& { return shard->keys_rewritten.Get({rule.name}); });
+  }
+  // keyguard_hygiene_actions_total by finding kind and action.
+  metrics::Counter& HygieneActions(hygiene::Kind kind, hygiene::Action action) {
+    return hygiene_action_handles.Get({kind, action}, [&]() -> metrics::Counter& {
+      return shard->hygiene_actions.Get({hygiene::KindName(kind), hygiene::ActionName(action)});
+    });
+  }
+  metrics::HandleCache<std::tuple<const policy::Rule*, policy::Action, const std::string*>> violation_handles;
+  metrics::HandleCache<const policy::Rule*> rewrite_handles;
+  metrics::HandleCache<std::pair<hygiene::Kind, hygiene::Action>> hygiene_action_handles;
   tcp::endpoint upstream;
   std::vector<bool> deny;  // by command id, from `live`
   std::unordered_set<std::shared_ptr<Session>> sessions;

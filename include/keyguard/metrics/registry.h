@@ -154,6 +154,26 @@ class LabeledCounters {
   absl::flat_hash_map<Key, std::unique_ptr<Counter>, Hash, Eq> counters_;
 };
 
+// Counter handles of a labeled family cached by a key the caller already holds (addresses of
+// label values that outlive the cache, enums), so a hot path resolves each label set once and
+// afterwards hashes a few words instead of the label values. One owner thread. The caller clears
+// it when what the key points at may go away.
+template <typename Key>
+class HandleCache {
+ public:
+  // The handle for `key`; `resolve()` returns the Counter& the first time.
+  template <typename Resolve>
+  Counter& Get(const Key& key, Resolve resolve) {
+    auto [it, inserted] = handles_.try_emplace(key, nullptr);
+    if (inserted) it->second = &resolve();
+    return *it->second;
+  }
+  void Clear() { handles_.clear(); }
+
+ private:
+  absl::flat_hash_map<Key, Counter*> handles_;
+};
+
 // One worker's metrics. Only that worker writes; Registry::Render reads.
 class WorkerShard {
  public:
@@ -197,7 +217,8 @@ class WorkerShard {
   LabeledCounters<FamilyId::kTenantRejected> tenant_rejected;             // tenant, reason
 
   // The label value for a key pattern: itself while fewer than `cap` distinct patterns were seen
-  // on this worker, then "{other}" for new ones.
+  // on this worker, then "{other}" for new ones. The reference lives as long as the shard (its
+  // address may key a HandleCache).
   const std::string& PatternLabel(const std::string& pattern, size_t cap);
 
  private:
