@@ -330,7 +330,7 @@ std::string HotKeysBoard::BigKeysJson(size_t n) const {
   return out;
 }
 
-void HotKeysBoard::AppendMetrics(std::string* out) const {
+void HotKeysBoard::AppendMetrics(metrics::TextWriter& w) const {
   std::map<std::string, uint64_t> by_pattern;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -347,18 +347,9 @@ void HotKeysBoard::AppendMetrics(std::string* out) const {
   std::sort(ranked.begin(), ranked.end(),
             [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
   if (ranked.size() > 10) ranked.resize(10);
-  absl::StrAppend(out,
-                  "# HELP keyguard_hot_key_pattern_accesses Accesses in the last complete hot-key interval, by key "
-                  "pattern: the 10 patterns whose keys hold the most of the hot-key sketches' counts.\n"
-                  "# TYPE keyguard_hot_key_pattern_accesses gauge\n");
-  for (const auto& [n, pattern] : ranked) {
-    std::string label;
-    for (char c : pattern) {
-      if (c == '"' || c == '\\') label.push_back('\\');
-      label.push_back(c);
-    }
-    absl::StrAppend(out, "keyguard_hot_key_pattern_accesses{key_pattern=\"", label, "\"} ", n, "\n");
-  }
+  const metrics::Family& family = metrics::Of(metrics::FamilyId::kHotKeyPatternAccesses);
+  w.Header(family);
+  for (const auto& [n, pattern] : ranked) w.Sample(family, {pattern}, n);
 }
 
 }  // namespace keyguard::hygiene

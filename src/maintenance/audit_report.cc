@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "keyguard/commands/command_table.h"
 #include "keyguard/hygiene/serialized.h"
+#include "keyguard/metrics/text_writer.h"
 #include "keyguard/policy/key_pattern.h"
 #include "maintenance/json_fields.h"
 #include "maintenance/terminal.h"
@@ -76,22 +77,6 @@ class TextTable {
  private:
   std::vector<std::vector<std::string>> rows_;
 };
-
-// Prometheus label values: backslash, double quote and newline escaped.
-std::string Label(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
 
 std::string Dump(const JsonValue& j) { return j.dump(2, ' ', false, JsonValue::error_handler_t::replace) + "\n"; }
 
@@ -397,76 +382,51 @@ std::string AuditReport::Json() const {
 }
 
 std::string AuditReport::Prometheus() const {
+  using metrics::FamilyId;
   std::string out;
-  auto family = [&out](const char* name, const char* help) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n");
+  metrics::TextWriter w(&out);
+  // Each family's HELP/TYPE lines, then its samples.
+  auto family = [&w](FamilyId id) -> const metrics::Family& {
+    w.Header(metrics::Of(id));
+    return metrics::Of(id);
   };
   const ScanInfo& s = scan_;
-  family("keyguard_audit_scanned_keys", "Keys the last audit scanned.");
-  absl::StrAppend(&out, "keyguard_audit_scanned_keys ", s.scanned, "\n");
-  family("keyguard_audit_sampled_keys", "Keys the last audit inspected (all scanned keys unless sampling).");
-  absl::StrAppend(&out, "keyguard_audit_sampled_keys ", s.sampled, "\n");
-  family("keyguard_audit_complete", "1 when the last audit walked the whole keyspace.");
-  absl::StrAppend(&out, "keyguard_audit_complete ", s.complete ? 1 : 0, "\n");
-  family("keyguard_audit_duration_seconds", "How long the last audit took.");
-  absl::StrAppendFormat(&out, "keyguard_audit_duration_seconds %.3f\n", s.seconds);
-  family("keyguard_audit_memory_bytes", "MEMORY USAGE of the inspected keys, by key pattern and type.");
+  w.Sample(family(FamilyId::kAuditScannedKeys), {}, s.scanned);
+  w.Sample(family(FamilyId::kAuditSampledKeys), {}, s.sampled);
+  w.Sample(family(FamilyId::kAuditComplete), {}, s.complete ? 1 : 0);
+  w.FormattedSample(family(FamilyId::kAuditDuration), {}, absl::StrFormat("%.3f", s.seconds));
+  const metrics::Family& memory = family(FamilyId::kAuditMemoryBytes);
   for (const auto& [name, p] : patterns_) {
-    for (const auto& [type, t] : p.types) {
-      absl::StrAppend(&out, "keyguard_audit_memory_bytes{key_pattern=\"", Label(name), "\",type=\"", Label(type),
-                      "\"} ", t.memory, "\n");
-    }
+    for (const auto& [type, t] : p.types) w.Sample(memory, {name, type}, t.memory);
   }
-  family("keyguard_audit_keys", "Inspected keys, by key pattern and type.");
+  const metrics::Family& keys = family(FamilyId::kAuditKeys);
   for (const auto& [name, p] : patterns_) {
-    for (const auto& [type, t] : p.types) {
-      absl::StrAppend(&out, "keyguard_audit_keys{key_pattern=\"", Label(name), "\",type=\"", Label(type), "\"} ",
-                      t.keys, "\n");
-    }
+    for (const auto& [type, t] : p.types) w.Sample(keys, {name, type}, t.keys);
   }
-  family("keyguard_audit_keys_without_ttl", "Inspected keys without a TTL, by key pattern.");
-  for (const auto& [name, p] : patterns_) {
-    absl::StrAppend(&out, "keyguard_audit_keys_without_ttl{key_pattern=\"", Label(name), "\"} ", p.no_ttl_keys, "\n");
-  }
-  family("keyguard_audit_memory_without_ttl_bytes", "MEMORY USAGE of keys without a TTL, by key pattern.");
-  for (const auto& [name, p] : patterns_) {
-    absl::StrAppend(&out, "keyguard_audit_memory_without_ttl_bytes{key_pattern=\"", Label(name), "\"} ",
-                    p.no_ttl_memory, "\n");
-  }
-  family("keyguard_audit_cold_keys", "Keys idle longer than audit.cold_after_seconds, by key pattern.");
-  for (const auto& [name, p] : patterns_) {
-    absl::StrAppend(&out, "keyguard_audit_cold_keys{key_pattern=\"", Label(name), "\"} ", p.cold_keys, "\n");
-  }
-  family("keyguard_audit_naming_violations",
-         "Keys breaking the key policy, each once, by the first rule it breaks (user rules first) and key pattern.");
+  const metrics::Family& no_ttl = family(FamilyId::kAuditKeysWithoutTtl);
+  for (const auto& [name, p] : patterns_) w.Sample(no_ttl, {name}, p.no_ttl_keys);
+  const metrics::Family& no_ttl_memory = family(FamilyId::kAuditMemoryWithoutTtl);
+  for (const auto& [name, p] : patterns_) w.Sample(no_ttl_memory, {name}, p.no_ttl_memory);
+  const metrics::Family& cold = family(FamilyId::kAuditColdKeys);
+  for (const auto& [name, p] : patterns_) w.Sample(cold, {name}, p.cold_keys);
+  const metrics::Family& naming = family(FamilyId::kAuditNamingViolations);
   for (const auto& [rule, g] : naming_) {
-    for (const auto& [pattern, n] : g.by_pattern) {
-      absl::StrAppend(&out, "keyguard_audit_naming_violations{rule=\"", Label(rule), "\",key_pattern=\"",
-                      Label(pattern), "\"} ", n, "\n");
-    }
+    for (const auto& [pattern, n] : g.by_pattern) w.Sample(naming, {rule, pattern}, n);
   }
-  family("keyguard_audit_big_keys", "Strings and collections over the hygiene thresholds, by type and key pattern.");
+  const metrics::Family& big = family(FamilyId::kAuditBigKeys);
   for (const auto& [type, g] : big_) {
-    for (const auto& [pattern, n] : g.by_pattern) {
-      absl::StrAppend(&out, "keyguard_audit_big_keys{type=\"", Label(type), "\",key_pattern=\"", Label(pattern), "\"} ",
-                      n, "\n");
-    }
+    for (const auto& [pattern, n] : g.by_pattern) w.Sample(big, {type, pattern}, n);
   }
-  family("keyguard_audit_serialized_keys",
-         "Strings holding serialized objects, by format, suggested type and key pattern.");
+  const metrics::Family& serialized = family(FamilyId::kAuditSerializedKeys);
   for (const auto& [format, g] : serialized_) {
-    for (const auto& [pattern, n] : g.by_pattern) {
-      absl::StrAppend(&out, "keyguard_audit_serialized_keys{format=\"", format, "\",suggestion=\"hash\",key_pattern=\"",
-                      Label(pattern), "\"} ", n, "\n");
-    }
+    for (const auto& [pattern, n] : g.by_pattern) w.Sample(serialized, {format, "hash", pattern}, n);
   }
   for (const auto& [pattern, n] : json_documents_.by_pattern) {
-    absl::StrAppend(&out, "keyguard_audit_serialized_keys{format=\"json_object\",suggestion=\"json\",key_pattern=\"",
-                    Label(pattern), "\"} ", n, "\n");
+    w.Sample(serialized, {"json_object", "json", pattern}, n);
   }
-  family("keyguard_audit_findings", "Findings of the last audit, by severity.");
+  const metrics::Family& findings = family(FamilyId::kAuditFindings);
   for (Severity sev : {Severity::kCritical, Severity::kWarning, Severity::kInfo}) {
-    absl::StrAppend(&out, "keyguard_audit_findings{severity=\"", SeverityName(sev), "\"} ", Findings(sev), "\n");
+    w.Sample(findings, {SeverityName(sev)}, Findings(sev));
   }
   return out;
 }

@@ -155,6 +155,36 @@ bool ConnectionState::OnModeReply(const Pending& p) {
   }
 }
 
+bool IsMonitorLine(std::string_view line) {
+  if (line.empty() || line[0] < '0' || line[0] > '9') return false;
+  const size_t sp = line.find(' ');
+  return sp != std::string_view::npos && sp + 1 < line.size() && line[sp + 1] == '[' &&
+         line.substr(0, sp).find('.') != std::string_view::npos;
+}
+
+FrameRole ConnectionState::Classify(const Pending* front, char type, std::span<const resp::ReplyFramer::Scalar> head,
+                                    bool filtered) const {
+  const std::string_view kind = head.empty() ? std::string_view() : head[0].text;
+  // Subscribe confirmations: pushes in RESP3, arrays in RESP2.
+  if ((type == '>' || (type == '*' && protocol_ == 2)) && front != nullptr && head.size() >= 2 &&
+      IsConfirmationFor(*front, kind)) {
+    return FrameRole::kConfirmation;
+  }
+  if (type == '>') return FrameRole::kPush;
+  if (type == '*' && protocol_ == 2 && head.size() >= 2 && subscribed() &&
+      (EqualsIgnoreCase(kind, "message") || EqualsIgnoreCase(kind, "pmessage") || EqualsIgnoreCase(kind, "smessage"))) {
+    return FrameRole::kPush;
+  }
+  if (monitor_ && type == '+' && IsMonitorLine(kind)) return FrameRole::kPush;
+  if (front == nullptr) return FrameRole::kUnexpected;
+  if (front->kind == Kind::kInternal) return FrameRole::kInternal;
+  if (filtered && front->expect != Pending::Expect::kAny && !AsExpected(front->expect, type, kind)) {
+    return FrameRole::kDesync;
+  }
+  if (front->kind == Kind::kWalk) return FrameRole::kWalkStep;
+  return FrameRole::kReply;
+}
+
 bool ConnectionState::IsConfirmationFor(const Pending& p, std::string_view kind) const {
   return p.kind == Kind::kSubscribe && EqualsIgnoreCase(kind, kConfirmNames[p.confirm]);
 }

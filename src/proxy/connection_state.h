@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/resp/framer.h"
 #include "proxy/reply_queue.h"
 
 namespace keyguard::proxy {
@@ -27,6 +28,22 @@ inline constexpr std::string_view kConfirmNames[] = {"subscribe",    "unsubscrib
 int ConfirmIndex(std::string_view kind);
 // HELLO's protocol argument: 2 or 3, or 0 when it names none (or a bad one).
 int8_t HelloVersion(std::span<const std::string_view> args);
+
+// What one upstream frame is to the connection: the reply of the command at the head of the
+// queue, or something that must not take its place.
+enum class FrameRole : uint8_t {
+  kConfirmation,  // a (un)subscribe confirmation of the head command (delivered as it is)
+  kPush,          // out of band: a RESP3 push, a RESP2 pub/sub message, a MONITOR line
+  kUnexpected,    // nothing waits for a reply
+  kInternal,      // the reply to keyguard's own command (its upstream AUTH, CLIENT ID)
+  kDesync,        // filtered replies: not what the head's expectation allows (the server's
+                  // transaction state differs from keyguard's)
+  kWalkStep,      // a step of a tenant's key walk
+  kReply,         // the head command's reply
+};
+
+// MONITOR lines look like `+1700000000.123456 [0 127.0.0.1:5555] "get" "k"`.
+bool IsMonitorLine(std::string_view line);
 
 class ConnectionState {
  public:
@@ -78,6 +95,12 @@ class ConnectionState {
     if (error || p.kind == Pending::Kind::kForward) return false;
     return OnModeReply(p);
   }
+
+  // The role of a frame of `type` whose top-level scalars are `head`, with `front` the head of
+  // the queue (nullptr: none). `filtered`: replies are confined to a tenant, so a reply that does
+  // not fit the head's expectation is kDesync rather than passed on.
+  FrameRole Classify(const Pending* front, char type, std::span<const resp::ReplyFramer::Scalar> head,
+                     bool filtered) const;
 
   // Subscribe confirmations: `kind` is the first element of a confirmation.
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;

@@ -43,7 +43,7 @@ StageShared::StageShared(const config::ProxyConfig& c, config::ConfigStore& st, 
     : config(c), store(st), shard(s), connections(conns) {
   Refresh();
   for (size_t r = 0; r < kRefusalCount; ++r) {
-    rejected[r] = &shard->commands_rejected.Get(std::string("reason=\"") + RefusalName(static_cast<Refusal>(r)) + "\"");
+    rejected[r] = &shard->commands_rejected.Get({RefusalName(static_cast<Refusal>(r))});
   }
   if (config.tenancy != nullptr) rewriter = std::make_unique<tenant::RequestRewriter>(*config.tenancy, connections);
 }
@@ -53,6 +53,8 @@ void StageShared::Refresh() {
   if (v == live_version && live != nullptr) return;
   live = store.Current();
   live_version = v;
+  violation_handles.Clear();  // keyed by the old snapshot's rules
+  rewrite_handles.Clear();
   deny.assign(commands::CommandCount(), false);
   for (const std::string& name : live->deny_commands) deny[commands::LookupCommand(name)] = true;
 }
@@ -253,9 +255,7 @@ bool CommandPipeline::ScriptPolicy(const CommandContext& c) {
   const policy::Action action = rule.action == policy::Action::kReject || rule.action == policy::Action::kWarn
                                     ? rule.action
                                     : policy::Action::kObserve;  // nothing to rewrite
-  shared_.shard->key_violations
-      .Get(absl::StrCat("rule=\"scripts\",action=\"", policy::ActionName(action), "\",key_pattern=\"\""))
-      .Add();
+  shared_.shard->key_violations.Get({"scripts", policy::ActionName(action), ""}).Add();
   if (action == policy::Action::kWarn) Warn(c, rule, "", unreviewed);
   if (action != policy::Action::kReject) return true;
   return Refuse(Refusal::kKeyPolicy,
@@ -284,10 +284,7 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
     for (const policy::Violation& v : violations_) {
       const policy::Action action =
           v.rule->action == policy::Action::kReject && !creates ? policy::Action::kObserve : v.rule->action;
-      shard.key_violations
-          .Get(absl::StrCat("rule=\"", v.rule->name, "\",action=\"", policy::ActionName(action), "\",key_pattern=\"",
-                            pattern, "\""))
-          .Add();
+      shared_.KeyViolations(*v.rule, action, pattern).Add();
       switch (action) {
         case policy::Action::kWarn: Warn(c, *v.rule, v.suggestion, key); break;
         case policy::Action::kReject:
@@ -312,7 +309,7 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
             if (!rewritten_any) policy_args_.assign(args.begin(), args.end());
             rewritten_any = true;
             policy_args_[ref.pos] = edit_.Own(v.suggestion);
-            shard.keys_rewritten.Get(absl::StrCat("rule=\"", v.rule->name, "\"")).Add();
+            shared_.KeysRewritten(*v.rule).Add();
           }
           break;
         case policy::Action::kObserve: break;

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
@@ -55,6 +56,20 @@ struct StageShared {
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
   int64_t warn_second = 0;                            // rate limit of key-policy warn lines
   int warn_count = 0;
+
+  // keyguard_key_violations_total for a rule of `live`, the action taken and a key pattern label
+  // (a WorkerShard::PatternLabel reference): resolved once per triple.
+  metrics::Counter& KeyViolations(const policy::Rule& rule, policy::Action action, const std::string& pattern) {
+    return violation_handles.Get({&rule, action, &pattern}, [&]() -> metrics::Counter& {
+      return shard->key_violations.Get({rule.name, policy::ActionName(action), pattern});
+    });
+  }
+  // keyguard_keys_rewritten_total for a rule of `live`.
+  metrics::Counter& KeysRewritten(const policy::Rule& rule) {
+    return rewrite_handles.Get(&rule, [&]() -> metrics::Counter& { return shard->keys_rewritten.Get({rule.name}); });
+  }
+  metrics::HandleCache<std::tuple<const policy::Rule*, policy::Action, const std::string*>> violation_handles;
+  metrics::HandleCache<const policy::Rule*> rewrite_handles;
 };
 
 // One client command and what its connection is in, as the stages see it.

@@ -113,20 +113,14 @@ absl::StatusOr<int> ExtendCommandTable(const tcp::endpoint& upstream, int timeou
 absl::Status RunServer(const config::ProxyConfig& config, const std::string& config_path) {
   metrics::Registry registry;
   config::ConfigStore store(std::make_shared<config::ProxyConfig>(config), config_path);
-  registry.AddCollector([&store](std::string* out) {
-    absl::StrAppend(out,
-                    "# HELP keyguard_config_reloads_total Successful config reloads.\n# TYPE "
-                    "keyguard_config_reloads_total counter\nkeyguard_config_reloads_total ",
-                    store.reloads(), "\n");
-    absl::StrAppend(
-        out,
-        "# HELP keyguard_config_reload_failures_total Config reloads that failed; the previous config stays live.\n# "
-        "TYPE keyguard_config_reload_failures_total counter\nkeyguard_config_reload_failures_total ",
-        store.failures(), "\n");
-    absl::StrAppend(out,
-                    "# HELP keyguard_config_version Version of the live config, 1 at start-up.\n# TYPE "
-                    "keyguard_config_version gauge\nkeyguard_config_version ",
-                    store.version(), "\n");
+  registry.AddCollector([&store](metrics::TextWriter& w) {
+    using metrics::FamilyId, metrics::Of;
+    for (auto [id, value] : {std::pair{FamilyId::kConfigReloads, store.reloads()},
+                             std::pair{FamilyId::kConfigReloadFailures, store.failures()},
+                             std::pair{FamilyId::kConfigVersion, store.version()}}) {
+      w.Header(Of(id));
+      w.Sample(Of(id), {}, value);
+    }
   });
   asio::io_context control(1);
   // Signals are caught from here on (Asio keeps one that comes before its handler waits): a
@@ -164,7 +158,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
         absl::StrCat("hygiene.findings_file: cannot open ", config.hygiene.findings_file, " for appending"));
   }
   hygiene::HotKeysBoard hot_keys(config.hygiene, &policy::KeyPattern);
-  registry.AddCollector([&hot_keys](std::string* out) { hot_keys.AppendMetrics(out); });
+  registry.AddCollector([&hot_keys](metrics::TextWriter& w) { hot_keys.AppendMetrics(w); });
   tenant::Connections connections;  // declared before the workers: their sessions unregister here
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;

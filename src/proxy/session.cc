@@ -43,14 +43,6 @@ int64_t NowNs() {
       .count();
 }
 
-// MONITOR lines look like `+1700000000.123456 [0 127.0.0.1:5555] "get" "k"`.
-bool IsMonitorLine(std::string_view line) {
-  if (line.empty() || line[0] < '0' || line[0] > '9') return false;
-  const size_t sp = line.find(' ');
-  return sp != std::string_view::npos && sp + 1 < line.size() && line[sp + 1] == '[' &&
-         line.substr(0, sp).find('.') != std::string_view::npos;
-}
-
 // Appends to a gather list, extending the last buffer when the bytes are adjacent in memory
 // (consecutive frames of one read), so a batch is one writev of few buffers.
 void AppendBuffer(std::vector<asio::const_buffer>* gather, const char* data, size_t len) {
@@ -390,10 +382,9 @@ void Session::BindTenant(const tenant::Tenant* t) {
     return;
   }
   metrics::WorkerShard& shard = *worker_.shard;
-  const std::string label = absl::StrCat("tenant=\"", t->name, "\"");
-  tenant_commands_ = &shard.tenant_commands.Get(label);
-  tenant_received_ = &shard.tenant_received_bytes.Get(label);
-  tenant_sent_ = &shard.tenant_sent_bytes.Get(label);
+  tenant_commands_ = &shard.tenant_commands.Get({t->name});
+  tenant_received_ = &shard.tenant_received_bytes.Get({t->name});
+  tenant_sent_ = &shard.tenant_sent_bytes.Get({t->name});
 }
 
 void Session::SendUpstreamAuth(bool send_now) {
@@ -443,12 +434,9 @@ void Session::Refuse(const CommandContext& c, Refusal reason, std::string_view m
   const size_t r = static_cast<size_t>(reason);
   worker_.stages.rejected[r]->Add();
   if (tenant_ != nullptr) {
-    // Resolved once per tenant binding and reason (a label string and a map lookup).
+    // Resolved once per tenant binding and reason.
     metrics::Counter*& c = tenant_rejected_[r];
-    if (c == nullptr) {
-      c = &worker_.shard->tenant_rejected.Get(
-          absl::StrCat("tenant=\"", tenant_->name, "\",reason=\"", RefusalName(reason), "\""));
-    }
+    if (c == nullptr) c = &worker_.shard->tenant_rejected.Get({tenant_->name, RefusalName(reason)});
     c->Add();
   }
   state_.OnRefused();  // Redis fails EXEC after a refused queued command
@@ -464,14 +452,12 @@ void Session::Refuse(const CommandContext& c, Refusal reason, std::string_view m
 void ReportFinding(Worker& worker, hygiene::Finding f) {
   metrics::WorkerShard& shard = *worker.shard;
   const char* kind = hygiene::KindName(f.kind);
-  shard.findings.Get(absl::StrCat("kind=\"", kind, "\",key_pattern=\"", f.key_pattern, "\"")).Add();
-  shard.hygiene_actions.Get(absl::StrCat("kind=\"", kind, "\",action=\"", hygiene::ActionName(f.action), "\"")).Add();
+  shard.findings.Get({kind, f.key_pattern}).Add();
+  worker.HygieneActions(f.kind, f.action).Add();
   if (f.kind == hygiene::Kind::kBigStringWrite || f.kind == hygiene::Kind::kBigStringRead ||
       f.kind == hygiene::Kind::kWholeCollectionRead || f.kind == hygiene::Kind::kBigKeyAccess ||
       f.kind == hygiene::Kind::kDelBigKey || f.kind == hygiene::Kind::kExpireBigKey) {
-    shard.bigkey_access
-        .Get(absl::StrCat("kind=\"", kind, "\",command=\"", f.command, "\",key_pattern=\"", f.key_pattern, "\""))
-        .Add();
+    shard.bigkey_access.Get({kind, f.command, f.key_pattern}).Add();
   }
   if (worker.findings != nullptr) worker.findings->Add(f);
 }
@@ -661,78 +647,62 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
     const auto head = reply_framer_.head();
     const std::string_view kind = head.empty() ? std::string_view() : head[0].text;
     Pending* front = queue_.empty() ? nullptr : &queue_.front();
-
-    // Subscribe confirmations: pushes in RESP3, arrays in RESP2.
-    if ((type == '>' || (type == '*' && state_.protocol() == 2)) && front != nullptr && head.size() >= 2 &&
-        state_.IsConfirmationFor(*front, kind)) {
-      DeliverPush(frame);
-      state_.TrackConfirmation(kind, head[1].text);
-      if (front->expected < 0) {
-        front->expected = std::max<int64_t>(1, static_cast<int64_t>(state_.subscriptions(front->confirm / 2)) + 1);
-      }
-      if (--front->expected == 0) CompleteHead(type, 0, {}, 0, now);
-      continue;
-    }
-    // Out-of-band: RESP3 pushes, RESP2 pub/sub messages, MONITOR lines.
-    if (type == '>') {
-      if (head.size() >= 2) state_.TrackConfirmation(kind, head[1].text);
-      DeliverPush(frame);
-      continue;
-    }
-    if (type == '*' && state_.protocol() == 2 && head.size() >= 2 && state_.subscribed() &&
-        (EqualsIgnoreCase(kind, "message") || EqualsIgnoreCase(kind, "pmessage") ||
-         EqualsIgnoreCase(kind, "smessage"))) {
-      DeliverPush(frame);
-      continue;
-    }
-    if (state_.monitor() && type == '+' && IsMonitorLine(kind)) {
-      AppendOut(frame);
-      continue;
-    }
-    if (front == nullptr) {
-      // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
-      // could name anything), and count it.
-      worker_.shard->unexpected_replies.Add();
-      if (worker_.config.tenancy == nullptr) AppendOut(frame);
-      continue;
-    }
-    if (front->kind == Kind::kInternal && front->command == commands::Known().client) {
-      // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
-      // connection can name this one in a REDIRECT.
-      int64_t client_id = 0;
-      if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
-        upstream_client_id_ = client_id;
-        if (tenant_ != nullptr) worker_.connections->Set(client_id, tenant_);
-      }
-      queue_.Pop();
-      DeliverLocalsAtHead();
-      continue;
-    }
-    if (front->kind == Kind::kInternal) {
-      // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
-      if (type == '-' || type == '!') {
-        EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
-        upstream_auth_failed_ = true;
+    switch (state_.Classify(front, type, head, reply_tenant_ != nullptr)) {
+      case FrameRole::kConfirmation:
+        DeliverPush(frame);
+        state_.TrackConfirmation(kind, head[1].text);
+        if (front->expected < 0) {
+          front->expected = std::max<int64_t>(1, static_cast<int64_t>(state_.subscriptions(front->confirm / 2)) + 1);
+        }
+        if (--front->expected == 0) CompleteHead(type, 0, {}, 0, now);
+        continue;
+      case FrameRole::kPush:
+        if (type == '>' && head.size() >= 2) state_.TrackConfirmation(kind, head[1].text);
+        if (type == '+') {
+          AppendOut(frame);  // a MONITOR line
+        } else {
+          DeliverPush(frame);
+        }
+        continue;
+      case FrameRole::kUnexpected:
+        // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
+        // could name anything), and count it.
+        worker_.shard->unexpected_replies.Add();
+        if (worker_.config.tenancy == nullptr) AppendOut(frame);
+        continue;
+      case FrameRole::kInternal:
+        if (front->command == commands::Known().client) {
+          // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
+          // connection can name this one in a REDIRECT.
+          int64_t client_id = 0;
+          if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
+            upstream_client_id_ = client_id;
+            if (tenant_ != nullptr) worker_.connections->Set(client_id, tenant_);
+          }
+        } else if (type == '-' || type == '!') {
+          // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
+          EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
+          upstream_auth_failed_ = true;
+          ok = false;
+          break;
+        }
+        queue_.Pop();
+        DeliverLocalsAtHead();
+        continue;
+      case FrameRole::kDesync:
+        // The server's transaction state is not the one the reply filter follows (a command the
+        // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.
+        EventLine("error", "transaction_state_differs")
+            .Str("command", commands::Spec(front->command).name)
+            .Write(stderr);
+        worker_.shard->unexpected_replies.Add();
+        desynced_ = true;
         ok = false;
         break;
-      }
-      queue_.Pop();
-      DeliverLocalsAtHead();
-      continue;
+      case FrameRole::kWalkStep: ContinueWalk(type, head, now); continue;
+      case FrameRole::kReply: break;
     }
-    if (reply_tenant_ != nullptr && front->expect != Pending::Expect::kAny && !AsExpected(front->expect, type, kind)) {
-      // The server's transaction state is not the one the reply filter follows (a command the
-      // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.
-      EventLine("error", "transaction_state_differs").Str("command", commands::Spec(front->command).name).Write(stderr);
-      worker_.shard->unexpected_replies.Add();
-      desynced_ = true;
-      ok = false;
-      break;
-    }
-    if (front->kind == Kind::kWalk) {
-      ContinueWalk(type, head, now);
-      continue;
-    }
+    if (!ok) break;
     if (front->hidden) {
       // The client asked not to see it.
     } else if (front->kind == Kind::kExecAbort) {

@@ -8,6 +8,7 @@
 #include <random>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "keyguard/config/config.h"
@@ -61,6 +62,14 @@ struct Worker {
   // Tenancy: each tenant's budget of key-walk steps on this worker (walk_steps_per_second, up to
   // one second's worth).
   std::unordered_map<const tenant::Tenant*, tenant::StepBudget> walk_budget;
+
+  // keyguard_hygiene_actions_total by finding kind and action.
+  metrics::Counter& HygieneActions(hygiene::Kind kind, hygiene::Action action) {
+    return hygiene_action_handles.Get({kind, action}, [&]() -> metrics::Counter& {
+      return shard->hygiene_actions.Get({hygiene::KindName(kind), hygiene::ActionName(action)});
+    });
+  }
+  metrics::HandleCache<std::pair<hygiene::Kind, hygiene::Action>> hygiene_action_handles;
 };
 
 // Counts a finding (keyguard_findings_total, keyguard_bigkey_access_total) and hands it to the

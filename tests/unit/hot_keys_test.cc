@@ -192,7 +192,8 @@ TEST(HotKeysBoardTest, PublishesIntervalsAndRendersJson) {
             std::string::npos)
       << json;
   std::string metrics;
-  board.AppendMetrics(&metrics);
+  metrics::TextWriter writer(&metrics);
+  board.AppendMetrics(writer);
   EXPECT_NE(metrics.find("keyguard_hot_key_pattern_accesses{key_pattern=\"p:a\"} 5\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("keyguard_hot_key_pattern_accesses{key_pattern=\"p:b\"} 1\n"), std::string::npos) << metrics;
   const std::string big = board.BigKeysJson(20);

@@ -193,6 +193,64 @@ TEST(ConnectionStateTest, SubscriptionsCountConfirmations) {
   EXPECT_EQ(Send(s, "SUBSCRIBE c").p.kind, Kind::kForward);  // queued: confirmations come with EXEC
 }
 
+// The role of a frame: its type and top-level scalars, as the reply framer gives them.
+FrameRole Role(const ConnectionState& s, const Pending* front, char type, std::vector<std::string_view> scalars,
+               bool filtered = false) {
+  std::vector<resp::ReplyFramer::Scalar> head;
+  for (std::string_view t : scalars) head.push_back({'$', t});
+  return s.Classify(front, type, head, filtered);
+}
+
+TEST(ConnectionStateTest, FramesAreTheHeadsReplyOnlyWhenNothingElseExplainsThem) {
+  ConnectionState s;
+  Sent get = Send(s, "GET k");
+  EXPECT_EQ(Role(s, &get.p, '$', {"v"}), FrameRole::kReply);
+  EXPECT_EQ(Role(s, nullptr, '$', {"v"}), FrameRole::kUnexpected);
+  // RESP2: an array that looks like a message is a reply until the connection is subscribed.
+  EXPECT_EQ(Role(s, &get.p, '*', {"message", "ch", "x"}), FrameRole::kReply);
+  Sent sub = Send(s, "SUBSCRIBE ch");
+  EXPECT_EQ(Role(s, &sub.p, '*', {"subscribe", "ch", "1"}), FrameRole::kConfirmation);
+  EXPECT_EQ(Role(s, &sub.p, '*', {"psubscribe", "ch", "1"}), FrameRole::kReply) << "not its confirmation";
+  s.TrackConfirmation("subscribe", "ch");
+  EXPECT_EQ(Role(s, &get.p, '*', {"message", "ch", "x"}), FrameRole::kPush);
+  EXPECT_EQ(Role(s, &get.p, '*', {"pmessage", "p*", "ch", "x"}), FrameRole::kPush);
+  EXPECT_EQ(Role(s, &get.p, '*', {"message"}), FrameRole::kReply) << "too short for a message";
+  // RESP3: every push is out of band, a confirmation of the head's kind excepted.
+  Sent hello = Send(s, "HELLO 3");
+  s.OnReply(hello.p, false);
+  EXPECT_EQ(Role(s, &get.p, '>', {"invalidate", "k"}), FrameRole::kPush);
+  EXPECT_EQ(Role(s, &sub.p, '>', {"subscribe", "ch", "1"}), FrameRole::kConfirmation);
+  EXPECT_EQ(Role(s, &sub.p, '*', {"subscribe", "ch", "1"}), FrameRole::kReply) << "RESP3 confirms with pushes";
+  // MONITOR lines only once MONITOR took effect.
+  const std::string_view line = "1700000000.123456 [0 127.0.0.1:5555] \"get\" \"k\"";
+  EXPECT_EQ(Role(s, &get.p, '+', {line}), FrameRole::kReply);
+  Sent monitor = Send(s, "MONITOR");
+  s.OnReply(monitor.p, false);
+  EXPECT_EQ(Role(s, &get.p, '+', {line}), FrameRole::kPush);
+  EXPECT_EQ(Role(s, &get.p, '+', {"OK"}), FrameRole::kReply);
+  EXPECT_FALSE(IsMonitorLine("1700000000 [0 x]")) << "no fraction";
+  EXPECT_FALSE(IsMonitorLine("1.5 x"));
+}
+
+TEST(ConnectionStateTest, FilteredRepliesThatBreakTheExpectationAreADesync) {
+  ConnectionState s;
+  Sent multi = Send(s, "MULTI", /*tenant=*/true);
+  EXPECT_EQ(Role(s, &multi.p, '+', {"OK"}, true), FrameRole::kReply);
+  Sent get = Send(s, "GET k", true);
+  EXPECT_EQ(Role(s, &get.p, '+', {"QUEUED"}, true), FrameRole::kReply);
+  EXPECT_EQ(Role(s, &get.p, '$', {"v"}, true), FrameRole::kDesync) << "the server did not queue it";
+  EXPECT_EQ(Role(s, &get.p, '$', {"v"}, false), FrameRole::kReply) << "unfiltered: passed on as it is";
+  EXPECT_EQ(Role(s, &get.p, '-', {"ERR x"}, true), FrameRole::kReply) << "an error is always a possible reply";
+  Pending internal;
+  internal.kind = Kind::kInternal;
+  EXPECT_EQ(Role(s, &internal, '+', {"OK"}, true), FrameRole::kInternal);
+  Pending walk;
+  walk.kind = Kind::kWalk;
+  walk.expect = Expect::kNotQueued;
+  EXPECT_EQ(Role(s, &walk, '*', {"0", "3", ""}, true), FrameRole::kWalkStep);
+  EXPECT_EQ(Role(s, &walk, '+', {"QUEUED"}, true), FrameRole::kDesync);
+}
+
 TEST(ConnectionStateTest, QuitStopsReadingAndSyncStartsAStream) {
   ConnectionState s;
   Sent quit = Send(s, "QUIT");

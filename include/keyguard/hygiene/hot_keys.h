@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "keyguard/hygiene/detectors.h"
+#include "keyguard/metrics/text_writer.h"
 
 namespace keyguard::hygiene {
 
@@ -202,7 +203,7 @@ class HotKeysBoard {
   std::string BigKeysJson(size_t n) const;
   // keyguard_hot_key_pattern_accesses{key_pattern} for the 10 patterns with the most accesses in
   // the workers' last complete intervals.
-  void AppendMetrics(std::string* out) const;
+  void AppendMetrics(metrics::TextWriter& w) const;
 
  private:
   uint64_t Scale() const { return settings_.hot_keys_sample > 0 ? settings_.hot_keys_sample : 1; }

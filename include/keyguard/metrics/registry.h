@@ -12,9 +12,15 @@
 #include <set>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/string_view.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/metrics/families.h"
+#include "keyguard/metrics/text_writer.h"
 
 namespace keyguard::metrics {
 
@@ -85,27 +91,87 @@ struct CommandStats {
 enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kCount };
 inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol", "auth"};
 
-// Counters keyed by a rendered label set (`rule="lowercase",action="observe"`), created on first
-// use. Only the owning worker creates and increments; lookups need no lock because only that
-// thread inserts, and inserts take the mutex that Registry::Render holds while it reads.
+// The counters of one labeled family of the table, one per label-value set, created on first use.
+// Callers pass label values as values (one per label name of the family) and keep the Counter&
+// it returns: a handle, valid as long as the shard, to resolve once (per worker, per tenant
+// binding, per cached rule/pattern) rather than per event. A lookup hashes the values, with no
+// string built. Only the owning worker creates and looks up; lookups need no lock because only
+// that thread inserts, and inserts take the mutex that Registry::Render holds while it reads.
+template <FamilyId F>
 class LabeledCounters {
  public:
-  Counter& Get(const std::string& labels) {
-    auto it = counters_.find(labels);
+  static constexpr const Family& kFamily = Of(F);
+  static constexpr size_t kLabels = kFamily.label_count();
+  static_assert(kFamily.type == Type::kCounter && kLabels > 0);
+  using Values = std::array<std::string_view, kLabels>;
+
+  Counter& Get(const Values& values) {
+    auto it = counters_.find(values);
     if (it != counters_.end()) return *it->second;
+    Key key;
+    for (size_t i = 0; i < kLabels; ++i) key[i].assign(values[i].data(), values[i].size());
     std::lock_guard<std::mutex> lock(mu_);
-    return *counters_.emplace(labels, std::make_unique<Counter>()).first->second;
+    return *counters_.emplace(std::move(key), std::make_unique<Counter>()).first->second;
   }
-  // Calls f(labels, value) for every counter, under the lock.
-  template <typename F>
-  void ForEach(F f) const {
+  // Calls f(values, value) for every counter, under the lock.
+  template <typename Fn>
+  void ForEach(Fn f) const {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [labels, counter] : counters_) f(labels, counter->Get());
+    Values values;
+    for (const auto& [key, counter] : counters_) {
+      for (size_t i = 0; i < kLabels; ++i) values[i] = key[i];
+      f(values, counter->Get());
+    }
   }
 
  private:
+  using Key = std::array<std::string, kLabels>;
+  // Heterogeneous: a Values finds a Key without building one.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(const Values& v) const {
+      std::array<absl::string_view, kLabels> a;
+      for (size_t i = 0; i < kLabels; ++i) a[i] = absl::string_view(v[i].data(), v[i].size());
+      return absl::Hash<decltype(a)>{}(a);
+    }
+    size_t operator()(const Key& k) const {
+      Values v;
+      for (size_t i = 0; i < kLabels; ++i) v[i] = k[i];
+      return (*this)(v);
+    }
+  };
+  struct Eq {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      for (size_t i = 0; i < kLabels; ++i) {
+        if (std::string_view(a[i]) != std::string_view(b[i])) return false;
+      }
+      return true;
+    }
+  };
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Counter>> counters_;
+  absl::flat_hash_map<Key, std::unique_ptr<Counter>, Hash, Eq> counters_;
+};
+
+// Counter handles of a labeled family cached by a key the caller already holds (addresses of
+// label values that outlive the cache, enums), so a hot path resolves each label set once and
+// afterwards hashes a few words instead of the label values. One owner thread. The caller clears
+// it when what the key points at may go away.
+template <typename Key>
+class HandleCache {
+ public:
+  // The handle for `key`; `resolve()` returns the Counter& the first time.
+  template <typename Resolve>
+  Counter& Get(const Key& key, Resolve resolve) {
+    auto [it, inserted] = handles_.try_emplace(key, nullptr);
+    if (inserted) it->second = &resolve();
+    return *it->second;
+  }
+  void Clear() { handles_.clear(); }
+
+ private:
+  absl::flat_hash_map<Key, Counter*> handles_;
 };
 
 // One worker's metrics. Only that worker writes; Registry::Render reads.
@@ -138,20 +204,21 @@ class WorkerShard {
   Counter unexpected_replies;
   Counter probed_keys;  // keys the sizing probe asked about
   std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
-  LabeledCounters key_violations;     // rule, action, key_pattern
-  LabeledCounters keys_rewritten;     // rule
-  LabeledCounters commands_rejected;  // reason
-  LabeledCounters findings;           // kind, key_pattern
-  LabeledCounters bigkey_access;      // kind, command, key_pattern
-  LabeledCounters hygiene_actions;    // kind, action: what keyguard did about each finding
+  LabeledCounters<FamilyId::kKeyViolations> key_violations;        // rule, action, key_pattern
+  LabeledCounters<FamilyId::kKeysRewritten> keys_rewritten;        // rule
+  LabeledCounters<FamilyId::kCommandsRejected> commands_rejected;  // reason
+  LabeledCounters<FamilyId::kFindings> findings;                   // kind, key_pattern
+  LabeledCounters<FamilyId::kBigkeyAccess> bigkey_access;          // kind, command, key_pattern
+  LabeledCounters<FamilyId::kHygieneActions> hygiene_actions;      // kind, action: what keyguard did about each finding
   // Per tenant (label values bounded by the configured tenants).
-  LabeledCounters tenant_commands;        // tenant
-  LabeledCounters tenant_received_bytes;  // tenant
-  LabeledCounters tenant_sent_bytes;      // tenant
-  LabeledCounters tenant_rejected;        // tenant, reason
+  LabeledCounters<FamilyId::kTenantCommands> tenant_commands;             // tenant
+  LabeledCounters<FamilyId::kTenantReceivedBytes> tenant_received_bytes;  // tenant
+  LabeledCounters<FamilyId::kTenantSentBytes> tenant_sent_bytes;          // tenant
+  LabeledCounters<FamilyId::kTenantRejected> tenant_rejected;             // tenant, reason
 
   // The label value for a key pattern: itself while fewer than `cap` distinct patterns were seen
-  // on this worker, then "{other}" for new ones.
+  // on this worker, then "{other}" for new ones. The reference lives as long as the shard (its
+  // address may key a HandleCache).
   const std::string& PatternLabel(const std::string& pattern, size_t cap);
 
  private:
@@ -167,8 +234,9 @@ class Registry {
   // Creates a shard; call before workers start. The pointer lives as long as the registry.
   WorkerShard* AddShard();
   Gauge& draining() { return draining_; }
-  // Adds a function that appends more exposition text at each scrape (process-wide values).
-  void AddCollector(std::function<void(std::string*)> f) { collectors_.push_back(std::move(f)); }
+  // Adds a function that appends more exposition text at each scrape (process-wide values), with
+  // a TextWriter over the scrape's text and families from the table.
+  void AddCollector(std::function<void(TextWriter&)> f) { collectors_.push_back(std::move(f)); }
   // Prometheus text exposition of every metric.
   std::string Render() const;
 
@@ -176,7 +244,7 @@ class Registry {
   std::mutex mu_;
   std::deque<WorkerShard> shards_;
   Gauge draining_;
-  std::vector<std::function<void(std::string*)>> collectors_;
+  std::vector<std::function<void(TextWriter&)>> collectors_;
 };
 
 }  // namespace keyguard::metrics
