@@ -31,7 +31,7 @@ struct Worker {
   // `conns`: the process-wide registry of tenant connections (with tenancy; it outlives the worker).
   Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up,
          tenant::Connections* conns = nullptr)
-      : io(1), config(c), store(st), shard(s), upstream(up), connections(conns) {
+      : io(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO), config(c), store(st), shard(s), upstream(up), connections(conns) {
     Refresh();
     for (size_t r = 0; r < kRefusalCount; ++r) {
       rejected[r] =
@@ -56,6 +56,9 @@ struct Worker {
     for (const std::string& name : live->deny_commands) deny[commands::LookupCommand(name)] = true;
   }
 
+  // Sockets and timers of a worker are used from its thread only, so the reactor's per-socket
+  // locks are off (UNSAFE_IO); the scheduler's lock stays, as the control thread posts the drain
+  // to this io_context and stops it.
   asio::io_context io;
   const config::ProxyConfig& config;  // settings fixed at start-up
   config::ConfigStore& store;
