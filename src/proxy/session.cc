@@ -716,6 +716,11 @@ bool Session::ApplyScriptPolicy(std::span<const std::string_view> args, commands
 bool Session::ApplyKeyPolicy(std::span<const std::string_view> args, commands::CommandId id,
                              const commands::CommandSpec& spec, bool* modified, std::string* refusal) {
   const policy::KeyPolicy& policy = *worker_.live->key_policy;
+  // The common case: every key conforms, and nothing below needs building.
+  if (std::all_of(key_refs_.begin(), key_refs_.end(),
+                  [&](const commands::KeyRef& ref) { return policy.Conforms(args[ref.pos]); })) {
+    return true;
+  }
   metrics::WorkerShard& shard = *worker_.shard;
   const policy::Violation* reject = nullptr;
   std::string reject_key, reject_rules, reject_suggestion;
