@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <functional>
 #include <deque>
 #include <string>
 
@@ -16,6 +18,22 @@ namespace {
 
 #include "command_table.inc"
 
+// The commands whose keys Redis finds with its own code rather than (only) the key specs.
+enum class KeyParser : uint8_t { kSpecs, kGeoradius, kGeoradiusByMember, kSort, kSortRo, kMigrate, kSet, kBitfield };
+
+KeyParser KeyParserByName(std::string_view name) {
+  static constexpr std::pair<std::string_view, KeyParser> kNamed[] = {
+      {"georadius", KeyParser::kGeoradius}, {"georadiusbymember", KeyParser::kGeoradiusByMember},
+      {"sort", KeyParser::kSort},           {"sort_ro", KeyParser::kSortRo},
+      {"migrate", KeyParser::kMigrate},     {"set", KeyParser::kSet},
+      {"bitfield", KeyParser::kBitfield},
+  };
+  for (const auto& [n, parser] : kNamed) {
+    if (n == name) return parser;
+  }
+  return KeyParser::kSpecs;
+}
+
 // The live table: the generated one, plus what the upstream's COMMAND INFO added at start-up.
 struct Table {
   std::vector<CommandSpec> specs;  // top-level commands and subcommands, by index
@@ -24,18 +42,24 @@ struct Table {
   std::deque<std::string> strings;  // names and keywords of added commands
   // Open addressing on FNV-1a of the lowercase name: one short loop lowercases and hashes the
   // request's first argument, one probe (rarely two) finds the id.
+  // The name is kept with its length: a probe compares hash and length, then the bytes.
   struct Slot {
     uint64_t hash = 0;
+    const char* name = nullptr;
+    uint32_t len = 0;
     CommandId id = kUnknownCommand;
   };
   std::vector<Slot> slots;
   size_t max_len = 0;
+  // By spec index, for the compiled-in specs: which key parser Redis runs for it.
+  std::vector<KeyParser> parsers;
 
   Table()
       : specs(std::begin(kCommandSpecs), std::end(kCommandSpecs)),
         key_specs(std::begin(kKeySpecs), std::end(kKeySpecs)) {
     for (size_t id = 0; id < kTopLevelCommands; ++id) top.push_back(static_cast<uint32_t>(id));
     for (size_t id = 1; id < kTopLevelCommands; ++id) Index(static_cast<CommandId>(id));
+    for (const CommandSpec& s : specs) parsers.push_back(KeyParserByName(s.name));
   }
   static uint64_t Hash(std::string_view lower) { return Fnv1a(lower); }
   void Index(CommandId id) {
@@ -53,13 +77,24 @@ struct Table {
     const uint64_t h = Hash(name);
     size_t i = h & (slots.size() - 1);
     while (slots[i].id != kUnknownCommand) i = (i + 1) & (slots.size() - 1);
-    slots[i] = Slot{h, id};
+    slots[i] = Slot{h, name.data(), static_cast<uint32_t>(name.size()), id};
   }
 };
 
 Table& GetTable() {
   static Table* table = new Table();
   return *table;
+}
+
+// Added commands and subcommands never carry one of these names (an added name is one the
+// compiled-in table lacks, or has a '|'), but a spec that is not the table's is judged by name.
+KeyParser ParserOf(const CommandSpec& spec) {
+  const Table& t = GetTable();
+  const std::less<const CommandSpec*> before;
+  if (!before(&spec, t.specs.data()) && before(&spec, t.specs.data() + t.parsers.size())) {
+    return t.parsers[static_cast<size_t>(&spec - t.specs.data())];
+  }
+  return KeyParserByName(spec.name);
 }
 
 bool HasArg(std::span<const std::string_view> args, size_t from, std::string_view word) {
@@ -176,6 +211,11 @@ void GeoRadiusKeys(int base, std::span<const std::string_view> args, bool specs_
 }
 
 // bitfieldGetKeys: read-only when only GET and OVERFLOW appear.
+// SET writes its key, and reads it too with GET.
+uint32_t SetKeyFlags(std::span<const std::string_view> args) {
+  return HasArg(args, 3, "get") ? (kKeyRw | kKeyAccess | kKeyUpdate) : (kKeyOw | kKeyUpdate);
+}
+
 uint32_t BitfieldFlags(std::span<const std::string_view> args) {
   const int argc = static_cast<int>(args.size());
   for (int i = 2; i < argc; ++i) {
@@ -201,19 +241,22 @@ CommandId LookupCommand(std::string_view name) {
   // "set\0x" finds SET when the hashes share a bucket): a NUL ends the name here, so such a
   // command is judged as the command the server may run.
   char lower[128];
+  const size_t limit = std::min(t.max_len, sizeof lower);
+  // Lowercases and hashes (Table::Hash, FNV-1a) in one pass.
+  uint64_t h = kFnvBasis;
   size_t n = 0;
   for (; n < name.size() && name[n] != '\0'; ++n) {
-    if (n == t.max_len || n == sizeof lower) return kUnknownCommand;  // longer than any name
+    if (n == limit) return kUnknownCommand;  // longer than any name
     const char c = name[n];
-    lower[n] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
+    const char l = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
+    lower[n] = l;
+    h = (h ^ static_cast<unsigned char>(l)) * kFnvPrime;
   }
   if (n == 0) return kUnknownCommand;
-  const std::string_view key(lower, n);
-  const uint64_t h = Table::Hash(key);
   for (size_t i = h & (t.slots.size() - 1);; i = (i + 1) & (t.slots.size() - 1)) {
     const Table::Slot& slot = t.slots[i];
     if (slot.id == kUnknownCommand) return kUnknownCommand;
-    if (slot.hash == h && key == t.specs[t.top[slot.id]].name) return slot.id;
+    if (slot.hash == h && slot.len == n && std::memcmp(slot.name, lower, n) == 0) return slot.id;
   }
 }
 
@@ -325,13 +368,18 @@ int GeoRadiusStore(std::span<const std::string_view> args, int base) {
 bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out) {
   const size_t before = out->size();
   if (spec.spec_count == 1) {
-    // The most common shape by far (GET, HSET, INCR, ...): one key at a fixed position.
+    // The most common shape by far (GET, SET, HSET, INCR, ...): one key at a fixed position.
     const KeySpec& k = KeySpecs(spec)[0];
     if (k.begin == KeySpec::kIndex && k.find == KeySpec::kRange && k.lastkey == 0 &&
-        (k.flags & (kKeyNotKey | kKeyIncomplete | kKeyVariableFlags)) == 0 && k.index > 0 &&
-        static_cast<size_t>(k.index) < args.size()) {
-      out->push_back(KeyRef{static_cast<uint32_t>(k.index), k.flags});
-      return true;
+        (k.flags & (kKeyNotKey | kKeyIncomplete)) == 0 && k.index > 0 && static_cast<size_t>(k.index) < args.size()) {
+      if ((k.flags & kKeyVariableFlags) == 0) {
+        out->push_back(KeyRef{static_cast<uint32_t>(k.index), k.flags});
+        return true;
+      }
+      if (ParserOf(spec) == KeyParser::kSet) {  // as below, without the walk over the specs
+        out->push_back(KeyRef{static_cast<uint32_t>(k.index), SetKeyFlags(args)});
+        return true;
+      }
     }
   }
   uint32_t all = 0, missing = 0;
@@ -341,21 +389,21 @@ bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, s
   }
   const bool has_keyspec = (missing & kKeyNotKey) != 0;
   const bool variable_flags = (all & kKeyVariableFlags) != 0;
-  const std::string_view name(spec.name);
+  const KeyParser parser = ParserOf(spec);
   if (has_keyspec && !variable_flags) {
-    if (name == "georadius" || name == "georadiusbymember") {
+    if (parser == KeyParser::kGeoradius || parser == KeyParser::kGeoradiusByMember) {
       const bool specs_ok = KeysFromSpecs(spec, args, out);
-      GeoRadiusKeys(name == "georadius" ? 6 : 5, args, specs_ok, out, before);
+      GeoRadiusKeys(parser == KeyParser::kGeoradius ? 6 : 5, args, specs_ok, out, before);
       return true;
     }
     if (KeysFromSpecs(spec, args, out)) return true;
     out->resize(before);
     // Redis falls back to the command's own parser; only these differ from "no keys".
-    if (name == "sort" || name == "sort_ro") {
-      SortKeys(name == "sort_ro", args, out);
+    if (parser == KeyParser::kSort || parser == KeyParser::kSortRo) {
+      SortKeys(parser == KeyParser::kSortRo, args, out);
       return true;
     }
-    if (name == "migrate") {
+    if (parser == KeyParser::kMigrate) {
       MigrateKeys(args, out);
       return out->size() > before;
     }
@@ -370,9 +418,9 @@ bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, s
       return false;
     }
     uint32_t flags = 0;
-    if (name == "set") {
-      flags = HasArg(args, 3, "get") ? (kKeyRw | kKeyAccess | kKeyUpdate) : (kKeyOw | kKeyUpdate);
-    } else if (name == "bitfield") {
+    if (parser == KeyParser::kSet) {
+      flags = SetKeyFlags(args);
+    } else if (parser == KeyParser::kBitfield) {
       flags = BitfieldFlags(args);
     }
     if (flags != 0) {

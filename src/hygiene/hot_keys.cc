@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -15,67 +16,105 @@ namespace keyguard::hygiene {
 SpaceSaving::SpaceSaving(size_t capacity) : capacity_(capacity) {
   slots_.reserve(capacity);
   heap_.reserve(capacity);
-  index_.reserve(capacity);
+  size_t buckets = 2;
+  while (buckets < 2 * capacity) buckets *= 2;
+  index_.assign(buckets, 0);
 }
 
-void SpaceSaving::Swap(uint32_t a, uint32_t b) {
-  std::swap(heap_[a], heap_[b]);
-  slots_[heap_[a]].heap = a;
-  slots_[heap_[b]].heap = b;
-}
+uint64_t SpaceSaving::Hash(absl::string_view item) { return absl::Hash<absl::string_view>{}(item); }
 
+// Hole-based sifts: the moving counter is written once, where it ends. They compare exactly as a
+// sift by swaps does, so ties are broken the same way.
 void SpaceSaving::SiftUp(uint32_t pos) {
+  const Counter c = heap_[pos];
   while (pos > 0) {
     const uint32_t parent = (pos - 1) / 2;
-    if (slots_[heap_[parent]].count <= slots_[heap_[pos]].count) return;
-    Swap(parent, pos);
+    if (heap_[parent].count <= c.count) break;
+    Place(pos, heap_[parent]);
     pos = parent;
   }
+  Place(pos, c);
 }
 
 void SpaceSaving::SiftDown(uint32_t pos) {
   const uint32_t n = static_cast<uint32_t>(heap_.size());
+  const Counter c = heap_[pos];
   for (;;) {
     const uint32_t l = 2 * pos + 1;
-    if (l >= n) return;
+    if (l >= n) break;
     uint32_t smallest = l;
-    if (l + 1 < n && slots_[heap_[l + 1]].count < slots_[heap_[l]].count) smallest = l + 1;
-    if (slots_[heap_[pos]].count <= slots_[heap_[smallest]].count) return;
-    Swap(pos, smallest);
+    if (l + 1 < n && heap_[l + 1].count < heap_[l].count) smallest = l + 1;
+    if (c.count <= heap_[smallest].count) break;
+    Place(pos, heap_[smallest]);
     pos = smallest;
   }
+  Place(pos, c);
 }
 
-void SpaceSaving::Add(absl::string_view item, uint64_t weight) {
+int64_t SpaceSaving::Find(absl::string_view item, uint64_t hash) const {
+  const size_t mask = index_.size() - 1;
+  for (size_t i = hash & mask; index_[i] != 0; i = (i + 1) & mask) {
+    const Slot& s = slots_[index_[i] - 1];
+    if (s.hash == hash && s.item == item) return index_[i] - 1;
+  }
+  return -1;
+}
+
+void SpaceSaving::Index(uint32_t slot) {
+  const size_t mask = index_.size() - 1;
+  size_t i = slots_[slot].hash & mask;
+  while (index_[i] != 0) i = (i + 1) & mask;
+  index_[i] = slot + 1;
+}
+
+void SpaceSaving::Unindex(uint32_t slot) {
+  const size_t mask = index_.size() - 1;
+  size_t hole = slots_[slot].hash & mask;
+  while (index_[hole] != slot + 1) hole = (hole + 1) & mask;
+  // Backward shift: pull later entries of the probe run into the hole when their home position
+  // does not lie (cyclically) after it, so that every entry stays reachable from its home.
+  for (size_t j = (hole + 1) & mask; index_[j] != 0; j = (j + 1) & mask) {
+    const size_t home = slots_[index_[j] - 1].hash & mask;
+    const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+    if (stays) continue;
+    index_[hole] = index_[j];
+    hole = j;
+  }
+  index_[hole] = 0;
+}
+
+void SpaceSaving::Add(absl::string_view item, uint64_t hash, uint64_t weight) {
   if (capacity_ == 0) return;
   total_ += weight;
-  if (auto it = index_.find(item); it != index_.end()) {
-    Slot& s = slots_[it->second];
-    s.count += weight;
-    SiftDown(s.heap);
+  if (const int64_t found = Find(item, hash); found >= 0) {
+    const uint32_t pos = slots_[static_cast<size_t>(found)].heap;
+    heap_[pos].count += weight;
+    SiftDown(pos);
     return;
   }
   if (slots_.size() < capacity_) {
     const uint32_t idx = static_cast<uint32_t>(slots_.size());
-    slots_.push_back(Slot{std::string(item.data(), item.size()), weight, 0, static_cast<uint32_t>(heap_.size())});
-    heap_.push_back(idx);
-    SiftUp(slots_[idx].heap);
-    index_.emplace(absl::string_view(slots_[idx].item), idx);
+    const uint32_t pos = static_cast<uint32_t>(heap_.size());
+    slots_.push_back(Slot{std::string(item.data(), item.size()), 0, hash, pos});
+    heap_.push_back(Counter{weight, idx});
+    SiftUp(pos);
+    Index(idx);
     return;
   }
   // Full: the new item takes over the smallest counter, whose count becomes its error.
-  const uint32_t idx = heap_[0];
+  const uint32_t idx = heap_[0].slot;
   Slot& s = slots_[idx];
-  index_.erase(absl::string_view(s.item));
+  Unindex(idx);
   s.item.assign(item.data(), item.size());
-  s.error = s.count;
-  s.count += weight;
-  index_.emplace(absl::string_view(s.item), idx);
+  s.hash = hash;
+  s.error = heap_[0].count;
+  heap_[0].count += weight;
+  Index(idx);
   SiftDown(0);
 }
 
 void SpaceSaving::Clear() {
-  index_.clear();
+  std::fill(index_.begin(), index_.end(), 0);
   heap_.clear();
   slots_.clear();
   total_ = 0;
@@ -84,7 +123,7 @@ void SpaceSaving::Clear() {
 std::vector<SpaceSaving::Entry> SpaceSaving::Entries() const {
   std::vector<Entry> out;
   out.reserve(slots_.size());
-  for (const Slot& s : slots_) out.push_back(Entry{s.item, s.count, s.error});
+  for (const Slot& s : slots_) out.push_back(Entry{s.item, heap_[s.heap].count, s.error});
   std::sort(out.begin(), out.end(),
             [](const Entry& a, const Entry& b) { return a.count != b.count ? a.count > b.count : a.item < b.item; });
   return out;
@@ -180,8 +219,9 @@ HotKeys::HotKeys(const Settings& s)
 
 void HotKeys::Access(absl::string_view tenant, absl::string_view key, uint64_t bytes) {
   HotKeyItem(tenant, key, &item_);
-  by_count_.Add(item_, 1);
-  by_bytes_.Add(item_, bytes);
+  const uint64_t hash = SpaceSaving::Hash(item_);
+  by_count_.Add(item_, hash, 1);
+  by_bytes_.Add(item_, hash, bytes);
 }
 
 void HotKeys::ObserveSize(absl::string_view tenant, absl::string_view key, bool elements, uint64_t size,

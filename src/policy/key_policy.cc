@@ -234,36 +234,61 @@ void KeyPolicy::BuildClasses() {
   }
 }
 
+KeyPolicy::Shape KeyPolicy::Scan(std::string_view key) const {
+  // One table lookup per byte; four bytes a round, as keys are a few dozen bytes.
+  const auto* p = reinterpret_cast<const unsigned char*>(key.data());
+  const size_t n = key.size();
+  uint8_t seen = 0;
+  size_t colons = 0;  // kColon per ':'
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const uint8_t a = class_[p[i]], b = class_[p[i + 1]], c = class_[p[i + 2]], d = class_[p[i + 3]];
+    seen |= a | b | c | d;
+    colons += (a & kColon) + (b & kColon) + (c & kColon) + (d & kColon);
+  }
+  for (; i < n; ++i) {
+    const uint8_t a = class_[p[i]];
+    seen |= a;
+    colons += a & kColon;
+  }
+  Shape shape;
+  shape.seen = seen;
+  shape.segments = 1 + colons / kColon;
+  // A leading hash tag is allowed where tags are: `{user:1001}:profile` starts with its tag's letter.
+  const size_t first = allow_hash_tags_ && n > 0 && p[0] == '{' ? 1 : 0;
+  shape.letter_first = n > first && (class_[p[first]] & kLetter);
+  return shape;
+}
+
+bool KeyPolicy::LongSegment(std::string_view key) const {
+  if (key.size() <= max_segment_bytes_) return false;  // no segment is longer than the key
+  size_t start = 0;
+  for (;;) {
+    const size_t colon = key.find(':', start);
+    const size_t end = colon == std::string_view::npos ? key.size() : colon;
+    if (end - start > max_segment_bytes_) return true;
+    if (colon == std::string_view::npos) return false;
+    start = colon + 1;
+  }
+}
+
+bool KeyPolicy::FastPass(const Shape& shape, std::string_view key) const {
+  return !has_key_list_rules_ && (shape.seen & (kUpper | kBad | kBrace)) == 0 && shape.letter_first &&
+         key.size() <= max_length_ && shape.segments <= max_segments_ && !LongSegment(key) &&
+         (!slash_allowed_ || key.find("://") == std::string_view::npos);
+}
+
 void KeyPolicy::Check(std::string_view key, commands::CommandId id, const commands::CommandSpec& spec,
                       std::vector<Violation>* out) const {
-  // One pass over the key, one table lookup per byte, collects everything the built-in rules
-  // look at.
-  uint8_t seen = 0;
-  uint32_t segments = 1;
-  size_t segment_start = 0, longest_segment = 0;
-  for (size_t i = 0; i < key.size(); ++i) {
-    const uint8_t cls = class_[static_cast<unsigned char>(key[i])];
-    seen |= cls;
-    if (cls & kColon) {
-      longest_segment = std::max(longest_segment, i - segment_start);
-      segment_start = i + 1;
-      ++segments;
-    }
-  }
-  longest_segment = std::max(longest_segment, key.size() - segment_start);
-  const bool upper = seen & kUpper;
-  const bool bad_char = seen & kBad;
-  const bool forbidden = seen & kForbidden;
-  const bool braces = seen & kBrace;
-  // A leading hash tag is allowed where tags are: `{user:1001}:profile` starts with its tag's letter.
-  const size_t first = allow_hash_tags_ && !key.empty() && key[0] == '{' ? 1 : 0;
-  const bool letter_first = key.size() > first && (class_[static_cast<unsigned char>(key[first])] & kLetter);
+  const Shape shape = Scan(key);
   // The common case: a conforming key and only built-in rules that look at its shape.
-  if (!has_key_list_rules_ && !upper && !bad_char && !braces && letter_first && key.size() <= max_length_ &&
-      segments <= max_segments_ && longest_segment <= max_segment_bytes_ &&
-      (!slash_allowed_ || key.find("://") == std::string_view::npos)) {
-    return;
-  }
+  if (FastPass(shape, key)) return;
+  const bool upper = shape.seen & kUpper;
+  const bool bad_char = shape.seen & kBad;
+  const bool forbidden = shape.seen & kForbidden;
+  const bool braces = shape.seen & kBrace;
+  const bool letter_first = shape.letter_first;
+  const size_t segments = shape.segments;
 
   for (const Rule& rule : rules_) {
     if (!rule.scope.Matches(id, spec)) continue;
@@ -294,9 +319,7 @@ void KeyPolicy::Check(std::string_view key, commands::CommandId id, const comman
       case Rule::Kind::kHashTags: broken = braces && (!allow_hash_tags_ || !WellFormedHashTag(key)); break;
       case Rule::Kind::kMaxLength: broken = key.size() > max_length_; break;
       case Rule::Kind::kMaxSegments: broken = segments > max_segments_; break;
-      case Rule::Kind::kOpaqueSegments:
-        broken = longest_segment > max_segment_bytes_ || key.find("://") != std::string_view::npos;
-        break;
+      case Rule::Kind::kOpaqueSegments: broken = LongSegment(key) || key.find("://") != std::string_view::npos; break;
       case Rule::Kind::kEntities: {
         const std::string_view entity = key.substr(0, key.find(':'));
         broken = std::find(entities_.begin(), entities_.end(), entity) == entities_.end();

@@ -266,6 +266,11 @@ bool CommandPipeline::ScriptPolicy(const CommandContext& c) {
 
 bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::CommandSpec& spec) {
   const policy::KeyPolicy& policy = *shared_.live->key_policy;
+  // The common case: every key conforms, and nothing below needs building.
+  if (std::all_of(key_refs_.begin(), key_refs_.end(),
+                  [&](const commands::KeyRef& ref) { return policy.Conforms(c.args[ref.pos]); })) {
+    return true;
+  }
   metrics::WorkerShard& shard = *shared_.shard;
   const auto args = c.args;
   const policy::Violation* reject = nullptr;

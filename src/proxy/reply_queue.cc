@@ -5,8 +5,9 @@
 namespace keyguard::proxy {
 
 bool ReplyQueue::QueueLocal(std::string& text, commands::CommandId id, bool close_after) {
-  if (q_.empty()) return false;
-  Pending& p = q_.emplace_back();
+  if (empty()) return false;
+  Pending& p = Append();
+  p = Pending{};
   p.kind = Pending::Kind::kLocal;
   p.command = id;
   p.close_after = close_after;
@@ -15,12 +16,13 @@ bool ReplyQueue::QueueLocal(std::string& text, commands::CommandId id, bool clos
 }
 
 bool ReplyQueue::ClientWaiting() const {
-  return std::any_of(q_.begin(), q_.end(), [](const Pending& p) { return p.kind != Pending::Kind::kInternal; });
+  return std::any_of(begin(), end(), [](const Pending& p) { return p.kind != Pending::Kind::kInternal; });
 }
 
 std::string ReplyQueue::Abort(std::string_view error, std::vector<commands::CommandId>* failed) {
   std::string out;
-  for (Pending& p : q_) {
+  for (size_t i = 0; i < size_; ++i) {
+    const Pending& p = At(i);
     if (p.kind == Pending::Kind::kLocal) {
       out += p.text;
     } else if (p.kind != Pending::Kind::kInternal) {
@@ -32,14 +34,21 @@ std::string ReplyQueue::Abort(std::string_view error, std::vector<commands::Comm
   return out;
 }
 
+void ReplyQueue::Grow() {
+  std::vector<Pending> ring(ring_.empty() ? 16 : 2 * ring_.size());
+  for (size_t i = 0; i < size_; ++i) ring[i] = std::move(ring_[(head_ + i) & (ring_.size() - 1)]);
+  ring_ = std::move(ring);
+  head_ = 0;
+}
+
 void ReplyQueue::TrimKeys() {
-  if (q_.empty()) {
+  if (empty()) {
     ClearKeys();
     return;
   }
-  if (key_arena_.size() < 64 * 1024) return;
+  if (key_arena_.size() < kTrimBytes) return;
   // Keys are appended in queue order: the first pending entry with a key holds the oldest one.
-  for (const Pending& q : q_) {
+  for (const Pending& q : *this) {
     if (!q.keyed) continue;
     const size_t consumed = static_cast<size_t>(q.key_off - key_arena_base_);
     if (consumed > key_arena_.size() / 2) {

@@ -4,7 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <cstddef>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,27 +75,61 @@ inline bool AsExpected(Pending::Expect expect, char type, std::string_view line)
 
 class ReplyQueue {
  public:
-  bool empty() const { return q_.empty(); }
-  size_t size() const { return q_.size(); }
-  Pending& front() { return q_.front(); }
-  const Pending& front() const { return q_.front(); }
-  std::deque<Pending>::const_iterator begin() const { return q_.begin(); }
-  std::deque<Pending>::const_iterator end() const { return q_.end(); }
+  class const_iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = Pending;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const Pending*;
+    using reference = const Pending&;
+    const_iterator() = default;
+    const_iterator(const ReplyQueue* q, size_t i) : q_(q), i_(i) {}
+    const Pending& operator*() const { return q_->At(i_); }
+    const Pending* operator->() const { return &q_->At(i_); }
+    const_iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    const_iterator operator++(int) {
+      const_iterator old = *this;
+      ++i_;
+      return old;
+    }
+    bool operator==(const const_iterator& o) const { return i_ == o.i_; }
 
-  Pending& Push(Pending&& p) { return q_.emplace_back(std::move(p)); }
+   private:
+    const ReplyQueue* q_ = nullptr;
+    size_t i_ = 0;
+  };
+
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  Pending& front() { return ring_[head_]; }
+  const Pending& front() const { return ring_[head_]; }
+  const_iterator begin() const { return const_iterator(this, 0); }
+  const_iterator end() const { return const_iterator(this, size_); }
+
+  // Entries live in a ring of slots that grows to the deepest pipeline seen and is reused: no
+  // allocation per command once the ring fits.
+  Pending& Push(Pending&& p) {
+    Pending& slot = Append();
+    slot = std::move(p);
+    return slot;
+  }
   // Ends the head entry. Keys of entries no longer pending are dropped from the arena.
   void Pop() {
-    q_.pop_front();
-    if (!key_arena_.empty()) TrimKeys();
+    head_ = (head_ + 1) & (ring_.size() - 1);
+    --size_;
+    if (!key_arena_.empty() && (size_ == 0 || key_arena_.size() >= kTrimBytes)) TrimKeys();
   }
   // keyguard's own reply, in its place after every earlier reply. False when nothing is pending:
   // then nothing was queued and the caller sends `text` at once.
   bool QueueLocal(std::string& text, commands::CommandId id, bool close_after);
   // Whether the head entry is a reply keyguard made, due now.
-  bool LocalAtHead() const { return !q_.empty() && q_.front().kind == Pending::Kind::kLocal; }
+  bool LocalAtHead() const { return size_ != 0 && front().kind == Pending::Kind::kLocal; }
   // Ends the head entry (LocalAtHead) and returns its text.
   std::string TakeLocal() {
-    std::string text = std::move(q_.front().text);
+    std::string text = std::move(front().text);
     Pop();
     return text;
   }
@@ -104,7 +139,7 @@ class ReplyQueue {
   // they are, `error` for each command), and appends the commands that failed to `failed`.
   std::string Abort(std::string_view error, std::vector<commands::CommandId>* failed);
   void Clear() {
-    q_.clear();
+    head_ = size_ = 0;
     ClearKeys();
   }
 
@@ -120,15 +155,31 @@ class ReplyQueue {
     return std::string_view(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
   }
   size_t key_arena_bytes() const { return key_arena_.size(); }
+  // Slots the ring holds (tests: it grows to the deepest queue, and no further).
+  size_t capacity() const { return ring_.size(); }
 
  private:
+  static constexpr size_t kTrimBytes = 64 * 1024;  // the arena is trimmed past this size
+
+  // The i-th pending entry (0 is the head).
+  const Pending& At(size_t i) const { return ring_[(head_ + i) & (ring_.size() - 1)]; }
+  // A slot after the last entry, counted as pending; it holds whatever its last entry left.
+  Pending& Append() {
+    if (size_ == ring_.size()) Grow();
+    Pending& slot = ring_[(head_ + size_) & (ring_.size() - 1)];
+    ++size_;
+    return slot;
+  }
+  void Grow();
   void TrimKeys();
   void ClearKeys() {
     key_arena_base_ += key_arena_.size();
     key_arena_.clear();
   }
 
-  std::deque<Pending> q_;
+  std::vector<Pending> ring_;  // a power of two in size (or empty), entries from head_ on
+  size_t head_ = 0;
+  size_t size_ = 0;
   // Keys of pending entries, appended in request order; offsets are absolute (key_arena_base_ +
   // position), so the consumed front can be dropped without touching the entries.
   std::string key_arena_;

@@ -34,7 +34,12 @@ struct Worker {
   // `conns`: the process-wide registry of tenant connections (with tenancy; it outlives the worker).
   Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up,
          tenant::Connections* conns = nullptr)
-      : io(1), config(c), shard(s), upstream(up), connections(conns), stages(c, st, s, conns) {
+      : io(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO),
+        config(c),
+        shard(s),
+        upstream(up),
+        connections(conns),
+        stages(c, st, s, conns) {
     if (!config.upstream_auth.password.empty()) {
       std::vector<std::string_view> auth = {"AUTH"};
       if (!config.upstream_auth.user.empty()) auth.push_back(config.upstream_auth.user);
@@ -43,6 +48,9 @@ struct Worker {
     }
   }
 
+  // Sockets and timers of a worker are used from its thread only, so the reactor's per-socket
+  // locks are off (UNSAFE_IO); the scheduler's lock stays, as the control thread posts the drain
+  // to this io_context and stops it.
   asio::io_context io;
   const config::ProxyConfig& config;  // settings fixed at start-up
   metrics::WorkerShard* shard;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "keyguard/resp/encoder.h"
 
 namespace keyguard::commands {
@@ -135,6 +136,45 @@ TEST(FindKeys, VariableFlags) {
   std::vector<std::string_view> bf = {"BITFIELD", "k", "GET", "u8", "0"};
   ASSERT_TRUE(FindKeys(*ResolveSpec(LookupCommand("bitfield"), bf), bf, &refs));
   EXPECT_EQ(refs[0].flags, kKeyRo | kKeyAccess);
+}
+
+// SET takes the one-key fast path; its flags still follow GET anywhere after the value, in any
+// case, and a SET without its key finds none.
+TEST(FindKeys, SetFlagsOnTheFastPath) {
+  const CommandSpec& set = *ResolveSpec(LookupCommand("set"), std::vector<std::string_view>{"SET"});
+  auto flags = [&](std::vector<std::string_view> args) -> int64_t {
+    std::vector<KeyRef> refs;
+    if (!FindKeys(set, args, &refs)) return -1;
+    EXPECT_EQ(refs.size(), 1u);
+    EXPECT_EQ(refs[0].pos, 1u);
+    return refs.empty() ? -2 : refs[0].flags;
+  };
+  EXPECT_EQ(flags({"set", "k", "v", "nx", "get"}), kKeyRw | kKeyAccess | kKeyUpdate);
+  EXPECT_EQ(flags({"SET", "k", "v", "EX", "10", "gEt"}), kKeyRw | kKeyAccess | kKeyUpdate);
+  EXPECT_EQ(flags({"SET", "k", "get"}), kKeyOw | kKeyUpdate);  // "get" is the value here
+  EXPECT_EQ(flags({"SET", "k"}), kKeyOw | kKeyUpdate);         // the server answers the arity error
+  EXPECT_EQ(flags({"SET"}), -1);
+  // A copy of the spec (not the table's own) is judged by its name, the same way.
+  const CommandSpec copy = set;
+  std::vector<KeyRef> refs;
+  std::vector<std::string_view> args = {"SET", "k", "v", "GET"};
+  ASSERT_TRUE(FindKeys(copy, args, &refs));
+  EXPECT_EQ(refs[0].flags, kKeyRw | kKeyAccess | kKeyUpdate);
+}
+
+TEST(CommandTable, LookupIgnoresCaseAndNeedsTheWholeName) {
+  EXPECT_EQ(LookupCommand("SET"), LookupCommand("set"));
+  EXPECT_EQ(LookupCommand("sEt"), LookupCommand("set"));
+  EXPECT_EQ(CommandName(LookupCommand("GeoRadiusByMember")), "georadiusbymember");
+  EXPECT_EQ(LookupCommand("se"), kUnknownCommand);
+  EXPECT_EQ(LookupCommand("sett"), kUnknownCommand);
+  EXPECT_EQ(LookupCommand(""), kUnknownCommand);
+  EXPECT_EQ(LookupCommand(std::string(200, 'a')), kUnknownCommand);
+  for (const CommandSpec& s : AllSpecs()) {
+    const std::string_view name(s.name);
+    if (name.find('|') != std::string_view::npos) continue;  // subcommands are not looked up by name
+    EXPECT_EQ(CommandName(LookupCommand(absl::AsciiStrToUpper(std::string(name)))), name);
+  }
 }
 
 TEST(CommandTable, FlagsAndCategories) {

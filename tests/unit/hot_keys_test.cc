@@ -80,6 +80,34 @@ TEST(SpaceSavingTest, BoundsHoldAndHeavyHittersStayWhenItemsOverflow) {
   EXPECT_EQ(sum, n);
 }
 
+// Items come and go through the index many thousand times: every counter's item is still found
+// (adding it again grows its own counter), and an item that left is not.
+TEST(SpaceSavingTest, EveryHeldItemStaysFoundThroughEvictions) {
+  SpaceSaving s(16);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> key(0, 199);
+  for (int i = 0; i < 50000; ++i) s.Add(absl::StrCat("k", key(rng)), 1 + static_cast<uint64_t>(i % 5));
+  const auto before = ByItem(s.Entries());
+  ASSERT_EQ(before.size(), 16u);
+  for (const auto& [item, e] : before) {
+    s.Add(item, 1000000);
+    const auto after = ByItem(s.Entries());
+    ASSERT_EQ(after.size(), 16u);
+    ASSERT_TRUE(after.count(item)) << item;
+    EXPECT_EQ(after.at(item).count, e.count + 1000000) << item;
+    EXPECT_EQ(after.at(item).error, e.error) << item;
+  }
+  // Every item is now far above the rest: a new one replaces the smallest, and only that.
+  s.Add("new", 1);
+  const auto last = ByItem(s.Entries());
+  EXPECT_EQ(last.size(), 16u);
+  ASSERT_TRUE(last.count("new"));
+  EXPECT_EQ(last.at("new").error + 1, last.at("new").count);
+  size_t kept = 0;
+  for (const auto& [item, e] : before) kept += last.count(item);
+  EXPECT_EQ(kept, 15u);
+}
+
 TEST(SpaceSavingTest, ClearStartsAfresh) {
   SpaceSaving s(2);
   s.Add("a");

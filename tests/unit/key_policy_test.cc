@@ -67,6 +67,68 @@ TEST(KeyPolicy, EveryBuiltinRule) {
   EXPECT_EQ(Broken(*p, "User.Name"), (V{"lowercase:user:name"}));
 }
 
+// Conforms is Check's fast path on its own: true only for keys no rule breaks under any command,
+// and, with only shape rules, true for every such key without braces, at each limit's edge.
+TEST(KeyPolicy, ConformsAgreesWithCheck) {
+  auto p = KeyPolicy::Default();
+  const std::string seg64(64, 's'), seg65(65, 's');
+  const std::vector<std::string> keys = {
+      "",
+      "a",
+      "ab",
+      "abc",
+      "abcd",
+      "abcde",
+      "key:000000012345",
+      "user:1001:profile",
+      "a:b:c:d:e:f:g:h",    // 8 segments: the limit
+      "a:b:c:d:e:f:g:h:i",  // 9
+      "a:b:c:d:e:f:g::",
+      "::::::::",
+      "x:" + seg64 + ":y",
+      "x:" + seg65 + ":y",
+      "x:" + seg64,
+      "x:" + seg65,
+      seg64,
+      seg65,
+      std::string(128, 'a'),
+      std::string(129, 'a'),
+      "a:" + std::string(125, 'b') + ":",
+      "{user:1001}:profile",
+      "{1001}:profile",
+      "cart:{user:7}:items",
+      "a{b",
+      "userProfile",
+      "user#1",
+      "user 1",
+      "1user",
+      "https://example.com/x",
+      "user\x01",
+  };
+  auto tuned = FromYaml(R"(
+key_policy:
+  allowed_punctuation: ":/._"
+  max_segment_bytes: 8
+  max_segment_count: 3
+)");
+  ASSERT_NE(tuned, nullptr);
+  auto listed = FromYaml("key_policy: {entities: [user]}\n");
+  ASSERT_NE(listed, nullptr);
+  for (const KeyPolicy* policy : {p.get(), tuned.get(), listed.get()}) {
+    for (std::string key : keys) {
+      for (std::string k : {key, key + "://x", "a/" + key}) {
+        const bool clean = Broken(*policy, k, "set").empty() && Broken(*policy, k, "get").empty();
+        if (policy->Conforms(k)) EXPECT_TRUE(clean) << k;
+        // Hash tags are judged by the rules (well formed or not), never on the fast path.
+        const bool braces = k.find_first_of("{}") != std::string::npos;
+        if (policy != listed.get() && !braces) EXPECT_EQ(policy->Conforms(k), clean) << k;
+      }
+    }
+  }
+  EXPECT_FALSE(listed->Conforms("user:1"));  // an entity rule looks at more than the shape
+  EXPECT_TRUE(FromYaml("key_policy: {enabled: false}\n")->Conforms("Bad Key*"));  // no rules
+}
+
 TEST(KeyPolicy, ALeadingHashTagStartsWithItsLetter) {
   auto p = KeyPolicy::Default();
   EXPECT_EQ(Broken(*p, "{user:1001}:profile"), V{});

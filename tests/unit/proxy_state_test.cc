@@ -336,6 +336,45 @@ TEST(ReplyQueueTest, AbortOwesEveryCommandAnErrorInOrder) {
   EXPECT_TRUE(q.empty());
 }
 
+TEST(ReplyQueueTest, EntriesKeepTheirOrderAcrossTheRingsWrapAndGrowth) {
+  ReplyQueue q;
+  uint16_t next_in = 1, next_out = 1;
+  auto push = [&] {
+    Pending p;
+    p.command = next_in++;
+    q.Push(std::move(p));
+  };
+  auto pop = [&] {
+    ASSERT_FALSE(q.empty());
+    EXPECT_EQ(q.front().command, next_out++);
+    q.Pop();
+  };
+  // Steady pipelining of depth 10: the ring wraps many times and never grows past its first size.
+  for (int i = 0; i < 10; ++i) push();
+  const size_t capacity = q.capacity();
+  for (int i = 0; i < 1000; ++i) {
+    push();
+    pop();
+  }
+  EXPECT_EQ(q.capacity(), capacity);
+  // Grows while wrapped: the entries stay in order, iteration sees them head first.
+  for (int i = 0; i < 3 * static_cast<int>(capacity); ++i) push();
+  EXPECT_GT(q.capacity(), capacity);
+  std::vector<commands::CommandId> seen;
+  for (const Pending& p : q) seen.push_back(p.command);
+  ASSERT_EQ(seen.size(), q.size());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], next_out + i);
+  std::string local = "+local\r\n";
+  EXPECT_TRUE(q.QueueLocal(local, 0, false));
+  while (!q.LocalAtHead()) pop();
+  EXPECT_EQ(q.TakeLocal(), "+local\r\n");
+  EXPECT_TRUE(q.empty());
+  // A reused slot starts as a fresh entry: nothing of its previous occupant shows.
+  push();
+  EXPECT_EQ(q.front().kind, Kind::kForward);
+  EXPECT_TRUE(q.front().text.empty());
+}
+
 TEST(ReplyQueueTest, KeysLiveUntilTheirEntryEndsAndTheArenaIsTrimmed) {
   ReplyQueue q;
   const std::string big(40 * 1024, 'x');

@@ -25,8 +25,9 @@ namespace keyguard::hygiene {
 // Space-saving top-K with `capacity` counters. For every item, with N the total weight added:
 //   count - error <= true weight <= count, and error <= N / capacity (the smallest counter);
 // an item whose true weight exceeds N / capacity is always present. While at most `capacity`
-// distinct items were added, every count is exact (error 0). Add() costs one hash lookup and a
-// heap sift of log2(capacity) steps; in steady state it allocates only for items longer than
+// distinct items were added, every count is exact (error 0). Add() costs one probe of an index
+// keyed by the item's hash (computed once by the caller for several sketches of one stream) and
+// a heap sift of log2(capacity) steps; in steady state it allocates only for items longer than
 // the string's inline buffer or its previous capacity.
 class SpaceSaving {
  public:
@@ -40,7 +41,11 @@ class SpaceSaving {
   SpaceSaving(const SpaceSaving&) = delete;
   SpaceSaving& operator=(const SpaceSaving&) = delete;
 
-  void Add(absl::string_view item, uint64_t weight = 1);
+  void Add(absl::string_view item, uint64_t weight = 1) { Add(item, Hash(item), weight); }
+  // The same with the item's Hash(), for callers that add one item to several sketches.
+  void Add(absl::string_view item, uint64_t hash, uint64_t weight);
+  // An item's hash (absl's, seeded per process: items are keys that clients choose).
+  static uint64_t Hash(absl::string_view item);
   // Forgets everything (a new interval); keeps the reserved memory.
   void Clear();
 
@@ -50,27 +55,40 @@ class SpaceSaving {
   uint64_t total() const { return total_; }
   // The smallest counter: the error bound of any item, and what an absent item may have had.
   // 0 while not full.
-  uint64_t min_count() const { return full() && capacity_ > 0 ? slots_[heap_[0]].count : 0; }
+  uint64_t min_count() const { return full() && capacity_ > 0 ? heap_[0].count : 0; }
   // Every counter, largest count first.
   std::vector<Entry> Entries() const;
 
  private:
   struct Slot {
     std::string item;
-    uint64_t count;
     uint64_t error;
+    uint64_t hash;
     uint32_t heap;  // position in heap_
+  };
+  // The counts live in the heap, so that a sift compares without following slot indexes.
+  struct Counter {
+    uint64_t count;
+    uint32_t slot;
   };
   void SiftUp(uint32_t pos);
   void SiftDown(uint32_t pos);
-  void Swap(uint32_t a, uint32_t b);
+  void Place(uint32_t pos, Counter c) {
+    heap_[pos] = c;
+    slots_[c.slot].heap = pos;
+  }
+  // The slot holding `item`, or -1.
+  int64_t Find(absl::string_view item, uint64_t hash) const;
+  void Index(uint32_t slot);
+  void Unindex(uint32_t slot);
 
   size_t capacity_;
   uint64_t total_ = 0;
-  // Reserved once to capacity_ and never reallocated, so index_'s views into the items stay valid.
   std::vector<Slot> slots_;
-  std::vector<uint32_t> heap_;  // slot indexes, a min-heap by count
-  absl::flat_hash_map<absl::string_view, uint32_t> index_;
+  std::vector<Counter> heap_;  // a min-heap by count
+  // Open addressing with linear probing on the items' hashes: slot index + 1, 0 when empty. A
+  // power of two at least twice the capacity, so probes stay short.
+  std::vector<uint32_t> index_;
 };
 
 // A sketch as published: its counters and what a merge needs to bound absent items.

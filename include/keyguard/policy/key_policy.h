@@ -77,6 +77,9 @@ class KeyPolicy {
   // Appends the rules `key` breaks under command `id` (resolved to `spec`), user rules first.
   void Check(std::string_view key, commands::CommandId id, const commands::CommandSpec& spec,
              std::vector<Violation>* out) const;
+  // True when `key` breaks no rule under any command: the common case, decided by one pass over
+  // the key that builds nothing. False does not mean a rule is broken (Check says which).
+  bool Conforms(std::string_view key) const { return rules_.empty() || FastPass(Scan(key), key); }
 
   // `User_1001_Profile` -> `user:1001:profile` (lowercase; `_`, `-`, `.` and CamelCase breaks
   // become `:`).
@@ -96,6 +99,17 @@ class KeyPolicy {
  private:
   void BuildClasses();
   enum : uint8_t { kUpper = 1, kBad = 2, kForbidden = 4, kBrace = 8, kColon = 16, kLetter = 32 };
+  // What the built-in rules look at, from one pass over a key.
+  struct Shape {
+    uint8_t seen = 0;  // the union of its bytes' classes
+    size_t segments = 1;
+    bool letter_first = false;  // after a leading '{' where hash tags are allowed
+  };
+  Shape Scan(std::string_view key) const;
+  // Whether a segment is longer than max_segment_bytes_.
+  bool LongSegment(std::string_view key) const;
+  // Shape alone says no rule can be broken: only shape rules, and the key is within all of them.
+  bool FastPass(const Shape& shape, std::string_view key) const;
 
   std::vector<Rule> rules_;
   Rule scripts_{Rule::Kind::kUser, "scripts", Action::kObserve, {}, nullptr, ""};
