@@ -162,8 +162,8 @@ bool IsMonitorLine(std::string_view line) {
          line.substr(0, sp).find('.') != std::string_view::npos;
 }
 
-FrameRole ConnectionState::Classify(const Pending* front, char type, std::span<const resp::ReplyFramer::Scalar> head,
-                                    bool filtered) const {
+FrameRole ConnectionState::ClassifyOther(const Pending* front, char type,
+                                         std::span<const resp::ReplyFramer::Scalar> head, bool filtered) const {
   const std::string_view kind = head.empty() ? std::string_view() : head[0].text;
   // Subscribe confirmations: pushes in RESP3, arrays in RESP2.
   if ((type == '>' || (type == '*' && protocol_ == 2)) && front != nullptr && head.size() >= 2 &&

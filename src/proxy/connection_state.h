@@ -100,7 +100,18 @@ class ConnectionState {
   // the queue (nullptr: none). `filtered`: replies are confined to a tenant, so a reply that does
   // not fit the head's expectation is kDesync rather than passed on.
   FrameRole Classify(const Pending* front, char type, std::span<const resp::ReplyFramer::Scalar> head,
-                     bool filtered) const;
+                     bool filtered) const {
+    // The common case, one test per fact: a plain command's reply that cannot be a push, a
+    // confirmation or a MONITOR line, and is what its expectation allows (only +QUEUED breaks
+    // kNotQueued, and this is not a '+').
+    if (front != nullptr && front->kind == Pending::Kind::kForward && type != '>' && type != '*' &&
+        (type != '+' || !monitor_) &&
+        (!filtered || front->expect == Pending::Expect::kAny ||
+         (front->expect == Pending::Expect::kNotQueued && type != '+'))) {
+      return FrameRole::kReply;
+    }
+    return ClassifyOther(front, type, head, filtered);
+  }
 
   // Subscribe confirmations: `kind` is the first element of a confirmation.
   bool IsConfirmationFor(const Pending& p, std::string_view kind) const;
@@ -124,6 +135,8 @@ class ConnectionState {
   const std::string& client_name() const { return client_name_; }
 
  private:
+  FrameRole ClassifyOther(const Pending* front, char type, std::span<const resp::ReplyFramer::Scalar> head,
+                          bool filtered) const;
   Effects OnStateCommand(commands::CommandId id, std::span<const std::string_view> args, ReplyMode mode, bool tenant,
                          Pending* p, Effects e);
   bool OnModeReply(const Pending& p);

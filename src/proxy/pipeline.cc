@@ -55,8 +55,13 @@ void StageShared::Refresh() {
   live_version = v;
   violation_handles.Clear();  // keyed by the old snapshot's rules
   rewrite_handles.Clear();
-  deny.assign(commands::CommandCount(), false);
-  for (const std::string& name : live->deny_commands) deny[commands::LookupCommand(name)] = true;
+  access.assign(commands::CommandCount(), 0);
+  constexpr auto kCode = [](Refusal r) { return static_cast<uint8_t>(static_cast<uint8_t>(r) + 1); };
+  if (live->reject_unknown_commands) access[commands::kUnknownCommand] = kCode(Refusal::kUnknownCommand);
+  for (const std::string& name : live->deny_commands) {
+    const commands::CommandId id = commands::LookupCommand(name);
+    if (id != commands::kUnknownCommand) access[id] = kCode(Refusal::kDenyList);
+  }
 }
 
 CommandPipeline::CommandPipeline(StageShared& shared, hygiene::ConnectionDetectors& detectors)
@@ -72,12 +77,12 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
   v_.reply_check = 0;
   v_.walk = tenant::Walk::kNone;
   if (!v_.message.empty()) v_.message.clear();
-  if (!Gate(c)) return v_;
+  if (shared_.config.tenancy != nullptr && !Gate(c)) return v_;
   if (!c.upstream_ready) {
     v_.action = Verdict::Action::kUnavailable;
     return v_;
   }
-  if (!Access(c)) return v_;
+  if (shared_.access[c.id] != 0 && !Access(c)) return v_;
   const bool check_policy = !shared_.live->key_policy->empty();
   if (check_policy || c.tenant != nullptr) {
     const commands::CommandSpec* spec = commands::ResolveSpec(c.id, c.args);
@@ -92,8 +97,6 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
   return v_;
 }
 
-void CommandPipeline::Release() { edit_.Release(); }
-
 bool CommandPipeline::Refuse(Refusal reason, std::string message) {
   v_.action = Verdict::Action::kRefuse;
   v_.reason = reason;
@@ -104,7 +107,6 @@ bool CommandPipeline::Refuse(Refusal reason, std::string message) {
 
 // Tenancy: AUTH and HELLO are keyguard's; what a tenant may not do on this connection.
 bool CommandPipeline::Gate(const CommandContext& c) {
-  if (shared_.config.tenancy == nullptr) return true;
   const commands::KnownCommands& known = commands::Known();
   if (c.id == known.auth || c.id == known.hello) return Login(c);
   static const uint32_t kNoAuth = commands::CommandFlagMask("no_auth");
@@ -203,15 +205,11 @@ bool CommandPipeline::Login(const CommandContext& c) {
 }
 
 bool CommandPipeline::Access(const CommandContext& c) {
-  if (c.id == commands::kUnknownCommand && shared_.live->reject_unknown_commands) {
+  if (static_cast<Refusal>(shared_.access[c.id] - 1) == Refusal::kUnknownCommand) {
     return Refuse(Refusal::kUnknownCommand,
                   absl::StrCat("ERR keyguard: unknown command '", std::string(c.args[0]), "'"));
   }
-  if (shared_.deny[c.id]) {
-    return Refuse(Refusal::kDenyList,
-                  absl::StrCat("ERR keyguard: command '", Upper(c.args[0]), "' is not allowed here"));
-  }
-  return true;
+  return Refuse(Refusal::kDenyList, absl::StrCat("ERR keyguard: command '", Upper(c.args[0]), "' is not allowed here"));
 }
 
 bool CommandPipeline::ScriptPolicy(const CommandContext& c) {

@@ -49,7 +49,9 @@ struct StageShared {
   config::ConfigStore& store;
   std::shared_ptr<const config::ProxyConfig> live;  // reloadable settings (key policy, deny list)
   uint64_t live_version = 0;
-  std::vector<bool> deny;  // by command id, from `live`
+  // By command id, from `live`: the access stage's refusal (0: none, else a Refusal + 1:
+  // kDenyList, or kUnknownCommand for the unknown command id), one load per command.
+  std::vector<uint8_t> access;
   metrics::WorkerShard* shard;
   std::array<metrics::Counter*, kRefusalCount> rejected{};  // keyguard_commands_rejected_total by reason
   tenant::Connections* connections;                   // with tenancy: which tenant each upstream connection serves
@@ -112,12 +114,13 @@ class CommandPipeline {
   // Runs `c` through the stages. The verdict's views stay valid until Release().
   const Verdict& Run(const CommandContext& c);
   // The verdict has been encoded (or answered): what the stages owned for it may go.
-  void Release();
+  void Release() { edit_.Release(); }
 
  private:
-  bool Gate(const CommandContext& c);
+  // Each stage returns false when the run ends with it (v_ says how).
+  bool Gate(const CommandContext& c);  // with tenancy only
   bool Login(const CommandContext& c);
-  bool Access(const CommandContext& c);
+  bool Access(const CommandContext& c);  // for a command the access table refuses
   bool ScriptPolicy(const CommandContext& c);
   bool KeyPolicy(const CommandContext& c, const commands::CommandSpec& spec);
   bool Tenant(const CommandContext& c, const commands::CommandSpec* spec, bool keys_ok);

@@ -241,6 +241,11 @@ TEST(ConnectionStateTest, FilteredRepliesThatBreakTheExpectationAreADesync) {
   EXPECT_EQ(Role(s, &get.p, '$', {"v"}, true), FrameRole::kDesync) << "the server did not queue it";
   EXPECT_EQ(Role(s, &get.p, '$', {"v"}, false), FrameRole::kReply) << "unfiltered: passed on as it is";
   EXPECT_EQ(Role(s, &get.p, '-', {"ERR x"}, true), FrameRole::kReply) << "an error is always a possible reply";
+  Send(s, "EXEC", true);
+  Sent set = Send(s, "SET k v", true);  // outside MULTI: anything but +QUEUED
+  EXPECT_EQ(Role(s, &set.p, '+', {"OK"}, true), FrameRole::kReply);
+  EXPECT_EQ(Role(s, &set.p, '$', {"QUEUED"}, true), FrameRole::kReply);
+  EXPECT_EQ(Role(s, &set.p, '+', {"QUEUED"}, true), FrameRole::kDesync);
   Pending internal;
   internal.kind = Kind::kInternal;
   EXPECT_EQ(Role(s, &internal, '+', {"OK"}, true), FrameRole::kInternal);
