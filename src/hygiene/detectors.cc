@@ -176,20 +176,28 @@ void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_vie
   if (e.readers.empty()) entries_.erase(it);
 }
 
-bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string* parent,
-                               std::vector<std::string>* attributes, uint64_t scope) {
+bool AttributeTracker::ParentOf(std::string_view key, std::string_view* parent) {
   const size_t colon = key.rfind(':');
   // Only `parent:attribute` keys with a short attribute name that is not an id.
   if (colon == std::string_view::npos || colon == 0 || colon + 1 >= key.size() || key.size() - colon - 1 > 32)
     return false;
-  const std::string_view attribute = key.substr(colon + 1);
   // An id (all digits) is not an attribute. A plain loop: find_first_not_of with a character set
   // costs ~10 instructions a byte, and this runs for every small string write.
   bool digits = true;
-  for (char c : attribute) digits &= c >= '0' && c <= '9';
+  for (char c : key.substr(colon + 1)) digits &= c >= '0' && c <= '9';
   if (digits) return false;
+  *parent = key.substr(0, colon);
+  return true;
+}
+
+bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string* parent,
+                               std::vector<std::string>* attributes, uint64_t scope) {
+  std::string_view parent_name;
+  if (!ParentOf(key, &parent_name)) return false;
+  const size_t colon = parent_name.size();
+  const std::string_view attribute = key.substr(colon + 1);
   if (now_ms < 0) now_ms = UnixMs();
-  const uint64_t h = Fingerprint(key.substr(0, colon), scope);
+  const uint64_t h = Fingerprint(parent_name, scope);
   auto it = parents_.find(h);
   if (it == parents_.end()) {
     if (parents_.size() >= settings_.tracked_keys) parents_.erase(parents_.begin());  // bounded

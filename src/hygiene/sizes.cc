@@ -113,7 +113,8 @@ size_t ProbeQueue::Take(int64_t now_ms, size_t max, std::deque<ProbeRequest>* ou
 }
 
 int64_t ExpiryClusters::Add(uint64_t pattern, int64_t second, int64_t now_ms) {
-  Entry& e = entries_[pattern % kPatterns];
+  // The high bits: a sharded owner (SharedDetectors) picks the shard by the low ones.
+  Entry& e = entries_[(pattern >> 8) % entries_.size()];
   if (e.pattern != pattern || e.total == 0 || now_ms - e.window_start_ms > settings_.expiry_cluster_window_ms) {
     e = Entry{};
     e.pattern = pattern;

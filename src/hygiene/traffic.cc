@@ -174,7 +174,7 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
     if (value.size() < 256 && DetectFormat(value) == Format::kNone) {
       std::string parent;
       std::vector<std::string> names;
-      if (w_.attributes.OnWrite(key, -1, &parent, &names, scope_)) {
+      if (w_.shared.OnAttributeWrite(key, &parent, &names, scope_)) {
         Finding f{Kind::kHashCandidate};
         f.elements = static_cast<int64_t>(names.size());
         f.suggestion = absl::StrCat("one attribute per key: keep them in one Hash, HSET ", parent);
@@ -182,9 +182,9 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
         Emit(std::move(f), parent, id);
       }
     }
-    if (w_.rmw.idle()) return;
+    if (w_.shared.rmw_idle()) return;
     std::vector<RmwTracker::Result> results;
-    w_.rmw.OnWrite(key, connection_, value, watching, UnixMs(), &results, scope_);
+    w_.shared.OnWrite(key, connection_, value, watching, UnixMs(), &results, scope_);
     for (const auto& r : results) {
       Finding f{r.kind};
       f.format = FormatName(r.format);
@@ -329,7 +329,7 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
     if (!pending_ttl_.empty()) {
       std::erase_if(pending_ttl_, [&](const PendingTtl& t) { return t.key == args[1]; });
     }
-    if (const int64_t n = w_.expiries.Add(PatternFingerprint(args[1], scope_), at_s, now_ms); n > 0) {
+    if (const int64_t n = w_.shared.AddExpiry(PatternFingerprint(args[1], scope_), at_s, now_ms); n > 0) {
       Finding f{Kind::kExpiryClustering};
       f.keys = n;
       f.ttl_s = ttl_s;
@@ -428,8 +428,8 @@ void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::st
       Emit(std::move(f), key, id);
       RememberSize(key, "string", static_cast<int64_t>(bulk.size()), -1);
     }
-    if (!w_.rmw.idle() || DetectFormat(bulk) != Format::kNone) {
-      w_.rmw.OnRead(key, connection_, bulk, UnixMs(), scope);
+    if (!w_.shared.rmw_idle() || DetectFormat(bulk) != Format::kNone) {
+      w_.shared.OnRead(key, connection_, bulk, UnixMs(), scope);
     }
   } else if (check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
     const HygieneInfo& info = HygieneTable()[id];
@@ -443,6 +443,51 @@ void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::st
       RememberSize(key, info.type, -1, members);
     }
   }
+}
+
+SharedDetectors::SharedDetectors(const Settings& s) : settings_(s) {
+  settings_.tracked_keys = std::max<size_t>(1, s.tracked_keys / kShards);
+  for (auto& shard : shards_) shard = std::make_unique<Shard>(settings_);
+}
+
+void SharedDetectors::OnRead(std::string_view key, uint64_t connection, std::string_view value, int64_t now_ms,
+                             uint64_t scope) {
+  Shard& shard = ShardOf(Fingerprint(key, scope));
+  std::lock_guard<std::mutex> lock(shard.mu);
+  const size_t before = shard.rmw.tracked();
+  shard.rmw.OnRead(key, connection, value, now_ms, scope);
+  rmw_tracked_.fetch_add(static_cast<int64_t>(shard.rmw.tracked()) - static_cast<int64_t>(before),
+                         std::memory_order_relaxed);
+}
+
+void SharedDetectors::OnWrite(std::string_view key, uint64_t connection, std::string_view value, bool watched,
+                              int64_t now_ms, std::vector<RmwTracker::Result>* out, uint64_t scope) {
+  Shard& shard = ShardOf(Fingerprint(key, scope));
+  std::lock_guard<std::mutex> lock(shard.mu);
+  const size_t before = shard.rmw.tracked();
+  shard.rmw.OnWrite(key, connection, value, watched, now_ms, out, scope);
+  rmw_tracked_.fetch_add(static_cast<int64_t>(shard.rmw.tracked()) - static_cast<int64_t>(before),
+                         std::memory_order_relaxed);
+}
+
+bool SharedDetectors::OnAttributeWrite(std::string_view key, std::string* parent, std::vector<std::string>* attributes,
+                                       uint64_t scope) {
+  std::string_view parent_name;
+  if (!AttributeTracker::ParentOf(key, &parent_name)) return false;  // no lock for an id-like key
+  Shard& shard = ShardOf(Fingerprint(parent_name, scope));
+  std::lock_guard<std::mutex> lock(shard.mu);
+  return shard.attributes.OnWrite(key, UnixMs(), parent, attributes, scope);
+}
+
+int64_t SharedDetectors::AddExpiry(uint64_t pattern, int64_t second, int64_t now_ms) {
+  Shard& shard = ShardOf(pattern);
+  std::lock_guard<std::mutex> lock(shard.mu);
+  return shard.expiries.Add(pattern, second, now_ms);
+}
+
+uint64_t NewConnectionId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace keyguard::hygiene

@@ -160,12 +160,14 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   hygiene::HotKeysBoard hot_keys(config.hygiene, &policy::KeyPattern);
   registry.AddCollector([&hot_keys](metrics::TextWriter& w) { hot_keys.AppendMetrics(w); });
   tenant::Connections connections;  // declared before the workers: their sessions unregister here
+  // The detectors' state every worker's connections share (a race across workers is a race).
+  hygiene::SharedDetectors shared_detectors(config.hygiene);
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   tcp::endpoint bound = *listen;
   for (int i = 0; i < nthreads; ++i) {
     workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream,
-                                               config.tenancy != nullptr ? &connections : nullptr));
+                                               config.tenancy != nullptr ? &connections : nullptr, &shared_detectors));
     workers.back()->findings = &findings;
     if (config.hygiene.enabled && config.hygiene.probe) {
       workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());

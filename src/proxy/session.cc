@@ -74,7 +74,7 @@ Session::Session(Worker& worker, tcp::socket client)
       request_framer_(worker.config.limits),
       reply_framer_(worker.config.limits),
       queue_event_(worker.io),
-      id_(worker.next_session_id++),
+      id_(hygiene::NewConnectionId()),
       detectors_(worker.config.hygiene, worker.hygiene, sink_, id_),
       pipeline_(worker.stages, detectors_) {
   worker_.shard->client_connections.Add(1);

@@ -31,13 +31,15 @@ class Session;
 class SizeProbe;
 
 struct Worker {
-  // `conns`: the process-wide registry of tenant connections (with tenancy; it outlives the worker).
+  // `conns`: the process-wide registry of tenant connections (with tenancy), `detectors` the
+  // process's shared detector state (nullptr: the worker's own); both outlive the worker.
   Worker(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s, tcp::endpoint up,
-         tenant::Connections* conns = nullptr)
+         tenant::Connections* conns = nullptr, hygiene::SharedDetectors* detectors = nullptr)
       : io(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO),
         config(c),
         shard(s),
         upstream(up),
+        hygiene(c.hygiene, detectors),
         connections(conns),
         stages(c, st, s, conns) {
     if (!config.upstream_auth.password.empty()) {
@@ -58,11 +60,10 @@ struct Worker {
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;
-  hygiene::WorkerDetectors hygiene{config.hygiene};  // the detectors' state shared by this worker's sessions
+  hygiene::WorkerDetectors hygiene;  // the detectors' state shared by this worker's sessions (and the process's)
   hygiene::FindingLog* findings = nullptr;
   hygiene::HotKeys hot{config.hygiene};  // hot and big keys; published on hot_timer's ticks
   asio::steady_timer hot_timer{io};
-  uint64_t next_session_id = 1;
   std::shared_ptr<SizeProbe> probe;  // with hygiene.probe
   tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   StageShared stages;                // what the command pipeline reads and counts (live settings, deny list)

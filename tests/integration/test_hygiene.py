@@ -49,7 +49,7 @@ def test_json_profile_rmw_is_one_finding_and_hash_version_none(fresh):
 
 
 def test_two_racing_writers_are_a_lost_update_risk(fresh):
-    kg = Keyguard(fresh.port, config=WIDE, threads=1)  # detector state is per worker thread
+    kg = Keyguard(fresh.port, config=WIDE, threads=1)
     try:
         a, b = redis.Redis(port=kg.port), redis.Redis(port=kg.port)
         a.set("cart:7", json.dumps({"items": 1}))
@@ -73,6 +73,30 @@ def test_two_racing_writers_are_a_lost_update_risk(fresh):
             except redis.WatchError:
                 pass
         assert [f["kind"] for f in findings(kg)].count("lost_update_risk") == 1
+    finally:
+        assert kg.stop() == 0
+
+
+def test_races_between_connections_on_different_workers_are_seen(fresh):
+    # Four workers: the kernel spreads the connections, so most pairs below straddle two workers.
+    # Every race must be seen, whichever workers its connections landed on.
+    kg = Keyguard(fresh.port, config=WIDE, threads=4)
+    try:
+        pairs = [(redis.Redis(port=kg.port), redis.Redis(port=kg.port)) for _ in range(12)]
+        for i, (a, b) in enumerate(pairs):
+            key = "cart:%d" % i
+            a.set(key, json.dumps({"items": 1}))
+            va, vb = json.loads(a.get(key)), json.loads(b.get(key))
+            a.set(key, json.dumps({"items": va["items"] + 1}))
+            b.set(key, json.dumps({"items": vb["items"] + 10}))  # a's update is gone
+        # One attribute per key, each attribute written by another pair's connection.
+        for i, (a, b) in enumerate(pairs[:3]):
+            a.set("user:9:%s" % ["name", "age", "city"][i], "x")
+        kinds = [f["kind"] for f in findings(kg)]
+        assert kinds.count("serialized_rmw") == 24, kinds
+        assert kinds.count("lost_update_risk") == 12, kinds
+        assert kinds.count("hash_candidate") == 1, kinds
+        assert kg.metric('keyguard_findings_total{kind="lost_update_risk",key_pattern="cart:{id}"}') == 12
     finally:
         assert kg.stop() == 0
 

@@ -171,6 +171,59 @@ TEST_F(TrafficTest, SerializedReadModifyWriteAcrossConnectionsOfOneScopeOnly) {
   ASSERT_EQ(Kinds(), std::vector<Kind>{Kind::kSerializedRmw});  // b's own read, not a's: no lost update
 }
 
+// Two workers of one process: connections the kernel put on different workers still race on one
+// key, and each worker's detectors see the other's reads and writes (SharedDetectors).
+TEST_F(TrafficTest, ARaceAcrossWorkersIsSeenLikeOneOnASingleWorker) {
+  SharedDetectors shared(settings_);
+  WorkerDetectors w1(settings_, &shared), w2(settings_, &shared);
+  ConnectionDetectors a(settings_, w1, sink_, NewConnectionId()), b(settings_, w2, sink_, NewConnectionId());
+  const std::string json = R"({"name":"ada","age":36})";
+  const commands::CommandId get = commands::LookupCommand("get");
+  a.OnReply(get, kStringRead, "user:1", '$', static_cast<int64_t>(json.size()), json, kFnvBasis);
+  b.OnReply(get, kStringRead, "user:1", '$', static_cast<int64_t>(json.size()), json, kFnvBasis);
+  Send(b, R"(SET user:1 {"name":"ada","age":37})");
+  EXPECT_EQ(Kinds(), std::vector<Kind>{Kind::kSerializedRmw});
+  Send(a, R"(SET user:1 {"name":"bob","age":36})");  // a's copy was overtaken by b's write
+  EXPECT_EQ(Kinds(), (std::vector<Kind>{Kind::kSerializedRmw, Kind::kSerializedRmw, Kind::kLostUpdateRisk}));
+  sink_.findings.clear();
+  // One attribute per key, one attribute from each of three workers' connections.
+  WorkerDetectors w3(settings_, &shared);
+  ConnectionDetectors c(settings_, w3, sink_, NewConnectionId());
+  Send(a, "SET user:7:name ada");
+  Send(b, "SET user:7:age 36");
+  EXPECT_TRUE(sink_.findings.empty());
+  Send(c, "SET user:7:city Paris");
+  ASSERT_EQ(Kinds(), std::vector<Kind>{Kind::kHashCandidate});
+  EXPECT_EQ(sink_.findings[0].key, "user:7");
+  // Workers with their own state (no SharedDetectors given) do not see each other: the old gap.
+  sink_.findings.clear();
+  WorkerDetectors alone1(settings_), alone2(settings_);
+  ConnectionDetectors d(settings_, alone1, sink_, NewConnectionId()), e(settings_, alone2, sink_, NewConnectionId());
+  d.OnReply(get, kStringRead, "user:2", '$', static_cast<int64_t>(json.size()), json, kFnvBasis);
+  Send(e, R"(SET user:2 {"name":"ada","age":37})");
+  EXPECT_TRUE(sink_.findings.empty());
+}
+
+TEST(SharedDetectorsTest, TrackedKeysAreBoundedAcrossTheShardsAndIdleAgainWhenDone) {
+  Settings settings;
+  settings.tracked_keys = 160;  // 10 per shard
+  SharedDetectors shared(settings);
+  EXPECT_TRUE(shared.rmw_idle());
+  const std::string json = R"({"a":1})";
+  for (int i = 0; i < 10000; ++i) shared.OnRead("k" + std::to_string(i), 1, json, 0, kFnvBasis);
+  EXPECT_FALSE(shared.rmw_idle());
+  std::vector<RmwTracker::Result> out;
+  size_t written = 0;
+  for (int i = 0; i < 10000; ++i) {
+    out.clear();
+    shared.OnWrite("k" + std::to_string(i), 1, json, false, 0, &out, kFnvBasis);
+    written += out.size();
+  }
+  EXPECT_LE(written, 160u) << "at most tracked_keys keys were remembered";
+  EXPECT_GE(written, 100u);
+  EXPECT_TRUE(shared.rmw_idle()) << "every remembered key was written by its reader";
+}
+
 TEST_F(TrafficTest, TheProbeAsksTheServersNameAndTheFindingIsStamped) {
   auto c = Connection(1);
   EXPECT_EQ(Send(c, "HGET user:1 name", "HGET tenant:a:user:1 name").check, kNoReplyCheck);

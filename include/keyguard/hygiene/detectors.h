@@ -66,7 +66,7 @@ struct Settings {
   size_t huge_string_bytes = 10 * 1024 * 1024;  // and this large a huge one
   int64_t big_collection_elements = 5000;       // members in one reply that make a whole-collection read
   int64_t rmw_window_ms = 10000;                // a write this soon after a read is read-modify-write
-  size_t tracked_keys = 10000;                  // serialized keys remembered per worker
+  size_t tracked_keys = 10000;                  // serialized keys (and attribute parents) remembered per process
   size_t findings_kept = 1000;                  // recent findings at /debug/findings
   int64_t hot_keys_interval_s = 60;             // hot-key sketches start afresh this often
   size_t hot_keys_capacity = 256;               // counters per hot-key sketch per worker (0: off)
@@ -186,7 +186,7 @@ class RmwTracker {
   absl::flat_hash_map<uint64_t, Entry> entries_;
 };
 
-// Per worker: plain string keys written under one parent (`user:1:name`, `user:1:age`, ...), to
+// Plain string keys written under one parent (`user:1:name`, `user:1:age`, ...), to
 // spot one-attribute-per-key models that want a Hash. Bounded by Settings::tracked_keys parents.
 class AttributeTracker {
  public:
@@ -198,6 +198,9 @@ class AttributeTracker {
   // the window; `parent` and `attributes` then name them.
   bool OnWrite(std::string_view key, int64_t now_ms, std::string* parent, std::vector<std::string>* attributes,
                uint64_t scope = kFnvBasis);
+  // Whether `key` is `parent:attribute` with a short attribute that is not an id (only those
+  // count), and its parent.
+  static bool ParentOf(std::string_view key, std::string_view* parent);
   size_t tracked() const { return parents_.size(); }
 
  private:

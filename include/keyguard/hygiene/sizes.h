@@ -85,9 +85,9 @@ class ProbeQueue {
 // volume.
 class ExpiryClusters {
  public:
-  static constexpr size_t kPatterns = 4096;  // patterns tracked per worker; a collision starts over
+  static constexpr size_t kPatterns = 4096;  // patterns tracked in all; a collision starts over
   static constexpr int kSeconds = 4;         // expiry seconds tracked per pattern (the busiest stay)
-  explicit ExpiryClusters(const Settings& s) : settings_(s) {}
+  explicit ExpiryClusters(const Settings& s, size_t patterns = kPatterns) : settings_(s), entries_(patterns) {}
   // Records one TTL write, at `now_ms`, of a key of `pattern` (a fingerprint of the key's pattern
   // in its tenant's scope: PatternFingerprint) expiring at `second` (Unix seconds). Returns the
   // number of the pattern's keys that share that second when the pattern becomes clustered (once
@@ -104,7 +104,7 @@ class ExpiryClusters {
     std::array<int64_t, kSeconds> counts{};
   };
   const Settings& settings_;
-  std::vector<Entry> entries_ = std::vector<Entry>(kPatterns);
+  std::vector<Entry> entries_;
 };
 
 // A fingerprint of `key`'s pattern in `scope`: the key with each run of digits folded into one

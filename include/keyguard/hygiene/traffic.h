@@ -2,15 +2,20 @@
 // shows, turned into findings through a sink. Sans-io: the proxy session feeds it the client's
 // arguments and the arguments going upstream; tests feed it directly.
 //
-// State lives at two levels: per worker (WorkerDetectors: the read-modify-write and attribute
-// trackers, expiry clustering, the size cache and the sizing probe's queue, all bounded) and per
-// connection (ConnectionDetectors: writes without a TTL waiting for an EXPIRE). Every key is
+// State lives at three levels: per process (SharedDetectors: the read-modify-write and attribute
+// trackers and expiry clustering, which must see every connection whichever worker accepted it),
+// per worker (WorkerDetectors: the size cache and the sizing probe's queue) and per connection
+// (ConnectionDetectors: writes without a TTL waiting for an EXPIRE), all bounded. Every key is
 // hashed with the connection's scope (its tenant), so one tenant's activity never shows in
 // another's findings.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
@@ -23,14 +28,64 @@
 
 namespace keyguard::hygiene {
 
-// What a worker's connections share.
+// What every connection of the process shares, whichever worker accepted it: a read-modify-write
+// race between two connections is seen the same when the kernel put them on different workers.
+// Sharded by the fingerprint of the key (of its parent, of its pattern); each shard has its own
+// lock, held only for its tracker's bounded in-memory work, so workers meet only on one shard.
+// The common commands take no lock: plain values while no serialized key is tracked, and keys
+// whose last segment is an id.
+class SharedDetectors {
+ public:
+  static constexpr size_t kShards = 16;
+  // Settings::tracked_keys (and ExpiryClusters::kPatterns) are divided among the shards.
+  explicit SharedDetectors(const Settings& s);
+
+  // RmwTracker's, in the key's shard.
+  void OnRead(std::string_view key, uint64_t connection, std::string_view value, int64_t now_ms, uint64_t scope);
+  void OnWrite(std::string_view key, uint64_t connection, std::string_view value, bool watched, int64_t now_ms,
+               std::vector<RmwTracker::Result>* out, uint64_t scope);
+  // No serialized key tracked anywhere: writes cannot find anything.
+  bool rmw_idle() const { return rmw_tracked_.load(std::memory_order_relaxed) == 0; }
+  // AttributeTracker's, in the shard of the key's parent.
+  bool OnAttributeWrite(std::string_view key, std::string* parent, std::vector<std::string>* attributes,
+                        uint64_t scope);
+  // ExpiryClusters::Add, in the pattern's shard.
+  int64_t AddExpiry(uint64_t pattern, int64_t second, int64_t now_ms);
+
+ private:
+  struct Shard {
+    explicit Shard(const Settings& s) : rmw(s), attributes(s), expiries(s, ExpiryClusters::kPatterns / kShards) {}
+    std::mutex mu;
+    RmwTracker rmw;
+    AttributeTracker attributes;
+    ExpiryClusters expiries;
+  };
+  Shard& ShardOf(uint64_t hash) { return *shards_[hash % kShards]; }
+
+  Settings settings_;  // with tracked_keys per shard
+  std::array<std::unique_ptr<Shard>, kShards> shards_;
+  std::atomic<int64_t> rmw_tracked_{0};  // keys in every shard's RmwTracker
+};
+
+// A connection id unique in the process (the trackers tell connections apart by it).
+uint64_t NewConnectionId();
+
+// What a worker's connections share: the process's SharedDetectors and the worker's own state.
 struct WorkerDetectors {
-  explicit WorkerDetectors(const Settings& s) : rmw(s), attributes(s), sizes(s), probe_queue(s), expiries(s) {}
-  RmwTracker rmw;                                   // serialized reads and writes
-  AttributeTracker attributes;                      // one-attribute-per-key writes
+  // `shared`: the process's, which outlives this (nullptr: one of its own, for a single worker).
+  explicit WorkerDetectors(const Settings& s, SharedDetectors* shared = nullptr)
+      : own_(shared == nullptr ? std::make_unique<SharedDetectors>(s) : nullptr),
+        shared(shared != nullptr ? *shared : *own_),
+        sizes(s),
+        probe_queue(s) {}
+
+ private:
+  std::unique_ptr<SharedDetectors> own_;
+
+ public:
+  SharedDetectors& shared;                          // read-modify-write, attributes, expiry clustering
   SizeCache sizes;                                  // key sizes seen lately
   ProbeQueue probe_queue;                           // keys waiting for the sizing probe
-  ExpiryClusters expiries;                          // keys per expiry second
   std::minstd_rand random{std::random_device{}()};  // TTL jitter
 };
 
