@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/commands/traits.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/resp/value.h"
 
@@ -558,6 +559,7 @@ absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply) {
     t.Index(id);
     ++added;
   }
+  detail::ExtendTraits();
   return added;
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/commands/traits.h"
 #include "keyguard/resp/framer.h"
 
 namespace keyguard::hygiene {
@@ -16,90 +17,28 @@ std::string CommandNameOf(commands::CommandId id) {
   return std::string(n.data(), n.size());
 }
 
-// How a TTL argument counts: relative seconds or milliseconds, or an absolute Unix time.
-enum TtlUnit : uint8_t { kNoTtl, kSeconds, kMillis, kUnixSeconds, kUnixMillis };
+using commands::HygieneRole;
+using commands::KeyType;
+using commands::ReplyShows;
+using commands::TtlUnit;
 
-struct HygieneInfo {
-  int8_t value_pos = 0;    // position of the value of a string write (0: none)
-  bool pairs = false;      // MSET-style key value pairs from position 1
-  bool rmw_write = false;  // a write that replaces a serialized value
-  uint8_t reply = kNoReplyCheck;
-  bool keys = false;
-  bool flush = false;
-  bool field_value_pairs = false;  // a RESP2 reply alternates fields and values (HGETALL)
-  const char* suggestion = "";
-  bool del = false;     // DEL: frees its keys in one blocking step
-  bool unlink = false;  // UNLINK: the keys are gone
-  int8_t ttl_pos = 0;   // EXPIRE family, SETEX, PSETEX: the TTL argument
-  uint8_t ttl_unit = kNoTtl;
-  int8_t options_from = 0;  // SET, GETEX: EX/PX/EXAT/PXAT/KEEPTTL among the arguments from here
-  bool needs_ttl = false;   // creates a string value: cache and session patterns want a TTL
-  bool probe = false;       // the reply does not show the key's size
-  const char* type = "";    // the type a collection read shows
-};
+// What to look for in the reply, by what it shows (commands::ReplyShows).
+constexpr uint8_t kReplyCheckOf[] = {kNoReplyCheck, kStringRead,     kNoReplyCheck,
+                                     kNoReplyCheck, kCollectionRead, kCollectionRead};
+static_assert(std::size(kReplyCheckOf) == static_cast<size_t>(ReplyShows::kComputedMembers) + 1);
 
-const std::vector<HygieneInfo>& HygieneTable() {
-  static const std::vector<HygieneInfo> table = [] {
-    std::vector<HygieneInfo> t(commands::CommandCount());
-    auto at = [&](const char* name) -> HygieneInfo& { return t[commands::LookupCommand(name)]; };
-    for (const char* n : {"set", "setnx", "getset"}) at(n) = HygieneInfo{2, false, true};
-    for (const char* n : {"setex", "psetex"}) at(n) = HygieneInfo{3, false, true};
-    at("append") = HygieneInfo{2, false, false};
-    at("setrange") = HygieneInfo{3, false, false};
-    for (const char* n : {"mset", "msetnx"}) at(n) = HygieneInfo{0, true, true};
-    for (const char* n : {"set", "setnx", "getset", "mset", "msetnx"}) at(n).needs_ttl = true;
-    at("set").options_from = 3;
-    at("getex").options_from = 2;
-    at("setex").ttl_pos = 2;
-    at("setex").ttl_unit = kSeconds;
-    at("psetex").ttl_pos = 2;
-    at("psetex").ttl_unit = kMillis;
-    at("expire").ttl_pos = at("pexpire").ttl_pos = at("expireat").ttl_pos = at("pexpireat").ttl_pos = 2;
-    at("expire").ttl_unit = kSeconds;
-    at("pexpire").ttl_unit = kMillis;
-    at("expireat").ttl_unit = kUnixSeconds;
-    at("pexpireat").ttl_unit = kUnixMillis;
-    for (const char* n : {"get", "getex", "getdel"}) at(n).reply = kStringRead;
-    for (const char* n : {"hgetall", "hkeys", "hvals"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "hash";
-      at(n).suggestion = "read it in pages with HSCAN, or only the fields you need with HMGET";
-    }
-    at("hgetall").field_value_pairs = true;
-    for (const char* n : {"smembers", "sinter", "sunion", "sdiff"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "set";
-      at(n).suggestion = "read it in pages with SSCAN";
-    }
-    at("lrange").reply = kCollectionRead;
-    at("lrange").type = "list";
-    at("lrange").suggestion = "read it in windows: LRANGE key start start+N";
-    for (const char* n :
-         {"zrange", "zrevrange", "zrangebyscore", "zrevrangebyscore", "zrangebylex", "zrevrangebylex"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "zset";
-      at(n).suggestion = "read it in pages with ZSCAN or ZRANGE windows with LIMIT";
-    }
-    for (const char* n : {"xrange", "xrevrange"}) {
-      at(n).reply = kCollectionRead;
-      at(n).type = "stream";
-      at(n).suggestion = "read it in pages with XRANGE ... COUNT N";
-    }
-    at("keys").keys = true;
-    at("flushall").flush = true;
-    at("flushdb").flush = true;
-    at("del").del = true;
-    at("unlink").unlink = true;
-    // Replies that do not show how big the key is.
-    for (const char* n :
-         {"hget",    "hmget",    "hexists",   "hincrby",  "hincrbyfloat", "hstrlen", "sismember", "smismember",
-          "zscore",  "zmscore",  "zrank",     "zrevrank", "zincrby",      "lindex",  "lset",      "expire",
-          "pexpire", "expireat", "pexpireat", "persist",  "getrange",     "setrange"}) {
-      at(n).probe = true;
-    }
-    return t;
-  }();
-  return table;
+// How to read a collection of `type` without reading it whole.
+const char* CollectionReadSuggestion(KeyType type) {
+  switch (type) {
+    case KeyType::kHash: return "read it in pages with HSCAN, or only the fields you need with HMGET";
+    case KeyType::kSet: return "read it in pages with SSCAN";
+    case KeyType::kList: return "read it in windows: LRANGE key start start+N";
+    case KeyType::kZset: return "read it in pages with ZSCAN or ZRANGE windows with LIMIT";
+    case KeyType::kStream: return "read it in pages with XRANGE ... COUNT N";
+    case KeyType::kString:
+    case KeyType::kUnknown: break;
+  }
+  return "";
 }
 
 }  // namespace
@@ -152,9 +91,8 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
                                        bool watching, bool tenant, std::string* refusal) {
   refusal_ = refusal;
   if (!pending_ttl_.empty()) FlushPendingTtl(false);
-  const auto& table = HygieneTable();
-  if (id >= table.size()) return kNoReplyCheck;
-  const HygieneInfo& info = table[id];
+  const commands::Traits& info = commands::TraitsOf(id);
+  const uint8_t check = kReplyCheckOf[static_cast<uint8_t>(info.reply)];
   const Settings& settings = settings_;
   SizeCache& sizes = w_.sizes;
   auto write = [&](std::string_view key, std::string_view value) {
@@ -208,11 +146,11 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
     write(args[1], args[info.value_pos]);
   } else if (info.pairs) {
     for (size_t i = 1; i + 1 < args.size(); i += 2) write(args[i], args[i + 1]);
-  } else if (info.keys && args.size() > 1) {
+  } else if (info.hygiene == HygieneRole::kKeys && args.size() > 1) {
     Finding f{Kind::kKeysCommand};
     f.suggestion = "KEYS blocks the server while it walks every key: use SCAN with MATCH and COUNT";
     Emit(std::move(f), args[1], id);
-  } else if (info.flush) {
+  } else if (info.hygiene == HygieneRole::kFlush) {
     bool async = false;
     for (size_t i = 1; i < args.size(); ++i) async |= EqualsIgnoreCase(args[i], "async");
     if (!async) {
@@ -225,7 +163,7 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
       }
       Emit(std::move(f), "", id);
     }
-  } else if (info.del) {
+  } else if (info.hygiene == HygieneRole::kDel) {
     if (!sizes.empty()) {
       const int64_t now_ms = UnixMs();
       bool rewritten = false;
@@ -247,21 +185,20 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
         sizes.Erase(h);
       }
     }
-  } else if (info.unlink) {
+  } else if (info.hygiene == HygieneRole::kUnlink) {
     if (!sizes.empty()) {
       for (size_t i = 1; i < args.size(); ++i) sizes.Erase(SizeKey(args[i]));
     }
   }
-  if (info.ttl_pos > 0 || info.options_from > 0 || info.needs_ttl) DetectTtl(id, args, edit);
+  if (info.ttl_unit != TtlUnit::kNone || info.options_from > 0 || info.needs_ttl) DetectTtl(id, args, edit);
   if (args.size() > 1) {
-    if (info.reply == kCollectionRead && settings.action(Kind::kWholeCollectionRead) == Action::kReject &&
-        !sizes.empty()) {
+    if (check == kCollectionRead && settings.action(Kind::kWholeCollectionRead) == Action::kReject && !sizes.empty()) {
       // A read known in advance to return a big collection can be refused before it runs.
       const KeySize* s = sizes.Get(SizeKey(args[1]), UnixMs());
       if (s != nullptr && s->elements >= settings.big_collection_elements) {
         Finding f{Kind::kWholeCollectionRead};
         f.elements = s->elements;
-        f.suggestion = info.suggestion;
+        f.suggestion = CollectionReadSuggestion(info.type);
         Emit(std::move(f), args[1], id);
       }
     }
@@ -279,29 +216,29 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
     }
   }
   refusal_ = nullptr;
-  return args.size() > 1 ? info.reply : kNoReplyCheck;
+  return args.size() > 1 ? check : kNoReplyCheck;
 }
 
 void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit) {
-  const HygieneInfo& info = HygieneTable()[id];
+  const commands::Traits& info = commands::TraitsOf(id);
   const Settings& settings = settings_;
   if (args.size() < 2) return;
   // Where the TTL is and how it counts.
   int ttl_arg = -1;
-  uint8_t unit = kNoTtl;
+  TtlUnit unit = TtlUnit::kNone;
   bool keepttl = false;
-  if (info.ttl_pos > 0 && args.size() > static_cast<size_t>(info.ttl_pos)) {
-    ttl_arg = info.ttl_pos;
+  if (info.ttl_unit != TtlUnit::kNone && args.size() > 2) {
+    ttl_arg = 2;
     unit = info.ttl_unit;
   } else if (info.options_from > 0) {
     for (size_t i = static_cast<size_t>(info.options_from); i < args.size(); ++i) {
       const std::string_view o = args[i];
-      const uint8_t u = EqualsIgnoreCase(o, "ex")     ? kSeconds
-                        : EqualsIgnoreCase(o, "px")   ? kMillis
-                        : EqualsIgnoreCase(o, "exat") ? kUnixSeconds
-                        : EqualsIgnoreCase(o, "pxat") ? kUnixMillis
-                                                      : kNoTtl;
-      if (u != kNoTtl && i + 1 < args.size()) {
+      const TtlUnit u = EqualsIgnoreCase(o, "ex")     ? TtlUnit::kSeconds
+                        : EqualsIgnoreCase(o, "px")   ? TtlUnit::kMillis
+                        : EqualsIgnoreCase(o, "exat") ? TtlUnit::kUnixSeconds
+                        : EqualsIgnoreCase(o, "pxat") ? TtlUnit::kUnixMillis
+                                                      : TtlUnit::kNone;
+      if (u != TtlUnit::kNone && i + 1 < args.size()) {
         ttl_arg = static_cast<int>(i + 1);
         unit = u;
         ++i;
@@ -316,12 +253,12 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
     // Any value the client sends, up to INT64_MAX: the sums saturate (the server refuses an
     // expiry that overflows its own arithmetic; counting it is harmless).
     int64_t at_s = value;
-    if (unit == kSeconds) {
+    if (unit == TtlUnit::kSeconds) {
       if (__builtin_add_overflow(now_ms / 1000, value, &at_s)) at_s = INT64_MAX;
-    } else if (unit == kMillis) {
+    } else if (unit == TtlUnit::kMillis) {
       int64_t at_ms;
       at_s = __builtin_add_overflow(now_ms, value, &at_ms) ? INT64_MAX / 1000 : at_ms / 1000;
-    } else if (unit == kUnixMillis) {
+    } else if (unit == TtlUnit::kUnixMillis) {
       at_s = value / 1000;
     }
     const int64_t ttl_s = at_s - now_ms / 1000;
@@ -346,8 +283,8 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
       // Spread expiries: never sooner than asked, up to jitter_percent of the time left later. A
       // relative TTL is the time left; an absolute one (EXPIREAT, PEXPIREAT, EXAT, PXAT) is moved
       // by a share of what is left until it, in its own unit.
-      const bool relative = unit == kSeconds || unit == kMillis;
-      const int64_t left = relative ? value : value - (unit == kUnixSeconds ? now_ms / 1000 : now_ms);
+      const bool relative = unit == TtlUnit::kSeconds || unit == TtlUnit::kMillis;
+      const int64_t left = relative ? value : value - (unit == TtlUnit::kUnixSeconds ? now_ms / 1000 : now_ms);
       if (left > 0 && left <= kMaxJitteredTtl) {
         const int64_t extra = left * settings.jitter_percent / 100;
         if (extra > 0) {
@@ -432,15 +369,15 @@ void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::st
       w_.shared.OnRead(key, connection_, bulk, UnixMs(), scope);
     }
   } else if (check == kCollectionRead && (type == '*' || type == '%' || type == '~')) {
-    const HygieneInfo& info = HygieneTable()[id];
+    const commands::Traits& info = commands::TraitsOf(id);
     const bool pairs = type == '*' && info.field_value_pairs;
     const int64_t members = pairs ? size / 2 : size;
     if (members >= settings.big_collection_elements) {
       Finding f{Kind::kWholeCollectionRead};
       f.elements = members;
-      f.suggestion = info.suggestion;
+      f.suggestion = CollectionReadSuggestion(info.type);
       Emit(std::move(f), key, id);
-      RememberSize(key, info.type, -1, members);
+      RememberSize(key, commands::KeyTypeName(info.type), -1, members);
     }
   }
 }
@@ -488,6 +425,57 @@ int64_t SharedDetectors::AddExpiry(uint64_t pattern, int64_t second, int64_t now
 uint64_t NewConnectionId() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
+                   std::string_view tenant, size_t request_len, uint32_t* request_bytes) {
+  if (!hot.enabled() || args.size() < 2) return false;
+  const commands::Traits& info = commands::TraitsOf(id);
+  if (info.sized_write) {
+    auto write = [&](std::string_view key, std::string_view value) {
+      if (value.empty() || !hot.Admits(false, value.size())) return;
+      hot.ObserveSize(absl::string_view(tenant.data(), tenant.size()), absl::string_view(key.data(), key.size()), false,
+                      value.size(), commands::CommandName(id), commands::KeyTypeName(info.type));
+    };
+    if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
+      write(args[1], args[info.value_pos]);
+    } else if (info.pairs) {
+      for (size_t i = 1; i + 1 < args.size(); i += 2) write(args[i], args[i + 1]);
+    }
+  }
+  if (!info.first_key) return false;
+  // Sampled commands count as accesses; the replies of sizing commands are always looked at.
+  if (hot.Sample()) *request_bytes = static_cast<uint32_t>(std::min<size_t>(request_len, UINT32_MAX));
+  return *request_bytes != 0 || (info.reply != ReplyShows::kNothing && info.reply != ReplyShows::kComputedMembers);
+}
+
+void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant_name, std::string_view key_name,
+                 uint32_t request_bytes, char type, int64_t size, std::string_view bulk, size_t frame_len) {
+  const absl::string_view key(key_name.data(), key_name.size());
+  const absl::string_view tenant(tenant_name.data(), tenant_name.size());
+  if (request_bytes != 0) hot.Access(tenant, key, request_bytes + frame_len);
+  const commands::Traits& info = commands::TraitsOf(id);
+  int64_t n = -1;
+  bool elements = true;
+  switch (info.reply) {
+    case ReplyShows::kValue:
+      if (type == '$') n = static_cast<int64_t>(bulk.size());
+      elements = false;
+      break;
+    case ReplyShows::kLength:
+    case ReplyShows::kCount:
+      if (type == ':' && !resp::ParseRedisInt(bulk, &n)) n = -1;
+      elements = info.reply == ReplyShows::kCount;
+      break;
+    case ReplyShows::kMembers:
+      if (type == '*' || type == '~' || type == '%') n = (type == '*' && info.field_value_pairs) ? size / 2 : size;
+      break;
+    case ReplyShows::kNothing:
+    case ReplyShows::kComputedMembers: return;  // the set operations: not one key's size
+  }
+  if (n <= 0 || !hot.Admits(elements, static_cast<uint64_t>(n))) return;
+  hot.ObserveSize(tenant, key, elements, static_cast<uint64_t>(n), commands::CommandName(id),
+                  commands::KeyTypeName(info.type));
 }
 
 }  // namespace keyguard::hygiene

@@ -1,5 +1,6 @@
 #include "proxy/connection_state.h"
 
+#include "keyguard/commands/traits.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
 
@@ -31,33 +32,19 @@ int8_t HelloVersion(std::span<const std::string_view> args) {
   return 0;
 }
 
-const std::vector<uint8_t>& ConnectionState::ChangesStateTable() {
-  static const std::vector<uint8_t> table = [] {
-    const commands::KnownCommands& known = commands::Known();
-    std::vector<uint8_t> t(commands::CommandCount(), 0);
-    for (commands::CommandId c :
-         {known.reset, known.multi, known.exec, known.discard, known.watch, known.unwatch, known.hello, known.monitor,
-          known.client, known.sync, known.psync, known.subscribe, known.psubscribe, known.ssubscribe, known.unsubscribe,
-          known.punsubscribe, known.sunsubscribe, known.quit}) {
-      if (c < t.size()) t[c] = 1;
-    }
-    return t;
-  }();
-  return table;
-}
-
 ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id, std::span<const std::string_view> args,
                                                          ReplyMode mode, bool tenant, Pending* p, Effects e) {
-  const commands::KnownCommands& known = commands::Known();
-  if (id == known.quit) {
+  using enum commands::ConnectionRole;
+  const commands::ConnectionRole role = commands::TraitsOf(id).connection;
+  if (role == kQuit) {
     e.stop_reading = true;  // Redis reads nothing after QUIT (also inside MULTI: QUIT is not queued)
     quit_sent_ = true;
   } else if (!ArityOk(id, args.size())) {
     // The server answers with an arity error and changes no state (inside MULTI the command is
     // not queued, and EXEC will abort): `MULTI x` starts no transaction. A refused EXEC is the
     // exception: the server answers -EXECABORT and discards the transaction (execCommandAbort).
-    if (id == known.exec) EndTransaction();
-  } else if (id == known.reset) {
+    if (role == kExec) EndTransaction();
+  } else if (role == kReset) {
     // RESET is not queued by MULTI either: it discards the transaction and every mode.
     p->kind = Kind::kReset;
     if (mode.skipped) {
@@ -71,22 +58,22 @@ ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id,
     EndTransaction();
     // RESET logs the connection out: the client must authenticate again.
     e.logout = true;
-  } else if (id == known.multi) {
+  } else if (role == kMulti) {
     // A nested MULTI is an error that keeps the transaction: what was queued stays queued.
     if (!in_multi_) {
       multi_rewrites_.clear();
       p->expect = Pending::Expect::kMultiOk;
     }
     in_multi_ = true;
-  } else if (id == known.watch) {
+  } else if (role == kWatch) {
     if (in_multi_) {
       // Redis refuses WATCH inside MULTI without queueing it; the transaction goes on.
     } else {
       watching_ = true;
     }
-  } else if (id == known.unwatch && !in_multi_) {
+  } else if (role == kUnwatch && !in_multi_) {
     watching_ = false;
-  } else if (id == known.exec) {
+  } else if (role == kExec) {
     p->expect = in_multi_ ? Pending::Expect::kExecInMulti : Pending::Expect::kExecOutside;
     if (in_multi_ && multi_aborted_) {
       p->kind = Kind::kExecAbort;
@@ -99,33 +86,32 @@ ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id,
       p->exec_rewrites = std::move(multi_rewrites_);
     }
     EndTransaction();
-  } else if (id == known.discard) {
+  } else if (role == kDiscard) {
     EndTransaction();
   } else if (in_multi_) {
     // Queued like any command: UNWATCH, HELLO, MONITOR, CLIENT, SYNC, the subscribe family.
     Queued(tenant, p);
-  } else if (id == known.subscribe || id == known.psubscribe || id == known.ssubscribe || id == known.unsubscribe ||
-             id == known.punsubscribe || id == known.sunsubscribe) {
-    const bool unsub = id == known.unsubscribe || id == known.punsubscribe || id == known.sunsubscribe;
+  } else if (role == kSubscribe || role == kUnsubscribe) {
+    const bool unsub = role == kUnsubscribe;
     if (args.size() > 1 || unsub) {
       p->kind = Kind::kSubscribe;
       p->confirm = static_cast<uint8_t>(ConfirmIndex(args[0]));
       p->expected = args.size() > 1 ? static_cast<int64_t>(args.size() - 1) : -1;
     }
-  } else if (id == known.hello) {
+  } else if (role == kHello) {
     p->kind = Kind::kHello;
     p->hello_version = HelloVersion(args);
-  } else if (id == known.monitor) {
+  } else if (role == kMonitor) {
     p->kind = Kind::kMonitor;
-  } else if ((id == known.sync || id == known.psync) && !e.silent) {
+  } else if (role == kSync && !e.silent) {
     // The server answers with newline keep-alives, then $<len>\r\n<RDB> without a CRLF (or a
     // diskless EOF-marked payload), then commands that answer no request, for the connection's
     // life: no reply framing fits, so from this reply on the upstream side is a byte tunnel.
     p->kind = Kind::kReplicationStream;
     replication_stream_ = true;
-  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "setname")) {
+  } else if (role == kClient && args.size() == 3 && EqualsIgnoreCase(args[1], "setname")) {
     client_name_.assign(args[2].data(), args[2].size());
-  } else if (id == known.client && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
+  } else if (role == kClient && args.size() == 3 && EqualsIgnoreCase(args[1], "reply")) {
     if (EqualsIgnoreCase(args[2], "off")) {
       reply_off_ = true;
       e.silent = true;

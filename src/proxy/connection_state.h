@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "keyguard/commands/command_table.h"
+#include "keyguard/commands/traits.h"
 #include "keyguard/resp/framer.h"
 #include "proxy/reply_queue.h"
 
@@ -83,7 +84,9 @@ class ConnectionState {
     Effects e;
     e.silent = mode.silent;
     if (tenant) p->expect = Pending::Expect::kNotQueued;
-    if (id < changes_state_.size() && changes_state_[id] != 0) return OnStateCommand(id, args, mode, tenant, p, e);
+    if (commands::TraitsOf(id).connection != commands::ConnectionRole::kNone) {
+      return OnStateCommand(id, args, mode, tenant, p, e);
+    }
     // The common case: a command that changes no connection state.
     if (in_multi_) Queued(tenant, p);
     return e;
@@ -152,10 +155,6 @@ class ConnectionState {
     watching_ = false;
     multi_rewrites_.clear();
   }
-
-  // By command id: 1 for the commands whose effect on connection state is followed here.
-  const std::vector<uint8_t>& changes_state_ = ChangesStateTable();
-  static const std::vector<uint8_t>& ChangesStateTable();
 
   int protocol_ = 2;
   bool monitor_ = false;

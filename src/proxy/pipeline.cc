@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/commands/traits.h"
 #include "keyguard/common/json_line.h"
 #include "keyguard/policy/key_pattern.h"
 
@@ -114,8 +115,8 @@ bool CommandPipeline::Gate(const CommandContext& c) {
     if ((commands::Spec(c.id).flags & kNoAuth) == 0) return Refuse(Refusal::kNoAuth, "NOAUTH Authentication required.");
     return true;
   }
-  const bool subscribe = c.id == known.subscribe || c.id == known.psubscribe || c.id == known.ssubscribe ||
-                         c.id == known.unsubscribe || c.id == known.punsubscribe || c.id == known.sunsubscribe;
+  const commands::ConnectionRole role = commands::TraitsOf(c.id).connection;
+  const bool subscribe = role == commands::ConnectionRole::kSubscribe || role == commands::ConnectionRole::kUnsubscribe;
   // keyguard tells RESP2 pub/sub messages from replies by the confirmations it reads in step
   // with its commands. Inside MULTI, and under CLIENT REPLY OFF/SKIP, Redis sends those out of
   // step, and a message of any tenant's keys would then pass as some command's reply.
@@ -213,18 +214,9 @@ bool CommandPipeline::Access(const CommandContext& c) {
 }
 
 bool CommandPipeline::ScriptPolicy(const CommandContext& c) {
-  enum : uint8_t { kNone, kEval, kEvalSha, kFcall, kScript, kFunction };
-  static const std::vector<uint8_t> kScriptKind = [] {
-    std::vector<uint8_t> t(commands::CommandCount(), kNone);
-    for (auto [name, kind] : {std::pair{"eval", kEval}, std::pair{"evalsha", kEvalSha}, std::pair{"fcall", kFcall},
-                              std::pair{"script", kScript}, std::pair{"function", kFunction}}) {
-      const commands::CommandId id = commands::LookupCommand(name);
-      if (id < t.size()) t[id] = kind;
-    }
-    return t;
-  }();
+  using enum commands::ScriptKind;
   const auto args = c.args;
-  const uint8_t kind = c.id < kScriptKind.size() ? kScriptKind[c.id] : uint8_t{kNone};
+  const commands::ScriptKind kind = commands::TraitsOf(c.id).script;
   if (kind == kNone || args.size() < 2) return true;
   const policy::KeyPolicy& policy = *shared_.live->key_policy;
   auto script = [&](std::string_view sha) {
@@ -247,6 +239,7 @@ bool CommandPipeline::ScriptPolicy(const CommandContext& c) {
         unreviewed = "FUNCTION RESTORE (a dump cannot be reviewed)";
       }
       break;
+    case kNone: break;
   }
   if (unreviewed.empty()) return true;
   const policy::Rule& rule = policy.scripts_rule();

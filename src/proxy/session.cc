@@ -340,7 +340,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   p.start_ns = now;
   p.reply_check = v.reply_check;
   pipeline_.Release();
-  const bool hot = worker_.config.hygiene.enabled && HotKeysRequest(c.id, args, raw_len, &p);
+  const bool hot = worker_.config.hygiene.enabled &&
+                   hygiene::HotKeyRequest(worker_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
   if (p.reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
   const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);
   if (e.stop_reading) stop_reading_ = true;
@@ -753,7 +754,10 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
     worker_.shard->ObserveReply(p.command, frame_len, aggregate ? size : -1);
   }
-  if (p.keyed && worker_.hot.enabled()) HotKeysReply(p, reply_type, size, bulk, frame_len);
+  if (p.keyed && worker_.hot.enabled()) {
+    hygiene::HotKeyReply(worker_.hot, p.command, TenantName(), queue_.KeyOf(p), p.request_bytes, reply_type, size, bulk,
+                         frame_len);
+  }
   if (state_.OnReply(p, error)) {
     reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
     reply_scope_ = DetectorScope(reply_tenant_);

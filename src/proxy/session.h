@@ -74,11 +74,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
   // SKIP semantics.
   void Refuse(const CommandContext& c, Refusal reason, std::string_view message);
-  // Hot and big keys (session_hot_keys.cc): counts string write sizes, and returns true when the
-  // reply needs the command's first key (args[1]): an access to count (sampled; p->request_bytes
-  // set) or a size to read from the reply. HotKeysReply runs for every reply with a key.
-  bool HotKeysRequest(commands::CommandId id, std::span<const std::string_view> args, size_t raw_len, Pending* p);
-  void HotKeysReply(const Pending& p, char type, int64_t size, std::string_view bulk, size_t frame_len);
+  // The tenant's name for the hot-key hooks ("" without one).
+  std::string_view TenantName() const {
+    return tenant_ != nullptr ? std::string_view(tenant_->name) : std::string_view();
+  }
   void Reply(std::string text, commands::CommandId id, bool close_after);
 
   // Tenancy: FLUSH*/DBSIZE/RANDOMKEY as a walk over the tenant's keys in steps. While it runs no

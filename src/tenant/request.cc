@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/commands/traits.h"
 #include "keyguard/resp/encoder.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
@@ -14,36 +15,8 @@ namespace {
 
 using commands::EqualsIgnoreCase;
 
-// Special handling by command id.
-enum Special : uint8_t {
-  kPlain,
-  kFlush,
-  kDbsize,
-  kRandomkey,
-  kKeys,
-  kScan,
-  kSort,
-  kSelect,
-  kCopy,
-  kMigrate,
-  kNever,  // MOVE, SWAPDB (another database), CLUSTER (GETKEYSINSLOT lists any key): refused
-  kInfo,
-  kDebug,
-  kEval,
-  kEvalSha,
-  kFcall,
-  kScript,
-  kFunction,
-  kClient,
-  kPubsub,
-  kSubscribe,   // (s)subscribe, (s)unsubscribe: channels
-  kPsubscribe,  // psubscribe, punsubscribe: patterns
-  kPublish,     // publish, spublish
-  kFirstKey,
-  kStreams,
-  kKeyed,   // admin or dangerous by category, but confined by prefixing its keys (RESTORE)
-  kMemory,  // MEMORY STATS counts every tenant's keys, like INFO's # Keyspace
-};
+// Special handling by command id (commands::Traits::tenant).
+using enum commands::TenantHandling;
 
 // SHA1s of the whole-walk emulation scripts of earlier releases: a tenant's SCRIPT EXISTS still
 // answers 0 for them (another tenant may have run them through an older keyguard).
@@ -96,45 +69,7 @@ RequestRewriter::RequestRewriter(const Tenancy& tenancy, const Connections* conn
     : tenancy_(tenancy),
       connections_(connections),
       own_scripts_{Sha1Hex(kWalkScript), Sha1Hex(kOldFlushScript), Sha1Hex(kOldDbsizeScript),
-                   Sha1Hex(kOldRandomkeyScript)},
-      kind_(commands::CommandCount(), kPlain),
-      has_subcommands_(commands::CommandCount(), 0) {
-  for (size_t id = 1; id < has_subcommands_.size(); ++id) {
-    has_subcommands_[id] = commands::Spec(static_cast<commands::CommandId>(id)).sub_count > 0;
-  }
-  auto set = [&](std::initializer_list<const char*> names, Special s) {
-    for (const char* n : names) {
-      const commands::CommandId id = commands::LookupCommand(n);
-      if (id != commands::kUnknownCommand) kind_[id] = s;
-    }
-  };
-  set({"flushall", "flushdb"}, kFlush);
-  set({"dbsize"}, kDbsize);
-  set({"randomkey"}, kRandomkey);
-  set({"keys"}, kKeys);
-  set({"scan"}, kScan);
-  set({"sort", "sort_ro"}, kSort);
-  set({"select"}, kSelect);
-  set({"copy"}, kCopy);
-  set({"migrate"}, kMigrate);
-  set({"move", "swapdb", "cluster"}, kNever);
-  set({"info"}, kInfo);
-  set({"debug"}, kDebug);
-  set({"eval", "eval_ro"}, kEval);
-  set({"evalsha", "evalsha_ro"}, kEvalSha);
-  set({"fcall", "fcall_ro"}, kFcall);
-  set({"script"}, kScript);
-  set({"function"}, kFunction);
-  set({"client"}, kClient);
-  set({"pubsub"}, kPubsub);
-  set({"subscribe", "unsubscribe", "ssubscribe", "sunsubscribe"}, kSubscribe);
-  set({"psubscribe", "punsubscribe"}, kPsubscribe);
-  set({"publish", "spublish"}, kPublish);
-  set({"blpop", "brpop", "bzpopmin", "bzpopmax", "lmpop", "blmpop", "zmpop", "bzmpop"}, kFirstKey);
-  set({"xread", "xreadgroup"}, kStreams);
-  set({"restore", "restore-asking"}, kKeyed);
-  set({"memory"}, kMemory);
-}
+                   Sha1Hex(kOldRandomkeyScript)} {}
 
 std::string_view RequestRewriter::Own(std::string s) { return owned_.emplace_back(std::move(s)); }
 
@@ -225,8 +160,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
   // NUL cuts it to (the lookup hashes every byte, compares with strcasecmp): by its random hash
   // seed, "CLIENT REPLY\0x SKIP" runs as CLIENT REPLY SKIP on one server and is refused on the
   // next. keyguard cannot know which, so connection state it follows could differ: refused.
-  if (HasNul(args[0]) ||
-      (args.size() > 1 && id != commands::kUnknownCommand && has_subcommands_[id] && HasNul(args[1]))) {
+  if (HasNul(args[0]) || (args.size() > 1 && id != commands::kUnknownCommand &&
+                          commands::TraitsOf(id).has_subcommands && HasNul(args[1]))) {
     return refuse("ERR keyguard: a command or subcommand name holding a NUL byte is not allowed for tenants");
   }
   if (id == commands::kUnknownCommand) {
@@ -266,7 +201,8 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
                : Upper(args[0]);
   };
   bool handled = true;
-  switch (kind_[id]) {
+  const commands::TenantHandling handling = commands::TraitsOf(id).tenant;
+  switch (handling) {
     // The walks answer as the server would, its argument errors included.
     case kFlush:
       if (tenancy_.flush == Emulation::kRefuse) return refuse(NotAllowed(display()));
@@ -278,13 +214,13 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
       return r;
     case kDbsize:
     case kRandomkey:
-      if ((kind_[id] == kDbsize ? tenancy_.dbsize : tenancy_.randomkey) == Emulation::kRefuse) {
+      if ((handling == kDbsize ? tenancy_.dbsize : tenancy_.randomkey) == Emulation::kRefuse) {
         return refuse(NotAllowed(display()));
       }
       if (args.size() != 1) {
         return refuse(absl::StrCat("ERR wrong number of arguments for '", std::string(spec->name), "' command"));
       }
-      r.walk = kind_[id] == kDbsize ? Walk::kDbsize : Walk::kRandomkey;
+      r.walk = handling == kDbsize ? Walk::kDbsize : Walk::kRandomkey;
       return r;
     case kKeys:
       if (args.size() == 2) set(1, Joined(tenant.glob_prefix, args[1]));
@@ -354,7 +290,7 @@ RequestResult RequestRewriter::Rewrite(const Tenant& tenant, commands::CommandId
     case kEval:
     case kEvalSha: {
       if (args.size() < 2) break;
-      const std::string sha = kind_[id] == kEval ? Sha1Hex(args[1]) : absl::AsciiStrToLower(std::string(args[1]));
+      const std::string sha = handling == kEval ? Sha1Hex(args[1]) : absl::AsciiStrToLower(std::string(args[1]));
       if (!tenancy_.allowed_scripts.contains(sha)) {
         return refuse(absl::StrCat("ERR keyguard: script ", sha,
                                    " is not in tenancy.allowed_scripts (a script may touch keys it was not given)"));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "keyguard/commands/traits.h"
 #include "keyguard/resp/encoder.h"
 
 namespace keyguard::commands {
@@ -275,6 +276,11 @@ TEST(CommandTable, ExtendsFromUpstreamCommandInfo) {
   EXPECT_EQ(Keys({"JSON.SET", "doc:1", "$", "{}"}), V{"doc:1"});
   EXPECT_EQ(Keys({"legacy.mset", "a", "1", "b", "2"}), (V{"a", "b"}));
   EXPECT_EQ(Spec(LookupCommand("get")).arity, 2);  // known commands keep the built-in entry
+  // Added commands get the traits the table gives: args[1] is JSON.SET's first key.
+  EXPECT_TRUE(TraitsOf(json_set).first_key);
+  EXPECT_FALSE(TraitsOf(json_set).has_subcommands);
+  EXPECT_EQ(TraitsOf(json_set).tenant, TenantHandling::kPlain);
+  EXPECT_TRUE(TraitsOf(LookupCommand("legacy.mset")).first_key);
   EXPECT_FALSE(ExtendFromCommandInfo("-NOAUTH Authentication required.\r\n").ok());
   EXPECT_FALSE(ExtendFromCommandInfo("garbage").ok());
 }

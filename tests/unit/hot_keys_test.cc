@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "keyguard/hygiene/traffic.h"
 
 namespace keyguard::hygiene {
 namespace {
@@ -232,6 +234,115 @@ TEST(HotKeysBoardTest, PublishesIntervalsAndRendersJson) {
   EXPECT_NE(big.find(R"("by_elements":[{"key":"h","tenant":null,"key_pattern":"p:h","type":"hash","elements":6000,)"),
             std::string::npos)
       << big;
+}
+
+// The traffic hooks (HotKeyRequest, HotKeyReply) driven as the session drives them, no sockets.
+class HotKeyHooksTest : public ::testing::Test {
+ protected:
+  HotKeyHooksTest() {
+    settings_.hot_keys_capacity = 8;
+    settings_.hot_keys_interval_s = 10;
+    settings_.hot_keys_sample = 1;  // every command is an access
+  }
+  void Start() {
+    hot_ = std::make_unique<HotKeys>(settings_);
+    hot_->Attach(&board_, board_.AddWorker());
+    hot_->Tick(0);
+  }
+  // The request hook for `args` (a request of `len` bytes); `bytes` gets the access's bytes.
+  bool Request(std::vector<std::string_view> args, std::string_view tenant = "", size_t len = 20,
+               uint32_t* bytes = nullptr) {
+    uint32_t b = 0;
+    const bool want = HotKeyRequest(*hot_, commands::LookupCommand(args[0]), args, tenant, len, &b);
+    if (bytes != nullptr) *bytes = b;
+    return want;
+  }
+  void Reply(const char* command, std::string_view key, uint32_t request_bytes, char type, int64_t size,
+             std::string_view bulk, size_t frame_len = 10) {
+    HotKeyReply(*hot_, commands::LookupCommand(command), "", key, request_bytes, type, size, bulk, frame_len);
+  }
+  std::string HotJson() {
+    hot_->Tick(1);
+    return board_.HotKeysJson(20);
+  }
+  std::string BigJson() {
+    hot_->Tick(1);
+    return board_.BigKeysJson(20);
+  }
+
+  // Each of `parts` appears in `json` (`present`), or none does.
+  static void Expect(bool present, const std::string& json, std::initializer_list<std::string_view> parts) {
+    for (std::string_view p : parts) EXPECT_EQ(json.find(p) != std::string::npos, present) << p << " in " << json;
+  }
+
+  Settings settings_;
+  HotKeysBoard board_{settings_, [](std::string_view k) { return std::string(k); }};
+  std::unique_ptr<HotKeys> hot_;
+};
+
+TEST_F(HotKeyHooksTest, StringWritesShowTheirSizesWithTheTenant) {
+  Start();
+  const std::string value(5000, 'v');
+  uint32_t bytes = 0;
+  EXPECT_TRUE(Request({"SET", "s1", value}, "svc", 5030, &bytes));
+  EXPECT_EQ(bytes, 5030u);  // sampled: an access of s1 once the reply comes
+  EXPECT_TRUE(Request({"setex", "s2", "60", "abc"}));
+  EXPECT_TRUE(Request({"MSET", "m1", "12", "m2", "123456"}));
+  EXPECT_TRUE(Request({"APPEND", "a1", "xy"}));
+  // SETRANGE's value is not the key's size; an empty value shows nothing.
+  EXPECT_TRUE(Request({"SETRANGE", "r1", "0", "abcdefgh"}));
+  EXPECT_TRUE(Request({"SET", "e1", ""}));
+  const std::string big = BigJson();
+  Expect(true, big,
+         {R"({"key":"s1","tenant":"svc","key_pattern":"s1","type":"string","bytes":5000,"command":"set",)",
+          R"({"key":"m2","tenant":null,"key_pattern":"m2","type":"string","bytes":6,"command":"mset",)",
+          R"("key":"s2","tenant":null,"key_pattern":"s2","type":"string","bytes":3,"command":"setex")",
+          R"("key":"m1",)", R"("key":"a1",)"});
+  Expect(false, big, {R"("key":"r1")", R"("key":"e1")"});
+}
+
+TEST_F(HotKeyHooksTest, RepliesCountAccessesAndShowSizes) {
+  Start();
+  uint32_t bytes = 0;
+  ASSERT_TRUE(Request({"GET", "g"}, "", 22, &bytes));
+  Reply("get", "g", bytes, '$', 0, "hello", 11);
+  Reply("strlen", "g", 0, ':', 0, "7000");
+  Reply("hlen", "h", 0, ':', 0, "300");
+  Reply("hgetall", "h2", 0, '*', 12, "");  // RESP2: field, value, ... = 6 members
+  Reply("hgetall", "h3", 0, '%', 6, "");   // RESP3 map: 6 members
+  Reply("zrange", "z", 0, '*', 40, "");    // one member per element
+  Reply("sinter", "s", 0, '*', 900, "");   // a set operation: not s's size
+  Reply("llen", "l", 0, '-', 0, "ERR x");  // an error shows nothing
+  const std::string hot = HotJson();
+  Expect(true, hot,
+         {R"("by_count":[{"key":"g","tenant":null,"key_pattern":"g","count":1,"error":0}])",
+          R"("by_bytes":[{"key":"g","tenant":null,"key_pattern":"g","count":33,"error":0}])"});
+  const std::string big = BigJson();
+  Expect(true, big,
+         {R"("key":"g","tenant":null,"key_pattern":"g","type":"string","bytes":7000,"command":"strlen")",
+          R"("key":"h","tenant":null,"key_pattern":"h","type":"hash","elements":300,"command":"hlen")",
+          R"("key":"h2","tenant":null,"key_pattern":"h2","type":"hash","elements":6,"command":"hgetall")",
+          R"("key":"h3","tenant":null,"key_pattern":"h3","type":"hash","elements":6,"command":"hgetall")",
+          R"("key":"z","tenant":null,"key_pattern":"z","type":"zset","elements":40,"command":"zrange")"});
+  Expect(false, big, {R"("key":"s")", R"("key":"l")"});
+}
+
+TEST_F(HotKeyHooksTest, ReplyWantedOnlyForSampledAccessesAndSizes) {
+  settings_.hot_keys_sample = 1000000000;
+  Start();
+  uint32_t bytes = 0;
+  EXPECT_TRUE(Request({"INCR", "c"}, "", 20, &bytes));  // the first command is sampled
+  EXPECT_EQ(bytes, 20u);
+  EXPECT_FALSE(Request({"INCR", "c"}, "", 20, &bytes));  // then about one in a billion
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_TRUE(Request({"GET", "c"}, "", 20, &bytes));  // a size to read
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_FALSE(Request({"SINTER", "a", "b"}));
+  EXPECT_FALSE(Request({"OBJECT", "ENCODING", "c"}));  // args[1] is a subcommand
+  EXPECT_FALSE(Request({"PING"}));
+  settings_.hot_keys_capacity = 0;  // hot keys off
+  Start();
+  EXPECT_FALSE(Request({"GET", "c"}));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 
 #include "keyguard/commands/command_table.h"
 #include "keyguard/hygiene/detectors.h"
+#include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/hygiene/sizes.h"
 
 namespace keyguard::hygiene {
@@ -187,5 +188,22 @@ class ConnectionDetectors {
   static constexpr size_t kMaxPendingTtl = 64;
   std::deque<PendingTtl> pending_ttl_;
 };
+
+// Hot and big keys as traffic shows them (HotKeys, one per worker). The key counted is the
+// command's first key when the command traits say it is args[1] (GET, SET, HGETALL, INCR, ...: no
+// FindKeys on the hot path), as the client named it (before tenant prefixing or key-policy
+// rewrites), with `tenant` ("" without tenancy) reported beside it.
+//
+// One command before it is forwarded: records the sizes its string writes show, and returns true
+// when its reply must come to HotKeyReply with args[1]: an access to count (sampled, about one in
+// Settings::hot_keys_sample: `*request_bytes` set to `request_len`, capped, else left as it is)
+// or a size to read from the reply.
+bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
+                   std::string_view tenant, size_t request_len, uint32_t* request_bytes);
+// The reply (an error too) to a command HotKeyRequest asked to see: `key` is its args[1],
+// `request_bytes` what HotKeyRequest left there; the reply's `type` (its RESP type byte), `size`
+// (an aggregate's length), `bulk` (a bulk string's or an integer's text) and `frame_len` (its bytes).
+void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key,
+                 uint32_t request_bytes, char type, int64_t size, std::string_view bulk, size_t frame_len);
 
 }  // namespace keyguard::hygiene

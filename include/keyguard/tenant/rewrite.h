@@ -87,9 +87,7 @@ class RequestRewriter {
   const Connections* connections_;
   std::array<std::string, 4> own_scripts_;  // SHA1s of keyguard's scripts (the walk step, and earlier emulations)
   std::deque<std::string> owned_;
-  std::string key_space_;                 // the prefixed keys of the last request
-  std::vector<uint8_t> kind_;             // by CommandId: the special handling below
-  std::vector<uint8_t> has_subcommands_;  // by CommandId: args[1] names a subcommand
+  std::string key_space_;  // the prefixed keys of the last request
 };
 
 enum class ReplyAction : uint8_t { kPass, kReplace, kDrop };
