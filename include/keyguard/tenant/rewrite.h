@@ -90,6 +90,8 @@ class RequestRewriter {
   std::string key_space_;                 // the prefixed keys of the last request
   std::vector<uint8_t> kind_;             // by CommandId: the special handling below
   std::vector<uint8_t> has_subcommands_;  // by CommandId: args[1] names a subcommand
+  std::vector<uint8_t> plain_;            // by CommandId: Rewrite's fast path may take it
+  uint32_t reach_;                        // @admin | @dangerous: refused unless handled below
 };
 
 enum class ReplyAction : uint8_t { kPass, kReplace, kDrop };
