@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -242,8 +243,9 @@ bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::strin
   size_t changed_bytes = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].data() < raw || args[i].data() + args[i].size() + 2 > end) return false;
-    // "$<len>\r\n" and the closing "\r\n" fit in 32 bytes.
-    if (out[i].data() != args[i].data() || out[i].size() != args[i].size()) changed_bytes += out[i].size() + 32;
+    if (out[i].data() != args[i].data() || out[i].size() != args[i].size()) {
+      changed_bytes += out[i].size() + resp::kBulkOverhead;
+    }
   }
   // A small command is copied whole into the scratch chunk, so consecutive rewritten commands sit
   // next to each other and go out as one buffer; a big one goes out as the client's bytes with
@@ -256,13 +258,13 @@ bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::strin
   std::string& chunk = scratch_.back();
   const size_t first = chunk.size();
   const char* pos = raw;
-  auto keep = [&](const char* from, const char* to) {
-    if (copy) {
-      chunk.append(from, static_cast<size_t>(to - from));
-    } else {
-      splice_.emplace_back(from, static_cast<size_t>(to - from));
-    }
-  };
+  // A copy is written in place: the chunk is sized once for the bound and cut back to what was
+  // written (within its capacity, so it never moves), rather than appended to piece by piece.
+  char* w = nullptr;
+  if (copy) {
+    chunk.resize(first + need);
+    w = chunk.data() + first;
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     if (out[i].data() == args[i].data() && out[i].size() == args[i].size()) continue;
     // The client's "$<len>\r\n" header ends two bytes before the argument; find its '$'.
@@ -273,14 +275,25 @@ bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::strin
       splice_.clear();
       return false;
     }
-    keep(pos, header);
-    const size_t start = chunk.size();
-    resp::AppendBulk(&chunk, out[i]);
-    if (!copy) splice_.emplace_back(chunk.data() + start, chunk.size() - start);
+    if (copy) {
+      std::memcpy(w, pos, static_cast<size_t>(header - pos));
+      w = resp::WriteBulk(w + (header - pos), out[i]);
+    } else {
+      splice_.emplace_back(pos, static_cast<size_t>(header - pos));
+      const size_t start = chunk.size();
+      resp::AppendBulk(&chunk, out[i]);
+      splice_.emplace_back(chunk.data() + start, chunk.size() - start);
+    }
     pos = args[i].data() + args[i].size() + 2;
   }
-  keep(pos, end);
-  if (copy) *bytes = std::string_view(chunk.data() + first, chunk.size() - first);
+  if (!copy) {
+    splice_.emplace_back(pos, static_cast<size_t>(end - pos));
+    return true;
+  }
+  std::memcpy(w, pos, static_cast<size_t>(end - pos));
+  w += end - pos;
+  *bytes = std::string_view(chunk.data() + first, static_cast<size_t>(w - chunk.data()) - first);
+  chunk.resize(static_cast<size_t>(w - chunk.data()));
   return true;
 }
 

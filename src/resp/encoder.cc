@@ -1,5 +1,7 @@
 #include "keyguard/resp/encoder.h"
 
+#include <cstring>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/resp/value.h"
@@ -36,6 +38,19 @@ void AppendBulk(std::string* out, std::string_view value) {
   AppendHeader(out, '$', static_cast<int64_t>(value.size()));
   out->append(value);
   out->append("\r\n");
+}
+
+char* WriteBulk(char* out, std::string_view value) {
+  out[0] = '$';
+  char* p = absl::numbers_internal::FastIntToBuffer(static_cast<uint64_t>(value.size()), out + 1);
+  p[0] = '\r';
+  p[1] = '\n';
+  p += 2;
+  if (!value.empty()) std::memcpy(p, value.data(), value.size());
+  p += value.size();
+  p[0] = '\r';
+  p[1] = '\n';
+  return p + 2;
 }
 
 void AppendNullBulk(std::string* out) { out->append("$-1\r\n"); }

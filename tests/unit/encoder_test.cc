@@ -34,5 +34,17 @@ TEST(Encoder, CommandRoundTripsThroughTheFramer) {
   EXPECT_EQ(f.args()[2], args[2]);
 }
 
+// WriteBulk writes what AppendBulk appends, within value.size() + kBulkOverhead bytes.
+TEST(Encoder, WriteBulkMatchesAppendBulk) {
+  for (const std::string& value : {""s, "k"s, "tenant:bench:key:000000012345"s, std::string(12345, 'x'), "a\0\r\n"s}) {
+    std::string appended;
+    AppendBulk(&appended, value);
+    std::string buf(value.size() + kBulkOverhead, '#');
+    char* end = WriteBulk(buf.data(), value);
+    ASSERT_LE(end, buf.data() + buf.size());
+    EXPECT_EQ(std::string(buf.data(), end), appended);
+  }
+}
+
 }  // namespace
 }  // namespace keyguard::resp

@@ -102,6 +102,22 @@ struct RequestCase {
   std::string error;
 };
 
+// `*n` MSET-like frame: "MSET" then n-1 arguments "a0", "a1", ...
+std::vector<std::string> ManyArgsCommand(int n) {
+  std::vector<std::string> args = {"MSET"};
+  for (int i = 1; i < n; ++i) args.push_back("a" + std::to_string(i));
+  return args;
+}
+
+std::string ManyArgs(int n) {
+  std::string out;
+  std::vector<std::string_view> views;
+  const std::vector<std::string> args = ManyArgsCommand(n);
+  for (const std::string& a : args) views.push_back(a);
+  AppendCommand(&out, views);
+  return out;
+}
+
 class RequestFramerTest : public ::testing::TestWithParam<RequestCase> {};
 
 TEST_P(RequestFramerTest, SameResultAtEveryFragmentSize) {
@@ -147,6 +163,16 @@ INSTANTIATE_TEST_SUITE_P(
         RequestCase{"negative_bulk", "*1\r\n$-5\r\n", {}, "ERR Protocol error: invalid bulk length"},
         RequestCase{"bad_bulk", "*1\r\n$abc\r\n", {}, "ERR Protocol error: invalid bulk length"},
         RequestCase{"bulk_too_big", "*1\r\n$600000000\r\n", {}, "ERR Protocol error: invalid bulk length"},
+        // Frames the fast path hands over to the general loop part-way: a length it does not
+        // parse (leading zero), more arguments than it takes, a bulk past its digit limit.
+        RequestCase{
+            "bulk_leading_zero", "*2\r\n$3\r\nGET\r\n$01\r\nk\r\n", {}, "ERR Protocol error: invalid bulk length"},
+        RequestCase{"many_args", ManyArgs(70), {ManyArgsCommand(70)}, ""},
+        RequestCase{"long_length_line",
+                    "*2\r\n$4\r\nECHO\r\n$00000000000000000001\r\nx\r\n",
+                    {},
+                    "ERR Protocol error: invalid bulk length"},
+        RequestCase{"then_inline", "*2\r\n$4\r\nECHO\r\n$1\r\nx\r\nPING\r\n", {{"ECHO", "x"}, {"PING"}}, ""},
         RequestCase{"inline_too_big", std::string(70000, 'x'), {}, "ERR Protocol error: too big inline request"},
         RequestCase{
             "mbulk_count_too_big", "*" + std::string(70000, '1'), {}, "ERR Protocol error: too big mbulk count string"},
@@ -169,6 +195,12 @@ TEST(RequestFramer, ConfiguredLimitsApply) {
   limits.max_multibulk_len = 2;
   EXPECT_EQ(FeedRequests("*1\r\n$11\r\n", 0, limits).error, "ERR Protocol error: invalid bulk length");
   EXPECT_EQ(FeedRequests("*3\r\n", 0, limits).error, "ERR Protocol error: invalid multibulk length");
+  // The same limits on frames that arrive whole (the fast path).
+  EXPECT_EQ(FeedRequests("*1\r\n$11\r\nhello world\r\n", 0, limits).error, "ERR Protocol error: invalid bulk length");
+  EXPECT_EQ(FeedRequests("*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n", 0, limits).error,
+            "ERR Protocol error: invalid multibulk length");
+  EXPECT_EQ(FeedRequests("*2\r\n$3\r\nGET\r\n$10\r\n0123456789\r\n", 0, limits).commands,
+            (std::vector<std::vector<std::string>>{{"GET", "0123456789"}}));
   limits.max_inline_len = 100;
   EXPECT_EQ(FeedRequests(std::string(101, 'a'), 0, limits).error, "ERR Protocol error: too big inline request");
 }
@@ -308,6 +340,27 @@ TEST(ReplyFramer, MillionLevelsDeep) {
   const std::string next = "*2\r\n:1\r\n*1\r\n+a\r\n";
   ASSERT_EQ(f.Next(next.data(), next.size()), Status::kOk);
   EXPECT_EQ(f.consumed(), next.size());
+}
+
+// The fast path (a whole scalar at the frame start) and the general one describe a frame alike.
+TEST(ReplyFramer, FastAndGeneralPathsAgree) {
+  for (const std::string frame : {"+OK\r\n", "-ERR x\r\n", "$3\r\nfoo\r\n", "$-1\r\n", "$0\r\n\r\n"}) {
+    SCOPED_TRACE(frame);
+    ReplyFramer whole;
+    ASSERT_EQ(whole.Next(frame.data(), frame.size()), Status::kOk);
+    ReplyFramer split;  // fed a byte short first: the frame then ends on the general path
+    ASSERT_EQ(split.Next(frame.data(), frame.size() - 1), Status::kNeedMore);
+    ASSERT_EQ(split.Next(frame.data(), frame.size()), Status::kOk);
+    for (const ReplyFramer* f : {&whole, &split}) {
+      EXPECT_EQ(f->consumed(), frame.size());
+      EXPECT_EQ(f->type(), frame[0]);
+      EXPECT_EQ(f->size(), frame == "$-1\r\n" ? -1 : 0);
+      ASSERT_EQ(f->head().size(), 1u);
+    }
+    EXPECT_EQ(whole.head()[0].type, split.head()[0].type);
+    EXPECT_EQ(whole.head()[0].text, split.head()[0].text);
+    EXPECT_EQ(whole.head()[0].text.data(), split.head()[0].text.data());
+  }
 }
 
 // ParseValue parses the levels a reply rewrite looks at and keeps deeper aggregates as the bytes

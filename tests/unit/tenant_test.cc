@@ -85,6 +85,19 @@ TEST_F(TenantTest, KeysGetThePrefix) {
   EXPECT_EQ(Req({"GET", "{user1}:x"}), "GET tenant:a:{user1}:x");  // the hash tag stays the first one
 }
 
+// Plain commands (Rewrite's fast path) get the general path's answers: keys prefixed, nothing
+// modified without keys, @admin/@dangerous refused, a name holding a NUL refused.
+TEST_F(TenantTest, PlainCommandsAnswerAsTheGeneralPath) {
+  EXPECT_EQ(Req({"PING"}), "PING");
+  EXPECT_EQ(Req({"GET", "k"}), "GET tenant:a:k");
+  EXPECT_EQ(Req({"HSET", "h", "f", "v", "g", "w"}), "HSET tenant:a:h f v g w");
+  EXPECT_EQ(Req({"BGSAVE"}), "REFUSE: ERR keyguard: command 'BGSAVE' is not allowed for tenants");
+  EXPECT_EQ(Req({std::string("GET\0", 4), "k"}),
+            "REFUSE: ERR keyguard: a command or subcommand name holding a NUL byte is not allowed for tenants");
+  EXPECT_EQ(Req({"OBJECT", std::string("ENCODING\0", 9), "k"}),
+            "REFUSE: ERR keyguard: a command or subcommand name holding a NUL byte is not allowed for tenants");
+}
+
 TEST_F(TenantTest, SortPatternsAndStore) {
   EXPECT_EQ(Req({"SORT", "l", "BY", "w_*", "GET", "#", "GET", "o_*->f", "LIMIT", "0", "5", "STORE", "d"}),
             "SORT tenant:a:l BY tenant:a:w_* GET # GET tenant:a:o_*->f LIMIT 0 5 STORE tenant:a:d");

@@ -16,6 +16,10 @@ void AppendError(std::string* out, std::string_view text);
 void AppendSimple(std::string* out, std::string_view text);
 void AppendInteger(std::string* out, int64_t value);
 void AppendBulk(std::string* out, std::string_view value);
+// Writes "$<len>\r\n<value>\r\n" at `out`, which must have room for value.size() + kBulkOverhead
+// bytes; returns the end of what it wrote. For callers that size a buffer once for many pieces.
+inline constexpr size_t kBulkOverhead = 25;  // '$', at most 20 digits, two CRLFs
+char* WriteBulk(char* out, std::string_view value);
 void AppendNullBulk(std::string* out);
 void AppendArrayHeader(std::string* out, int64_t count);
 // A command as a multibulk request: "*<n>\r\n$<len>\r\n<arg>\r\n...".

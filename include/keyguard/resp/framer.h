@@ -45,7 +45,7 @@ class RequestFramer {
   Status Next(const char* data, size_t len);
 
   size_t consumed() const { return consumed_; }
-  std::span<const std::string_view> args() const { return args_; }
+  std::span<const std::string_view> args() const { return {args_.data(), arg_count_}; }
   bool is_inline() const { return is_inline_; }
   size_t hint() const { return hint_; }
   const std::string& error() const { return error_; }
@@ -56,7 +56,16 @@ class RequestFramer {
  private:
   Status Fail(std::string text);
   Status Park(const char* data, Status status);
+  // Next() for what its fast path does not take: any frame, whole or not.
+  Status NextSlow(const char* data, size_t len);
   Status ParseInline(const char* data, size_t len);
+  void PushArg(std::string_view a) {
+    if (arg_count_ == args_.size()) args_.emplace_back();
+    args_[arg_count_++] = a;
+  }
+
+  // Frames of at most this many arguments that arrived whole take Next()'s fast path.
+  static constexpr int64_t kFastArgs = 64;
 
   Limits limits_;
   // State of the frame in progress; offsets are relative to the frame start.
@@ -71,7 +80,10 @@ class RequestFramer {
   size_t consumed_ = 0;
   size_t hint_ = 0;
   bool is_inline_ = false;
+  // The arguments are args_[0, arg_count_): args_ only grows, so the fast path writes into it
+  // without a capacity check per argument.
   std::vector<std::string_view> args_;
+  size_t arg_count_ = 0;
   std::vector<std::string> inline_store_;  // unescaped inline arguments
   std::string error_;
 };
@@ -111,6 +123,8 @@ class ReplyFramer {
 
  private:
   Status Fail(std::string text);
+  // Next() for what its fast path does not take: any frame, whole or not.
+  Status NextSlow(const char* data, size_t len);
   // Opens an aggregate (or attribute) of `elements` elements inside the current one.
   void Open(int64_t elements, bool attribute);
   void GrowOuter();

@@ -87,7 +87,9 @@ class RequestRewriter {
   const Connections* connections_;
   std::array<std::string, 4> own_scripts_;  // SHA1s of keyguard's scripts (the walk step, and earlier emulations)
   std::deque<std::string> owned_;
-  std::string key_space_;  // the prefixed keys of the last request
+  std::string key_space_;       // the prefixed keys of the last request
+  std::vector<uint8_t> plain_;  // by CommandId: Rewrite's fast path may take it
+  uint32_t reach_;              // @admin | @dangerous: refused unless handled below
 };
 
 enum class ReplyAction : uint8_t { kPass, kReplace, kDrop };
