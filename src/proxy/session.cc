@@ -13,6 +13,7 @@
 #include "keyguard/hygiene/detectors.h"
 #include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/encoder.h"
+#include "proxy/async_read.h"
 #include "proxy/size_probe.h"
 
 namespace keyguard::proxy {
@@ -173,7 +174,7 @@ awaitable<void> Session::ClientPump() {
     }
     client_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await client_.async_read_some(client_buf_.free_space(), AwaitEc(ec));
+    const size_t n = co_await AsyncReadSome(client_, client_buf_.free_space(), AwaitEc(ec));
     if (closed_) break;
     if (ec) {
       // The client went away (or reset): nothing is left to deliver to it.
@@ -585,7 +586,7 @@ awaitable<void> Session::UpstreamPump() {
     if (closed_) break;
     upstream_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await upstream_.async_read_some(upstream_buf_.free_space(), AwaitEc(ec));
+    const size_t n = co_await AsyncReadSome(upstream_, upstream_buf_.free_space(), AwaitEc(ec));
     if (closed_) break;
     if (ec) {
       FailUpstream(ec == asio::error::eof ? metrics::UpstreamError::kClosed : metrics::UpstreamError::kReset);
