@@ -50,6 +50,15 @@ void Describe(std::vector<Traits>& t) {
   each({"psetex", "pexpire"}, [](Traits& x) { x.ttl_unit = TtlUnit::kMillis; });
   each({"expireat"}, [](Traits& x) { x.ttl_unit = TtlUnit::kUnixSeconds; });
   each({"pexpireat"}, [](Traits& x) { x.ttl_unit = TtlUnit::kUnixMillis; });
+  // Collection writes that may create their key.
+  auto creates = [&](std::initializer_list<const char*> names, CreatesKey c) {
+    each(names, [&](Traits& x) { x.creates = c; });
+  };
+  creates({"hset", "hsetnx"}, CreatesKey::kFieldPairs);
+  creates({"sadd"}, CreatesKey::kMembers);
+  creates({"zadd"}, CreatesKey::kScored);
+  creates({"lpush", "rpush"}, CreatesKey::kPushed);
+  creates({"hmset", "xadd"}, CreatesKey::kUncounted);
   // Reads: what the reply shows, and of which type.
   auto reads = [&](std::initializer_list<const char*> names, ReplyShows r, KeyType type) {
     each(names, [&](Traits& x) {

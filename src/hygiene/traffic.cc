@@ -43,7 +43,7 @@ const char* CollectionReadSuggestion(KeyType type) {
 
 }  // namespace
 
-void ConnectionDetectors::Emit(Finding f, std::string_view key, commands::CommandId id) {
+void ConnectionDetectors::Emit(Finding f, std::string_view key, commands::CommandId id, bool can_act) {
   Finding full{f.kind};
   sink_.Stamp(&full, key, id);
   full.format = std::move(f.format);
@@ -56,7 +56,8 @@ void ConnectionDetectors::Emit(Finding f, std::string_view key, commands::Comman
   full.ttl_s = f.ttl_s;
   // Callers mark the findings they rewrote; a rewrite rule whose command could not be rewritten
   // (MSET cannot carry a TTL) warns.
-  if (full.action == Action::kRewrite && f.action != Action::kRewrite) {
+  if ((full.action == Action::kRewrite && f.action != Action::kRewrite) ||
+      (!can_act && (full.action == Action::kRewrite || full.action == Action::kReject))) {
     full.action = Action::kWarn;
   }
   if (full.action == Action::kReject && CanReject(full.kind) && refusal_ != nullptr && refusal_->empty()) {
@@ -79,11 +80,17 @@ void ConnectionDetectors::FlushPendingTtl(bool all) {
   while (!pending_ttl_.empty() && (all || pending_ttl_.front().deadline_ms <= now_ms)) {
     PendingTtl t = std::move(pending_ttl_.front());
     pending_ttl_.pop_front();
+    // A collection write whose reply never said it created the key (an error reply: it wrote
+    // nothing) is no finding.
+    if (t.collection && t.expect >= 0) continue;
     const TtlPattern& pattern = settings_.ttl_patterns[t.pattern];
     Finding f{Kind::kMissingTtl};
     f.suggestion = absl::StrCat(pattern.session ? "session" : "cache", " key (", pattern.glob,
-                                ") written without a TTL: give it one (SET ... EX seconds), or it stays until evicted");
-    Emit(std::move(f), t.key, t.command);
+                                t.collection ? ") created without a TTL: EXPIRE it right after the write (in the same "
+                                               "MULTI or pipeline), or it stays until evicted"
+                                             : ") written without a TTL: give it one (SET ... EX seconds), or it stays "
+                                               "until evicted");
+    Emit(std::move(f), t.key, t.command, /*can_act=*/false);
   }
 }
 
@@ -191,6 +198,11 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
     }
   }
   if (info.ttl_unit != TtlUnit::kNone || info.options_from > 0 || info.needs_ttl) DetectTtl(id, args, edit);
+  uint8_t creates_check = kNoReplyCheck;
+  if (info.creates != commands::CreatesKey::kNo && !settings.ttl_patterns.empty() && args.size() > 2 &&
+      PendCollectionTtl(id, args, info.creates)) {
+    creates_check = kCollectionWrite;
+  }
   if (args.size() > 1) {
     if (check == kCollectionRead && settings.action(Kind::kWholeCollectionRead) == Action::kReject && !sizes.empty()) {
       // A read known in advance to return a big collection can be refused before it runs.
@@ -216,7 +228,53 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
     }
   }
   refusal_ = nullptr;
+  if (creates_check != kNoReplyCheck) return creates_check;
   return args.size() > 1 ? check : kNoReplyCheck;
+}
+
+bool ConnectionDetectors::PendCollectionTtl(commands::CommandId id, std::span<const std::string_view> args,
+                                            commands::CreatesKey creates) {
+  const Settings& settings = settings_;
+  const std::string_view key = args[1];
+  size_t pattern = 0;
+  while (pattern < settings.ttl_patterns.size() && !GlobMatch(settings.ttl_patterns[pattern].glob, key)) ++pattern;
+  if (pattern == settings.ttl_patterns.size()) return false;
+  // Items the write adds, when its reply counts them.
+  int64_t expect = -1;
+  switch (creates) {
+    case commands::CreatesKey::kFieldPairs: expect = static_cast<int64_t>((args.size() - 2) / 2); break;
+    case commands::CreatesKey::kMembers:
+    case commands::CreatesKey::kPushed: expect = static_cast<int64_t>(args.size() - 2); break;
+    case commands::CreatesKey::kScored: {
+      size_t i = 2;
+      for (; i < args.size(); ++i) {
+        const std::string_view o = args[i];
+        if (EqualsIgnoreCase(o, "ch") || EqualsIgnoreCase(o, "incr")) return false;  // the reply does not say
+        if (!EqualsIgnoreCase(o, "nx") && !EqualsIgnoreCase(o, "xx") && !EqualsIgnoreCase(o, "gt") &&
+            !EqualsIgnoreCase(o, "lt")) {
+          break;
+        }
+        if (EqualsIgnoreCase(o, "xx")) return false;  // updates only: never creates
+      }
+      expect = static_cast<int64_t>((args.size() - i) / 2);
+      break;
+    }
+    case commands::CreatesKey::kUncounted:
+      for (size_t i = 2; i < args.size(); ++i) {
+        if (EqualsIgnoreCase(args[i], "nomkstream")) return false;  // XADD that never creates
+      }
+      break;
+    case commands::CreatesKey::kNo: return false;
+  }
+  if (expect == 0) return false;
+  // One entry per key: a later write's reply cannot undo what an earlier one created.
+  for (const PendingTtl& t : pending_ttl_) {
+    if (t.key == key) return false;
+  }
+  if (pending_ttl_.size() >= kMaxPendingTtl) FlushPendingTtlFront();
+  pending_ttl_.push_back(PendingTtl{std::string(key), UnixMs() + settings.missing_ttl_window_ms,
+                                    static_cast<uint32_t>(pattern), id, true, expect});
+  return expect >= 0;
 }
 
 void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit) {
@@ -357,6 +415,23 @@ void ConnectionDetectors::FlushPendingTtlFront() {
 void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::string_view key, char type, int64_t size,
                                   std::string_view bulk, uint64_t scope) {
   const Settings& settings = settings_;
+  if (check == kCollectionWrite) {
+    // Whether the write created the key: if not, the key keeps whatever TTL it had.
+    for (auto t = pending_ttl_.begin(); t != pending_ttl_.end(); ++t) {
+      if (!t->collection || t->expect < 0 || t->key != key) continue;
+      // A push's new length equals what it pushed, an add counts every item as new: the key was
+      // created (or, for an add, was there without any of these items: a false positive).
+      int64_t n = -1;
+      const bool created = type == ':' && resp::ParseRedisInt(bulk, &n) && n == t->expect;
+      if (created) {
+        t->expect = -1;
+      } else {
+        pending_ttl_.erase(t);
+      }
+      break;
+    }
+    return;
+  }
   if (check == kStringRead && type == '$') {
     if (bulk.size() >= settings.big_string_bytes) {
       Finding f{Kind::kBigStringRead};

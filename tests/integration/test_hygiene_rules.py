@@ -211,6 +211,35 @@ def test_missing_ttl_on_cache_and_session_patterns(fresh, direct):
     assert "missing_ttl" in [line["kind"] for line in kg.events("finding")]
 
 
+def test_missing_ttl_on_collections_the_write_created(fresh, direct):
+    direct.rpush("cache:old-list", "x")          # made before, directly: keeps whatever TTL it has
+    direct.hset("cache:old-hash", "f", "v")
+    kg = start(fresh, TTL_CONFIG)
+    try:
+        r = redis.Redis(port=kg.port)
+        r.hset("cache:h1", mapping={"f": "v", "g": "w"})  # created without a TTL: a finding
+        r.hset("cache:h1", "f", "x")                      # the same key again: still one finding
+        r.sadd("cache:s1", "a")
+        r.expire("cache:s1", 60)                          # created, then a TTL on the same connection
+        with r.pipeline(transaction=True) as p:           # write and TTL in one MULTI
+            p.zadd("cache:z1", {"a": 1})
+            p.expire("cache:z1", 60)
+            p.execute()
+        r.rpush("cache:old-list", "y")                    # an existing list: the reply says 2
+        r.hset("cache:old-hash", "f", "w")                # an existing field: the reply says 0
+        r.zadd("cache:z2", {"a": 1}, xx=True)             # XX never creates
+        r.xadd("session:stream", {"f": "v"})              # XADD creates: a finding
+        r.lpush("user:1:list", "a")                       # not a ttl pattern
+        assert findings(kg, "missing_ttl") == []          # still inside the window
+        r.connection_pool.disconnect()
+        fs = wait_for(lambda: len(findings(kg, "missing_ttl")) == 2 and findings(kg, "missing_ttl"))
+        assert sorted((f["key"], f["command"]) for f in fs) == [("cache:h1", "hset"), ("session:stream", "xadd")], fs
+        assert all("created without a TTL: EXPIRE it right after the write" in f["suggestion"] for f in fs), fs
+        assert direct.ttl("cache:h1") == -1 and direct.ttl("cache:s1") > 0 and direct.ttl("cache:z1") > 0
+    finally:
+        assert kg.stop() == 0
+
+
 def test_missing_ttl_reported_by_the_next_command_after_the_window(fresh, direct):
     kg = start(fresh, TTL_CONFIG.replace("missing_ttl_window_ms: 600000", "missing_ttl_window_ms: 300"))
     try:

@@ -120,6 +120,50 @@ TEST_F(TrafficTest, MissingTtlWaitsForAnExpireOrAddsTheDefault) {
   EXPECT_EQ(Send(c, "SET other v").upstream, (std::vector<std::string>{"SET", "other", "v"}));
 }
 
+TEST_F(TrafficTest, MissingTtlCoversCollectionsTheWriteCreated) {
+  settings_.ttl_patterns.push_back(TtlPattern{"cache:*", false, 300});
+  settings_.missing_ttl_window_ms = 60000;
+  auto c = Connection(1);
+  // The reply says whether the write created the key: (id, check, key, integer reply).
+  auto reply = [&](const std::string& line, int64_t n) {
+    Result r = Send(c, line);
+    std::vector<std::string> w = absl::StrSplit(line, ' ');
+    const std::string text = std::to_string(n);  // an integer reply's line
+    if (r.check != kNoReplyCheck) c.OnReply(commands::LookupCommand(w[0]), r.check, w[1], ':', -1, text, kFnvBasis);
+    return r.check;
+  };
+  EXPECT_EQ(reply("HSET cache:h1 f v g w", 2), kCollectionWrite);  // created, and never given a TTL
+  reply("HSET cache:h1 f x", 0);                                   // a later write: one entry per key
+  reply("HSET cache:h2 f v", 1);
+  Send(c, "EXPIRE cache:h2 60");      // created and given a TTL
+  reply("HSET cache:h3 f v g w", 1);  // one field was there: the key existed, with whatever TTL
+  reply("RPUSH cache:l1 a b", 2);     // a new list
+  reply("RPUSH cache:l2 a b", 7);     // an old one
+  EXPECT_EQ(reply("ZADD cache:z1 NX 1 a 2 b", 2), kCollectionWrite);
+  EXPECT_EQ(reply("ZADD cache:z2 XX 1 a", 0), kNoReplyCheck) << "XX never creates";
+  EXPECT_EQ(reply("ZADD cache:z3 CH 1 a", 1), kNoReplyCheck) << "CH: the reply does not say";
+  EXPECT_EQ(reply("XADD cache:s1 NOMKSTREAM * f v", 0), kNoReplyCheck);
+  EXPECT_EQ(reply("XADD cache:s2 * f v", 0), kNoReplyCheck);  // uncounted: pending without a reply
+  EXPECT_EQ(reply("SADD other:s a", 1), kNoReplyCheck) << "not a ttl pattern";
+  EXPECT_TRUE(sink_.findings.empty());
+  c.FlushPendingTtl(/*all=*/true);
+  std::vector<std::string> keys;
+  for (const Finding& f : sink_.findings) keys.push_back(f.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"cache:h1", "cache:l1", "cache:z1", "cache:s2"}));
+  EXPECT_EQ(Kinds(), std::vector<Kind>(4, Kind::kMissingTtl));
+  EXPECT_NE(sink_.findings[0].suggestion.find("created without a TTL: EXPIRE it right after the write"),
+            std::string::npos);
+  // No rule can refuse or rewrite a collection write for its TTL: it reports a warn.
+  sink_.findings.clear();
+  settings_.actions[static_cast<size_t>(Kind::kMissingTtl)] = Action::kReject;
+  EXPECT_EQ(Send(c, "SADD cache:s3 a").refusal, "");
+  Send(c, "SADD cache:s4 a");  // its reply is an error (WRONGTYPE): the detectors never see it
+  c.OnReply(commands::LookupCommand("sadd"), kCollectionWrite, "cache:s3", ':', -1, "1", kFnvBasis);
+  c.FlushPendingTtl(true);
+  ASSERT_EQ(Kinds(), std::vector<Kind>{Kind::kMissingTtl});
+  EXPECT_EQ(sink_.findings[0].action, Action::kWarn);
+}
+
 TEST_F(TrafficTest, JitterOnlyLengthensTtlsRelativeOrAbsolute) {
   settings_.actions[static_cast<size_t>(Kind::kExpiryClustering)] = Action::kRewrite;
   settings_.jitter_percent = 50;

@@ -72,6 +72,17 @@ enum class TenantHandling : uint8_t {
   kMemory,  // MEMORY STATS counts every tenant's keys, like INFO's # Keyspace
 };
 
+// A collection write that may create its key, and what its reply says about that (missing_ttl
+// judges only writes that created the key: an existing key keeps whatever TTL it has).
+enum class CreatesKey : uint8_t {
+  kNo,
+  kFieldPairs,  // HSET, HSETNX: field value pairs from args[2]; the reply counts new fields
+  kMembers,     // SADD: members from args[2]; the reply counts new members
+  kScored,      // ZADD: options, then score member pairs; without CH or INCR the reply counts new members
+  kPushed,      // LPUSH, RPUSH: elements from args[2]; the reply is the list's new length
+  kUncounted,   // HMSET, XADD: the reply does not say (XADD ... NOMKSTREAM never creates)
+};
+
 // What a command does to the connection's state (followed by proxy::ConnectionState).
 enum class ConnectionRole : uint8_t {
   kNone,
@@ -111,6 +122,7 @@ struct alignas(16) Traits {
   ScriptKind script;
   TenantHandling tenant;
   ConnectionRole connection;
+  CreatesKey creates;
 };
 static_assert(sizeof(Traits) == 16);
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
+#include "keyguard/commands/traits.h"
 #include "keyguard/hygiene/detectors.h"
 #include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/hygiene/sizes.h"
@@ -140,7 +141,9 @@ class FindingSink {
 };
 
 // What the detectors look for in a command's reply (Pending::reply_check).
-enum ReplyCheck : uint8_t { kNoReplyCheck = 0, kStringRead = 1, kCollectionRead = 2 };
+// kCollectionWrite: a collection write to a key that needs a TTL, whose reply says whether it
+// created the key.
+enum ReplyCheck : uint8_t { kNoReplyCheck = 0, kStringRead = 1, kCollectionRead = 2, kCollectionWrite = 3 };
 
 class ConnectionDetectors {
  public:
@@ -167,7 +170,12 @@ class ConnectionDetectors {
   bool has_pending_ttl() const { return !pending_ttl_.empty(); }
 
  private:
-  void Emit(Finding f, std::string_view key, commands::CommandId id);
+  // `can_act`: false when the command is not the one in hand (or cannot carry the fix): a reject
+  // or rewrite rule then reports a warn.
+  void Emit(Finding f, std::string_view key, commands::CommandId id, bool can_act = true);
+  // A collection write without a TTL to a key of a ttl pattern: waits for an EXPIRE, and for its
+  // reply to say whether it created the key. Returns true when the reply is needed.
+  bool PendCollectionTtl(commands::CommandId id, std::span<const std::string_view> args, commands::CreatesKey creates);
   void DetectTtl(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit);
   void RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements);
   void FlushPendingTtlFront();
@@ -184,6 +192,8 @@ class ConnectionDetectors {
     int64_t deadline_ms;
     uint32_t pattern;
     commands::CommandId command;
+    bool collection = false;  // a collection write: no rule can refuse or rewrite it
+    int64_t expect = -1;      // a collection write's reply that shows it created the key (-1: known)
   };
   static constexpr size_t kMaxPendingTtl = 64;
   std::deque<PendingTtl> pending_ttl_;
