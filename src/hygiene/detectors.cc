@@ -122,7 +122,7 @@ void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view
     entries_.erase(h);
     return;
   }
-  if (entries_.size() >= settings_.tracked_keys && !entries_.contains(h)) {
+  if (entries_.size() >= std::max<size_t>(1, settings_.tracked_keys / shards_) && !entries_.contains(h)) {
     entries_.erase(entries_.begin());  // bounded: forget an arbitrary key
   }
   Entry& e = entries_[h];
@@ -200,7 +200,9 @@ bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string
   const uint64_t h = Fingerprint(parent_name, scope);
   auto it = parents_.find(h);
   if (it == parents_.end()) {
-    if (parents_.size() >= settings_.tracked_keys) parents_.erase(parents_.begin());  // bounded
+    if (parents_.size() >= std::max<size_t>(1, settings_.tracked_keys / shards_)) {
+      parents_.erase(parents_.begin());  // bounded
+    }
     it = parents_.emplace(h, Parent{now_ms, false, {}}).first;
   }
   Parent& p = it->second;

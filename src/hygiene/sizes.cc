@@ -72,7 +72,9 @@ const char* SizeCommand(std::string_view type) {
 }
 
 void SizeCache::Put(uint64_t key, KeySize size) {
-  if (entries_.size() >= settings_.size_cache_keys && !entries_.contains(key)) entries_.erase(entries_.begin());
+  if (entries_.size() >= std::max<size_t>(1, settings_.size_cache_keys / shards_) && !entries_.contains(key)) {
+    entries_.erase(entries_.begin());
+  }
   entries_[key] = std::move(size);
 }
 

@@ -101,7 +101,7 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
   const commands::Traits& info = commands::TraitsOf(id);
   const uint8_t check = kReplyCheckOf[static_cast<uint8_t>(info.reply)];
   const Settings& settings = settings_;
-  SizeCache& sizes = w_.sizes;
+  SharedSizeCache& sizes = w_.sizes;
   auto write = [&](std::string_view key, std::string_view value) {
     const bool big = value.size() >= settings.big_string_bytes;
     if (big) {
@@ -176,8 +176,8 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
       bool rewritten = false;
       for (size_t i = 1; i < args.size(); ++i) {
         const uint64_t h = SizeKey(args[i]);
-        const KeySize* s = sizes.Get(h, now_ms);
-        if (s != nullptr && sizes.IsBig(*s)) {
+        const std::optional<KeySize> s = sizes.Get(h, now_ms);
+        if (s && sizes.IsBig(*s)) {
           Finding f{Kind::kDelBigKey};
           f.bytes = s->bytes >= 0 ? s->bytes : s->memory;
           f.elements = s->elements;
@@ -206,8 +206,8 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
   if (args.size() > 1) {
     if (check == kCollectionRead && settings.action(Kind::kWholeCollectionRead) == Action::kReject && !sizes.empty()) {
       // A read known in advance to return a big collection can be refused before it runs.
-      const KeySize* s = sizes.Get(SizeKey(args[1]), UnixMs());
-      if (s != nullptr && s->elements >= settings.big_collection_elements) {
+      const std::optional<KeySize> s = sizes.Get(SizeKey(args[1]), UnixMs());
+      if (s && s->elements >= settings.big_collection_elements) {
         Finding f{Kind::kWholeCollectionRead};
         f.elements = s->elements;
         f.suggestion = CollectionReadSuggestion(info.type);
@@ -216,7 +216,7 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
     }
     if (info.probe && settings.probe && w_.probe_queue.size() < ProbeQueue::kCapacity) {
       const uint64_t h = SizeKey(args[1]);
-      if (sizes.Get(h, UnixMs()) == nullptr) {
+      if (!sizes.Get(h, UnixMs())) {
         ProbeRequest r;
         r.hash = h;
         // The name the server stores: after the key policy's rewrite and the tenant prefix.
@@ -352,15 +352,14 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
       }
     }
     // EXPIRE (or SET ... EX) on a big key: when it expires, the server frees it in one step.
-    const KeySize* s = w_.sizes.empty() ? nullptr : w_.sizes.Get(SizeKey(args[1]), now_ms);
+    const std::optional<KeySize> s = w_.sizes.empty() ? std::nullopt : w_.sizes.Get(SizeKey(args[1]), now_ms);
     const int64_t bytes = info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)
                               ? static_cast<int64_t>(args[info.value_pos].size())
                               : -1;
-    if ((s != nullptr && w_.sizes.IsBig(*s)) ||
-        (bytes >= 0 && static_cast<size_t>(bytes) >= settings.big_string_bytes)) {
+    if ((s && w_.sizes.IsBig(*s)) || (bytes >= 0 && static_cast<size_t>(bytes) >= settings.big_string_bytes)) {
       Finding f{Kind::kExpireBigKey};
       f.bytes = bytes >= 0 ? bytes : (s->bytes >= 0 ? s->bytes : s->memory);
-      if (s != nullptr && bytes < 0) f.elements = s->elements;
+      if (s && bytes < 0) f.elements = s->elements;
       f.ttl_s = ttl_s;
       f.suggestion =
           "a big key with a TTL is freed in one blocking step when it expires: delete it with UNLINK instead, "
@@ -457,9 +456,35 @@ void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::st
   }
 }
 
-SharedDetectors::SharedDetectors(const Settings& s) : settings_(s) {
-  settings_.tracked_keys = std::max<size_t>(1, s.tracked_keys / kShards);
-  for (auto& shard : shards_) shard = std::make_unique<Shard>(settings_);
+SharedSizeCache::SharedSizeCache(const Settings& s) {
+  for (auto& shard : shards_) shard = std::make_unique<Shard>(s);
+}
+
+void SharedSizeCache::Put(uint64_t key, KeySize size) {
+  Shard& shard = *shards_[key % kShards];
+  std::lock_guard<std::mutex> lock(shard.mu);
+  const size_t before = shard.cache.size();
+  shard.cache.Put(key, std::move(size));
+  count_.fetch_add(static_cast<int64_t>(shard.cache.size()) - static_cast<int64_t>(before), std::memory_order_relaxed);
+}
+
+std::optional<KeySize> SharedSizeCache::Get(uint64_t key, int64_t now_ms) {
+  Shard& shard = *shards_[key % kShards];
+  std::lock_guard<std::mutex> lock(shard.mu);
+  const KeySize* s = shard.cache.Get(key, now_ms);
+  return s != nullptr ? std::optional<KeySize>(*s) : std::nullopt;
+}
+
+void SharedSizeCache::Erase(uint64_t key) {
+  Shard& shard = *shards_[key % kShards];
+  std::lock_guard<std::mutex> lock(shard.mu);
+  const size_t before = shard.cache.size();
+  shard.cache.Erase(key);
+  count_.fetch_add(static_cast<int64_t>(shard.cache.size()) - static_cast<int64_t>(before), std::memory_order_relaxed);
+}
+
+SharedDetectors::SharedDetectors(const Settings& s) : sizes(s) {
+  for (auto& shard : shards_) shard = std::make_unique<Shard>(s);
 }
 
 void SharedDetectors::OnRead(std::string_view key, uint64_t connection, std::string_view value, int64_t now_ms,

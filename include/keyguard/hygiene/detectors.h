@@ -83,7 +83,7 @@ struct Settings {
   // replies do not show it (HGET, DEL, EXPIRE, ...), at most this many keys a second per worker.
   bool probe = true;
   int probe_keys_per_second = 50;
-  size_t size_cache_keys = 10000;     // sizes remembered per worker
+  size_t size_cache_keys = 10000;     // sizes remembered per process
   int64_t size_cache_ttl_ms = 60000;  // ... for this long
 
   static std::array<Action, kKindCount> DefaultActions() {
@@ -150,7 +150,8 @@ class FindingLog {
 // fingerprints (never copies of values), bounded by Settings::tracked_keys.
 class RmwTracker {
  public:
-  explicit RmwTracker(const Settings& s) : settings_(s) {}
+  // `shards`: one of this many that share Settings::tracked_keys.
+  explicit RmwTracker(const Settings& s, size_t shards = 1) : settings_(s), shards_(shards) {}
 
   // `scope` keeps apart keys of the same name that belong to different tenants:
   // Fingerprint(tenant prefix), kFnvBasis without tenancy. Every other tracker takes it too.
@@ -183,6 +184,7 @@ class RmwTracker {
     std::vector<Reader> readers;
   };
   const Settings& settings_;
+  size_t shards_;
   absl::flat_hash_map<uint64_t, Entry> entries_;
 };
 
@@ -192,7 +194,7 @@ class AttributeTracker {
  public:
   static constexpr size_t kThreshold = 3;  // distinct attributes that make a hash candidate
 
-  explicit AttributeTracker(const Settings& s) : settings_(s) {}
+  explicit AttributeTracker(const Settings& s, size_t shards = 1) : settings_(s), shards_(shards) {}
   // A plain string write of `key` at `now_ms` (-1: read the clock, only for keys that qualify).
   // Returns true the first time the key's parent reaches kThreshold distinct attributes within
   // the window; `parent` and `attributes` then name them.
@@ -210,6 +212,7 @@ class AttributeTracker {
     std::vector<std::string> attributes;  // at most kThreshold short names
   };
   const Settings& settings_;
+  size_t shards_;
   absl::flat_hash_map<uint64_t, Parent> parents_;
 };
 

@@ -34,7 +34,8 @@ struct KeySize {
 // Settings::size_cache_ttl_ms are not returned.
 class SizeCache {
  public:
-  explicit SizeCache(const Settings& s) : settings_(s) {}
+  // `shards`: one of this many that share Settings::size_cache_keys.
+  explicit SizeCache(const Settings& s, size_t shards = 1) : settings_(s), shards_(shards) {}
   void Put(uint64_t key, KeySize size);
   const KeySize* Get(uint64_t key, int64_t now_ms) const;
   void Erase(uint64_t key) { entries_.erase(key); }
@@ -45,6 +46,7 @@ class SizeCache {
 
  private:
   const Settings& settings_;
+  size_t shards_;
   absl::flat_hash_map<uint64_t, KeySize> entries_;
 };
 

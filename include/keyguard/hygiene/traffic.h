@@ -16,6 +16,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -29,6 +30,29 @@
 #include "keyguard/hygiene/sizes.h"
 
 namespace keyguard::hygiene {
+
+// SizeCache for every worker: 16 shards by key hash, a lock each; empty() is one relaxed load, so
+// a process that has seen no big key takes no lock. Get copies the entry out.
+class SharedSizeCache {
+ public:
+  static constexpr size_t kShards = 16;
+  // Settings::size_cache_keys is divided among the shards.
+  explicit SharedSizeCache(const Settings& s);
+  void Put(uint64_t key, KeySize size);
+  std::optional<KeySize> Get(uint64_t key, int64_t now_ms);
+  void Erase(uint64_t key);
+  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
+  bool IsBig(const KeySize& s) const { return shards_[0]->cache.IsBig(s); }
+
+ private:
+  struct Shard {
+    explicit Shard(const Settings& s) : cache(s, kShards) {}
+    std::mutex mu;
+    SizeCache cache;
+  };
+  std::array<std::unique_ptr<Shard>, kShards> shards_;
+  std::atomic<int64_t> count_{0};
+};
 
 // What every connection of the process shares, whichever worker accepted it: a read-modify-write
 // race between two connections is seen the same when the kernel put them on different workers.
@@ -56,7 +80,8 @@ class SharedDetectors {
 
  private:
   struct Shard {
-    explicit Shard(const Settings& s) : rmw(s), attributes(s), expiries(s, ExpiryClusters::kPatterns / kShards) {}
+    explicit Shard(const Settings& s)
+        : rmw(s, kShards), attributes(s, kShards), expiries(s, ExpiryClusters::kPatterns / kShards) {}
     std::mutex mu;
     RmwTracker rmw;
     AttributeTracker attributes;
@@ -64,9 +89,11 @@ class SharedDetectors {
   };
   Shard& ShardOf(uint64_t hash) { return *shards_[hash % kShards]; }
 
-  Settings settings_;  // with tracked_keys per shard
   std::array<std::unique_ptr<Shard>, kShards> shards_;
   std::atomic<int64_t> rmw_tracked_{0};  // keys in every shard's RmwTracker
+
+ public:
+  SharedSizeCache sizes;  // key sizes seen lately, by any connection
 };
 
 // A connection id unique in the process (the trackers tell connections apart by it).
@@ -78,7 +105,7 @@ struct WorkerDetectors {
   explicit WorkerDetectors(const Settings& s, SharedDetectors* shared = nullptr)
       : own_(shared == nullptr ? std::make_unique<SharedDetectors>(s) : nullptr),
         shared(shared != nullptr ? *shared : *own_),
-        sizes(s),
+        sizes(this->shared.sizes),
         probe_queue(s) {}
 
  private:
@@ -86,7 +113,7 @@ struct WorkerDetectors {
 
  public:
   SharedDetectors& shared;                          // read-modify-write, attributes, expiry clustering
-  SizeCache sizes;                                  // key sizes seen lately
+  SharedSizeCache& sizes;                           // key sizes seen lately (shared.sizes)
   ProbeQueue probe_queue;                           // keys waiting for the sizing probe
   std::minstd_rand random{std::random_device{}()};  // TTL jitter
 };
