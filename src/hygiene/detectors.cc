@@ -177,15 +177,16 @@ void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_vie
 }
 
 bool AttributeTracker::ParentOf(std::string_view key, std::string_view* parent) {
-  const size_t colon = key.rfind(':');
-  // Only `parent:attribute` keys with a short attribute name that is not an id.
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 >= key.size() || key.size() - colon - 1 > 32)
-    return false;
-  // An id (all digits) is not an attribute. A plain loop: find_first_not_of with a character set
-  // costs ~10 instructions a byte, and this runs for every small string write.
-  bool digits = true;
-  for (char c : key.substr(colon + 1)) digits &= c >= '0' && c <= '9';
-  if (digits) return false;
+  // One pass from the end: digits first (an id, as in `order:1001`, is not an attribute: the
+  // common case stops at its colon), then the rest of the attribute up to its colon.
+  size_t i = key.size();
+  while (i > 0 && static_cast<unsigned char>(key[i - 1] - '0') < 10) --i;
+  if (i == 0 || (key[i - 1] == ':')) return false;  // all digits (or a trailing colon)
+  while (i > 0 && key[i - 1] != ':') --i;
+  if (i == 0) return false;  // no colon
+  const size_t colon = i - 1;
+  // Only `parent:attribute` keys with a short attribute name.
+  if (colon == 0 || key.size() - colon - 1 > 32) return false;
   *parent = key.substr(0, colon);
   return true;
 }

@@ -133,6 +133,26 @@ TEST(RmwTracker, TenantsNeverShareState) {
   EXPECT_TRUE(out.empty());
 }
 
+TEST(AttributeTracker, OnlyShortNonIdAttributesHaveAParent) {
+  auto parent = [](std::string_view key) {
+    std::string_view p;
+    return AttributeTracker::ParentOf(key, &p) ? std::string(p) : std::string("-");
+  };
+  EXPECT_EQ(parent("user:7:name"), "user:7");
+  EXPECT_EQ(parent("user:ab12"), "user");
+  EXPECT_EQ(parent("user:12ab"), "user");
+  EXPECT_EQ(parent("order:1001"), "-");  // an id
+  EXPECT_EQ(parent("key:000000012345"), "-");
+  EXPECT_EQ(parent("12345"), "-");
+  EXPECT_EQ(parent("plain"), "-");
+  EXPECT_EQ(parent("user:"), "-");  // no attribute
+  EXPECT_EQ(parent(":name"), "-");  // no parent
+  EXPECT_EQ(parent("a:b:"), "-");
+  EXPECT_EQ(parent("p:" + std::string(32, 'x')), "p");
+  EXPECT_EQ(parent("p:" + std::string(33, 'x')), "-");  // too long for an attribute name
+  EXPECT_EQ(parent(""), "-");
+}
+
 TEST(AttributeTracker, TenantsNeverShareAParent) {
   Settings s;
   AttributeTracker t(s);
