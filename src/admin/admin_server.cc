@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::admin {
 namespace beast = boost::beast;
@@ -22,7 +23,7 @@ size_t TopN(std::string_view target) {
     const size_t amp = query.find('&');
     const std::string_view param = query.substr(0, amp);
     uint64_t n = 0;
-    if (param.substr(0, 2) == "n=" && absl::SimpleAtoi(absl::string_view(param.data() + 2, param.size() - 2), &n)) {
+    if (param.substr(0, 2) == "n=" && absl::SimpleAtoi(AsAbsl(param.substr(2)), &n)) {
       return std::clamp<uint64_t>(n, 1, 10000);
     }
     if (amp == std::string_view::npos) break;

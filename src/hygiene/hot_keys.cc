@@ -7,6 +7,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::hygiene {
 
@@ -284,9 +285,8 @@ std::string Quoted(std::string_view s) { return JsonString(s); }
 // "key":..,"tenant":..,"key_pattern":.. of an item.
 std::string KeyFields(absl::string_view item, HotKeysBoard::PatternFn pattern) {
   const TenantKey tk = SplitHotKeyItem(item);
-  return absl::StrCat(
-      "\"key\":", Quoted(tk.key), ",\"tenant\":", tk.tenant.empty() ? "null" : Quoted(tk.tenant),
-      ",\"key_pattern\":", Quoted(absl::string_view(pattern(std::string_view(tk.key.data(), tk.key.size())))));
+  return absl::StrCat("\"key\":", Quoted(tk.key), ",\"tenant\":", tk.tenant.empty() ? "null" : Quoted(tk.tenant),
+                      ",\"key_pattern\":", Quoted(AsAbsl(pattern(AsStd(tk.key)))));
 }
 
 // Counts are scaled by the sampling interval `scale` (1: every command counted, exact bounds).

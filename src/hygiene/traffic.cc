@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "keyguard/commands/traits.h"
 #include "keyguard/resp/framer.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::hygiene {
 namespace {
@@ -534,8 +535,8 @@ bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::st
   if (info.sized_write) {
     auto write = [&](std::string_view key, std::string_view value) {
       if (value.empty() || !hot.Admits(false, value.size())) return;
-      hot.ObserveSize(absl::string_view(tenant.data(), tenant.size()), absl::string_view(key.data(), key.size()), false,
-                      value.size(), commands::CommandName(id), commands::KeyTypeName(info.type));
+      hot.ObserveSize(AsAbsl(tenant), AsAbsl(key), false, value.size(), commands::CommandName(id),
+                      commands::KeyTypeName(info.type));
     };
     if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
       write(args[1], args[info.value_pos]);

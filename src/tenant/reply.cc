@@ -7,6 +7,7 @@
 #include "keyguard/resp/encoder.h"
 #include "keyguard/resp/value.h"
 #include "keyguard/tenant/rewrite.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::tenant {
 namespace {
@@ -52,9 +53,7 @@ class Editor {
       case ChannelKind::kKeyspace: {
         const size_t head = KeyspaceHeadLength(ch);
         if (!StartsWith(ch.substr(head), t_.prefix)) return false;
-        v.text = Own(
-            absl::StrCat(absl::string_view(ch.data(), head),
-                         absl::string_view(ch.data() + head + t_.prefix.size(), ch.size() - head - t_.prefix.size())));
+        v.text = Own(absl::StrCat(AsAbsl(ch.substr(0, head)), AsAbsl(ch.substr(head + t_.prefix.size()))));
         changed_ = true;
         return true;
       }
@@ -86,9 +85,7 @@ class Editor {
     const std::string_view p = v.text;
     if (const size_t head = KeyspaceHeadLength(p); head != 0) {
       if (StartsWith(p.substr(head), t_.glob_prefix)) {
-        v.text = Own(absl::StrCat(
-            absl::string_view(p.data(), head),
-            absl::string_view(p.data() + head + t_.glob_prefix.size(), p.size() - head - t_.glob_prefix.size())));
+        v.text = Own(absl::StrCat(AsAbsl(p.substr(0, head)), AsAbsl(p.substr(head + t_.glob_prefix.size()))));
         changed_ = true;
       }
       return;

@@ -9,6 +9,7 @@
 #include "keyguard/resp/encoder.h"
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::tenant {
 namespace {
@@ -107,8 +108,7 @@ std::string_view RequestRewriter::ChannelIn(const Tenant& t, std::string_view ch
   switch (ClassifyChannel(channel)) {
     case ChannelKind::kKeyspace: {
       const size_t head = KeyspaceHeadLength(channel);
-      return Own(absl::StrCat(absl::string_view(channel.data(), head), t.prefix,
-                              absl::string_view(channel.data() + head, channel.size() - head)));
+      return Own(absl::StrCat(AsAbsl(channel.substr(0, head)), t.prefix, AsAbsl(channel.substr(head))));
     }
     case ChannelKind::kKeyevent:
     case ChannelKind::kInvalidate: return channel;  // shared; their payloads are confined on the way back
@@ -123,8 +123,7 @@ std::optional<std::string_view> RequestRewriter::PatternIn(const Tenant& t, std:
   // literal: in `__keyspace@[^__:]*` the "head" ends inside a class, and `__keyspace@*__:` lets
   // the '*' run into any tenant's key.
   if (const size_t head = LiteralKeyspaceHead(pattern); head != 0) {
-    return Own(absl::StrCat(absl::string_view(pattern.data(), head), t.glob_prefix,
-                            absl::string_view(pattern.data() + head, pattern.size() - head)));
+    return Own(absl::StrCat(AsAbsl(pattern.substr(0, head)), t.glob_prefix, AsAbsl(pattern.substr(head))));
   }
   if (pattern.starts_with("__keyspace@")) return std::nullopt;
   if (pattern.starts_with("__keyevent@")) return pattern;  // shared; payloads are confined on the way back

@@ -6,15 +6,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard {
-
-// absl::string_view is its own type in this abseil build: one view type for StrCat.
-inline absl::string_view AsAbsl(absl::string_view s) { return s; }
-inline absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-inline absl::string_view AsAbsl(const std::string& s) { return absl::string_view(s); }
-inline absl::string_view AsAbsl(const char* s) { return absl::string_view(s); }
 
 template <typename Path, typename What>
 absl::Status FieldError(const Path& path, const What& what) {

@@ -21,6 +21,7 @@
 #include "keyguard/commands/command_table.h"
 #include "keyguard/metrics/families.h"
 #include "keyguard/metrics/text_writer.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::metrics {
 
@@ -131,7 +132,7 @@ class LabeledCounters {
     using is_transparent = void;
     size_t operator()(const Values& v) const {
       std::array<absl::string_view, kLabels> a;
-      for (size_t i = 0; i < kLabels; ++i) a[i] = absl::string_view(v[i].data(), v[i].size());
+      for (size_t i = 0; i < kLabels; ++i) a[i] = AsAbsl(v[i]);
       return absl::Hash<decltype(a)>{}(a);
     }
     size_t operator()(const Key& k) const {
