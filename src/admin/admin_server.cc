@@ -70,7 +70,7 @@ absl::Status AdminServer::Listen() {
 awaitable<void> AdminServer::Accept() {
   for (;;) {
     error_code ec;
-    tcp::socket socket = co_await acceptor_.async_accept(AwaitEc(ec));
+    Socket socket = co_await acceptor_.async_accept(AwaitEc(ec));
     if (ec) {
       if (!acceptor_.is_open()) co_return;
       continue;
@@ -80,8 +80,8 @@ awaitable<void> AdminServer::Accept() {
 }
 
 awaitable<bool> AdminServer::ProbeUpstream() {
-  tcp::socket s(io_);
-  asio::steady_timer timer(io_, std::chrono::seconds(1));
+  Socket s(io_);
+  Timer timer(io_, std::chrono::seconds(1));
   timer.async_wait([&s](error_code e) {
     if (!e) {
       error_code ignored;
@@ -102,7 +102,7 @@ awaitable<bool> AdminServer::ProbeUpstream() {
   co_return ok;
 }
 
-awaitable<void> AdminServer::Serve(tcp::socket socket) {
+awaitable<void> AdminServer::Serve(Socket socket) {
   beast::flat_buffer buffer;
   for (;;) {
     http::request<http::string_body> req;
@@ -152,7 +152,7 @@ awaitable<void> AdminServer::Serve(tcp::socket socket) {
     if (ec || !req.keep_alive()) break;
   }
   error_code ignored;
-  socket.shutdown(tcp::socket::shutdown_send, ignored);
+  socket.shutdown(Socket::shutdown_send, ignored);
 }
 
 }  // namespace keyguard::admin

@@ -26,7 +26,7 @@ class AdminServer {
 
  private:
   awaitable<void> Accept();
-  awaitable<void> Serve(tcp::socket socket);
+  awaitable<void> Serve(Socket socket);
   // Connects to the upstream and sends PING; any RESP reply (even -NOAUTH) means reachable.
   awaitable<bool> ProbeUpstream();
 
@@ -38,7 +38,7 @@ class AdminServer {
   const hygiene::HotKeysBoard& hot_keys_;
   tcp::endpoint upstream_;
   const std::atomic<bool>& draining_;
-  tcp::acceptor acceptor_;
+  Acceptor acceptor_;
   tcp::endpoint endpoint_;
 };
 

@@ -198,7 +198,12 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
       for (size_t i = 1; i < args.size(); ++i) sizes.Erase(SizeKey(args[i]));
     }
   }
-  if (info.ttl_unit != TtlUnit::kNone || info.options_from > 0 || info.needs_ttl) DetectTtl(id, args, edit);
+  // A TTL given (EXPIRE family, SETEX, or an option after SET's value), or a write that should
+  // have one: SET k v with no ttl_patterns configured has nothing to look at.
+  if (info.ttl_unit != TtlUnit::kNone || (info.options_from > 0 && args.size() > info.options_from) ||
+      (info.needs_ttl && !settings.ttl_patterns.empty())) {
+    DetectTtl(id, args, edit);
+  }
   uint8_t creates_check = kNoReplyCheck;
   if (info.creates != commands::CreatesKey::kNo && !settings.ttl_patterns.empty() && args.size() > 2 &&
       PendCollectionTtl(id, args, info.creates)) {

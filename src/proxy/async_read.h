@@ -1,4 +1,4 @@
-// AsyncReadSome(socket, buffer, token): tcp::socket::async_read_some without the EAGAIN recv()
+// AsyncReadSome(socket, buffer, token): Socket::async_read_some without the EAGAIN recv()
 // that Asio's epoll reactor makes before it waits for a socket that is known to be empty.
 //
 // Asio 1.74 registers each socket with epoll edge-triggered. When a read is started with none
@@ -55,7 +55,7 @@ using Service = detail::reactive_socket_service<tcp>;
 
 // Pointers to the protected members that async_read_some itself uses: the socket's service and
 // implementation, and the service's start_op (which hands the op to the reactor).
-struct SocketAccess : tcp::socket {
+struct SocketAccess : Socket {
   static constexpr auto kImpl = &SocketAccess::impl_;
 };
 struct ServiceAccess : detail::reactive_socket_service_base {
@@ -108,7 +108,7 @@ class ReadOp : public detail::reactor_op {
 };
 
 struct InitiateRead {
-  tcp::socket* socket;
+  Socket* socket;
 
   template <typename Handler>
   void operator()(Handler&& handler, asio::mutable_buffer buffer) const {
@@ -134,7 +134,7 @@ struct InitiateRead {
 // Reads at least one byte into `buffer` (which must not be empty), completing with
 // (error_code, bytes read) as socket.async_read_some does. `socket` must outlive the read.
 template <typename Token>
-auto AsyncReadSome(tcp::socket& socket, asio::mutable_buffer buffer, Token&& token) {
+auto AsyncReadSome(Socket& socket, asio::mutable_buffer buffer, Token&& token) {
 #if KEYGUARD_SHORT_READ_EXHAUSTS
   return asio::async_initiate<Token, void(error_code, std::size_t)>(read_internals::InitiateRead{&socket}, token,
                                                                     buffer);

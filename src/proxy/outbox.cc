@@ -2,7 +2,7 @@
 
 namespace keyguard::proxy {
 
-Outbox::Outbox(tcp::socket& socket, metrics::Counter* bytes_sent)
+Outbox::Outbox(Socket& socket, metrics::Counter* bytes_sent)
     : socket_(socket), bytes_sent_(bytes_sent), event_(socket.get_executor()) {}
 
 bool Outbox::Send(const std::vector<asio::const_buffer>& buffers) {
@@ -80,7 +80,7 @@ void Outbox::Fail(error_code ec) {
 awaitable<void> Outbox::WaitBelow(size_t limit) {
   if (!failed_ && backlog() > limit) {
     // Re-arming the timer cancels current waiters, so only the first waiter arms it.
-    if (waiters_++ == 0) event_.expires_at(asio::steady_timer::time_point::max());
+    if (waiters_++ == 0) event_.expires_at(Timer::time_point::max());
     error_code ec;
     co_await event_.async_wait(AwaitEc(ec));
     --waiters_;

@@ -18,7 +18,7 @@ namespace keyguard::proxy {
 class Outbox {
  public:
   // `owner` is kept alive while a background write runs; `on_error` runs once if a write fails.
-  Outbox(tcp::socket& socket, metrics::Counter* bytes_sent);
+  Outbox(Socket& socket, metrics::Counter* bytes_sent);
 
   void set_owner(std::weak_ptr<void> owner) { owner_ = std::move(owner); }
   void set_on_error(std::function<void(error_code)> f) { on_error_ = std::move(f); }
@@ -42,7 +42,7 @@ class Outbox {
   awaitable<void> Drain(std::shared_ptr<void> keep_alive);
   void Fail(error_code ec);
 
-  tcp::socket& socket_;
+  Socket& socket_;
   metrics::Counter* bytes_sent_;
   std::weak_ptr<void> owner_;
   std::function<void(error_code)> on_error_;
@@ -52,7 +52,7 @@ class Outbox {
   bool draining_ = false;
   bool failed_ = false;
   int waiters_ = 0;
-  asio::steady_timer event_;
+  Timer event_;
 };
 
 }  // namespace keyguard::proxy

@@ -351,9 +351,8 @@ bool CommandPipeline::Hygiene(const CommandContext& c) {
   // The detectors look at the client's own names (c.args); their rewrites apply on top of what
   // the policy and the tenant stage made (v_.args): positions are the same.
   edit_.Reset(v_.args);
-  std::string refusal;
-  v_.reply_check = detectors_.OnRequest(c.id, c.args, edit_, c.state->watching(), c.tenant != nullptr, &refusal);
-  if (!refusal.empty()) return Refuse(Refusal::kHygiene, std::move(refusal));
+  v_.reply_check = detectors_.OnRequest(c.id, c.args, edit_, c.state->watching(), c.tenant != nullptr, &v_.message);
+  if (!v_.message.empty()) return Refuse(Refusal::kHygiene, std::move(v_.message));
   if (edit_.modified()) {
     v_.args = edit_.args();
     v_.modified = true;

@@ -26,14 +26,14 @@
 namespace keyguard::proxy {
 namespace {
 
-awaitable<void> Accept(Worker& worker, tcp::acceptor& acceptor) {
+awaitable<void> Accept(Worker& worker, Acceptor& acceptor) {
   for (;;) {
     error_code ec;
-    tcp::socket socket = co_await acceptor.async_accept(AwaitEc(ec));
+    Socket socket = co_await acceptor.async_accept(AwaitEc(ec));
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       // Out of descriptors or a connection reset before accept: keep serving the others.
-      asio::steady_timer pause(worker.io, std::chrono::milliseconds(10));
+      Timer pause(worker.io, std::chrono::milliseconds(10));
       co_await pause.async_wait(AwaitEc(ec));
       continue;
     }
@@ -163,7 +163,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   // The detectors' state every worker's connections share (a race across workers is a race).
   hygiene::SharedDetectors shared_detectors(config.hygiene);
   std::vector<std::unique_ptr<Worker>> workers;
-  std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
+  std::vector<std::unique_ptr<Acceptor>> acceptors;
   tcp::endpoint bound = *listen;
   for (int i = 0; i < nthreads; ++i) {
     workers.push_back(std::make_unique<Worker>(config, store, registry.AddShard(), *upstream,
@@ -173,7 +173,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
       workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());
     }
     workers.back()->hot.Attach(&hot_keys, hot_keys.AddWorker());
-    auto acceptor = std::make_unique<tcp::acceptor>(workers.back()->io);
+    auto acceptor = std::make_unique<Acceptor>(workers.back()->io);
     error_code ec;
     acceptor->open(bound.protocol(), ec);
     if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
@@ -224,7 +224,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   }
 
   // SIGTERM/SIGINT: stop accepting, let sessions finish their pending replies, then stop.
-  asio::steady_timer drain_timer(control);
+  Timer drain_timer(control);
   std::chrono::steady_clock::time_point deadline;
   std::function<void()> poll = [&] {
     int open = 0;
@@ -248,7 +248,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config.drain_timeout_ms);
     for (size_t i = 0; i < workers.size(); ++i) {
       Worker* w = workers[i].get();
-      tcp::acceptor* a = acceptors[i].get();
+      Acceptor* a = acceptors[i].get();
       asio::post(w->io, [w, a] {
         w->draining = true;
         error_code ignored;
@@ -269,7 +269,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     });
   };
   wait_hup();
-  asio::steady_timer file_timer(control);
+  Timer file_timer(control);
   std::function<void()> poll_file = [&] {
     file_timer.expires_after(std::chrono::seconds(1));
     file_timer.async_wait([&](error_code ec) {

@@ -65,7 +65,7 @@ std::string CommandNameOf(commands::CommandId id) {
 
 }  // namespace
 
-Session::Session(Worker& worker, tcp::socket client)
+Session::Session(Worker& worker, Socket client)
     : worker_(worker),
       client_(std::move(client)),
       upstream_(worker.io),
@@ -114,7 +114,7 @@ awaitable<void> Session::Run() {
   if (!ec) client_address_ = absl::StrCat(peer.address().to_string(), ":", peer.port());
 
   // Connect upstream, bounded by the connect timeout.
-  asio::steady_timer timer(worker_.io);
+  Timer timer(worker_.io);
   timer.expires_after(std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
   std::weak_ptr<Session> weak = self;
   timer.async_wait([weak](error_code e) {
@@ -159,7 +159,7 @@ awaitable<void> Session::ClientPump() {
     while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
     while (!closed_ && (queue_.size() >= max_pending || holding_)) {
       queue_waiter_ = true;
-      queue_event_.expires_at(asio::steady_timer::time_point::max());
+      queue_event_.expires_at(Timer::time_point::max());
       error_code ignored;
       co_await queue_event_.async_wait(AwaitEc(ignored));
     }
@@ -190,7 +190,7 @@ awaitable<void> Session::ClientPump() {
   // then deliver and close.
   while (!closed_ && !queue_.empty()) {
     queue_waiter_ = true;
-    queue_event_.expires_at(asio::steady_timer::time_point::max());
+    queue_event_.expires_at(Timer::time_point::max());
     error_code ignored;
     co_await queue_event_.async_wait(AwaitEc(ignored));
   }
@@ -524,7 +524,7 @@ bool Session::WaitForWalkToken() {
   // rather than the server's.
   const int64_t wait = worker_.walk_budget[tenant_].Take(worker_.config.tenancy->walk_steps_per_second, NowNs());
   if (wait == 0) return false;
-  if (walk_timer_ == nullptr) walk_timer_ = std::make_unique<asio::steady_timer>(worker_.io);
+  if (walk_timer_ == nullptr) walk_timer_ = std::make_unique<Timer>(worker_.io);
   walk_timer_->expires_after(std::chrono::nanoseconds(wait));
   std::weak_ptr<Session> weak = shared_from_this();
   walk_timer_->async_wait([weak](error_code e) {
@@ -850,7 +850,7 @@ awaitable<void> Session::FlushAndClose() {
   if (closing_ || closed_) co_return;
   closing_ = true;
   // A client that never reads must not keep the session forever.
-  auto limit = std::make_shared<asio::steady_timer>(worker_.io, std::chrono::seconds(30));
+  auto limit = std::make_shared<Timer>(worker_.io, std::chrono::seconds(30));
   std::weak_ptr<Session> weak = self;
   limit->async_wait([weak, limit](error_code e) {
     if (auto s = weak.lock(); s && !e) s->Close();
@@ -881,7 +881,7 @@ void Session::Close() {
   closed_ = true;
   if (detectors_.has_pending_ttl()) detectors_.FlushPendingTtl(true);  // no EXPIRE can follow any more
   error_code ignored;
-  client_.shutdown(tcp::socket::shutdown_both, ignored);
+  client_.shutdown(Socket::shutdown_both, ignored);
   client_.close(ignored);
   CloseUpstream();
   queue_event_.cancel();

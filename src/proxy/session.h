@@ -32,7 +32,7 @@ namespace keyguard::proxy {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Worker& worker, tcp::socket client);
+  Session(Worker& worker, Socket client);
   ~Session();
 
   // Connects upstream and starts both pumps.
@@ -107,8 +107,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void AppendOut(std::string_view bytes);
 
   Worker& worker_;
-  tcp::socket client_;
-  tcp::socket upstream_;
+  Socket client_;
+  Socket upstream_;
   Outbox client_out_;
   Outbox upstream_out_;
   ReadBuffer client_buf_;
@@ -117,7 +117,7 @@ class Session : public std::enable_shared_from_this<Session> {
   resp::ReplyFramer reply_framer_;
   ReplyQueue queue_;
   ConnectionState state_;
-  asio::steady_timer queue_event_;
+  Timer queue_event_;
   bool queue_waiter_ = false;
 
   // Batch scratch, reused.
@@ -158,7 +158,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // The walk in progress (holding_: later commands wait until it ends; resume_: process them).
   tenant::KeyWalk walk_;
-  std::unique_ptr<asio::steady_timer> walk_timer_;  // a step waiting for the tenant's rate
+  std::unique_ptr<Timer> walk_timer_;  // a step waiting for the tenant's rate
   bool holding_ = false;
   bool resume_ = false;
   bool drain_after_walk_ = false;  // Drain() came while commands were held behind a walk

@@ -35,7 +35,7 @@ void SizeProbe::Stop() {
 
 awaitable<bool> SizeProbe::Connect() {
   error_code ec;
-  socket_ = tcp::socket(worker_.io);
+  socket_ = Socket(worker_.io);
   co_await socket_.async_connect(worker_.upstream, AwaitEc(ec));
   if (ec) co_return false;
   socket_.set_option(tcp::no_delay(true), ec);

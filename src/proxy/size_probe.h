@@ -33,8 +33,8 @@ class SizeProbe : public std::enable_shared_from_this<SizeProbe> {
   void Learn(hygiene::ProbeRequest& r, std::string_view type, int64_t size, int64_t memory);
 
   Worker& worker_;
-  tcp::socket socket_;
-  asio::steady_timer timer_;
+  Socket socket_;
+  Timer timer_;
   ReadBuffer buf_{16 * 1024};
   std::deque<std::string> replies_;
   std::deque<hygiene::ProbeRequest> batch_;

@@ -63,7 +63,7 @@ struct Worker {
   hygiene::WorkerDetectors hygiene;  // the detectors' state shared by this worker's sessions (and the process's)
   hygiene::FindingLog* findings = nullptr;
   hygiene::HotKeys hot{config.hygiene};  // hot and big keys; published on hot_timer's ticks
-  asio::steady_timer hot_timer{io};
+  Timer hot_timer{io};
   std::shared_ptr<SizeProbe> probe;  // with hygiene.probe
   tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   StageShared stages;                // what the command pipeline reads and counts (live settings, deny list)
