@@ -106,12 +106,14 @@ class ConnectionState {
                      bool filtered) const {
     // The common case, one test per fact: a plain command's reply that cannot be a push, a
     // confirmation or a MONITOR line, and is what its expectation allows (only +QUEUED breaks
-    // kNotQueued, and this is not a '+').
+    // kNotQueued).
     if (front != nullptr && front->kind == Pending::Kind::kForward && type != '>' && type != '*' &&
-        (type != '+' || !monitor_) &&
-        (!filtered || front->expect == Pending::Expect::kAny ||
-         (front->expect == Pending::Expect::kNotQueued && type != '+'))) {
-      return FrameRole::kReply;
+        (type != '+' || !monitor_)) {
+      const Pending::Expect e = front->expect;
+      if (!filtered || e == Pending::Expect::kAny ||
+          (e == Pending::Expect::kNotQueued && (type != '+' || head.empty() || head[0].text != "QUEUED"))) {
+        return FrameRole::kReply;
+      }
     }
     return ClassifyOther(front, type, head, filtered);
   }

@@ -41,7 +41,7 @@ bool MayBeSubscribed(const ConnectionState& state, const ReplyQueue& queue) {
 
 StageShared::StageShared(const config::ProxyConfig& c, config::ConfigStore& st, metrics::WorkerShard* s,
                          tenant::Connections* conns)
-    : config(c), store(st), shard(s), connections(conns) {
+    : config(c), store(st), shard(s), connections(conns), auth(commands::Known().auth) {
   Refresh();
   for (size_t r = 0; r < kRefusalCount; ++r) {
     rejected[r] = &shard->commands_rejected.Get({RefusalName(static_cast<Refusal>(r))});
@@ -78,7 +78,14 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
   v_.reply_check = 0;
   v_.walk = tenant::Walk::kNone;
   if (!v_.message.empty()) v_.message.clear();
-  if (shared_.config.tenancy != nullptr && !Gate(c)) return v_;
+  // The gate has nothing to say about a logged-in tenant's command that changes no connection
+  // state (GET, SET, ...): it runs for AUTH, before login, and for the commands with a role.
+  if (shared_.config.tenancy != nullptr &&
+      (c.tenant == nullptr || c.id == shared_.auth ||
+       commands::TraitsOf(c.id).connection != commands::ConnectionRole::kNone) &&
+      !Gate(c)) {
+    return v_;
+  }
   if (!c.upstream_ready) {
     v_.action = Verdict::Action::kUnavailable;
     return v_;
@@ -89,7 +96,9 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
     const commands::CommandSpec* spec = commands::ResolveSpec(c.id, c.args);
     key_refs_.clear();
     const bool keys_ok = spec != nullptr && commands::FindKeys(*spec, c.args, &key_refs_);
-    if (check_policy && !ScriptPolicy(c)) return v_;
+    if (check_policy && commands::TraitsOf(c.id).script != commands::ScriptKind::kNone && !ScriptPolicy(c)) {
+      return v_;
+    }
     if (check_policy && !key_refs_.empty() && !KeyPolicy(c, *spec)) return v_;
     if (c.tenant != nullptr && !Tenant(c, spec, keys_ok)) return v_;
   }

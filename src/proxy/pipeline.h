@@ -55,6 +55,7 @@ struct StageShared {
   metrics::WorkerShard* shard;
   std::array<metrics::Counter*, kRefusalCount> rejected{};  // keyguard_commands_rejected_total by reason
   tenant::Connections* connections;                   // with tenancy: which tenant each upstream connection serves
+  commands::CommandId auth;                           // AUTH, which the gate answers
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
   int64_t warn_second = 0;                            // rate limit of key-policy warn lines
   int warn_count = 0;

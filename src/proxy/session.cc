@@ -227,9 +227,7 @@ void Session::ProcessClientBytes(size_t* hint) {
   }
   if (!forward_.empty()) upstream_out_.Send(forward_);
   forward_.clear();
-  // Keep the first chunk's memory for the next batch.
-  if (scratch_.size() > 1) scratch_.resize(1);
-  if (!scratch_.empty()) scratch_.front().clear();
+  scratch_.Reset();
   client_buf_.Consume(pos);
 }
 
@@ -252,28 +250,18 @@ bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::strin
   // next to each other and go out as one buffer; a big one goes out as the client's bytes with
   // only the changed arguments from the chunk (values are never copied).
   const bool copy = raw_len < kSpliceMinBytes;
-  const size_t need = changed_bytes + (copy ? raw_len : 0);
-  if (scratch_.empty() || scratch_.back().capacity() - scratch_.back().size() < need) {
-    scratch_.emplace_back().reserve(std::max<size_t>(need, 64 * 1024));
-  }
-  std::string& chunk = scratch_.back();
-  const size_t first = chunk.size();
   const char* pos = raw;
-  // A copy is written in place: the chunk is sized once for the bound and cut back to what was
-  // written (within its capacity, so it never moves), rather than appended to piece by piece.
-  char* w = nullptr;
-  if (copy) {
-    chunk.resize(first + need);
-    w = chunk.data() + first;
-  }
+  // A copy is written in place, in one reservation for the bound; a big command's changed
+  // arguments each get their own (chunks never move, so the pieces stay valid).
+  char* const first = copy ? scratch_.Reserve(changed_bytes + raw_len) : nullptr;
+  char* w = first;
   for (size_t i = 0; i < args.size(); ++i) {
     if (out[i].data() == args[i].data() && out[i].size() == args[i].size()) continue;
     // The client's "$<len>\r\n" header ends two bytes before the argument; find its '$'.
     const char* header = args[i].data() - 2;
     while (header > pos && *header != '$') --header;
     if (*header != '$') {
-      chunk.resize(first);
-      splice_.clear();
+      splice_.clear();  // nothing reserved was committed
       return false;
     }
     if (copy) {
@@ -281,9 +269,10 @@ bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::strin
       w = resp::WriteBulk(w + (header - pos), out[i]);
     } else {
       splice_.emplace_back(pos, static_cast<size_t>(header - pos));
-      const size_t start = chunk.size();
-      resp::AppendBulk(&chunk, out[i]);
-      splice_.emplace_back(chunk.data() + start, chunk.size() - start);
+      char* const bulk = scratch_.Reserve(out[i].size() + resp::kBulkOverhead);
+      const size_t n = static_cast<size_t>(resp::WriteBulk(bulk, out[i]) - bulk);
+      scratch_.Commit(n);
+      splice_.emplace_back(bulk, n);
     }
     pos = args[i].data() + args[i].size() + 2;
   }
@@ -293,23 +282,18 @@ bool Session::Splice(const char* raw, size_t raw_len, std::span<const std::strin
   }
   std::memcpy(w, pos, static_cast<size_t>(end - pos));
   w += end - pos;
-  *bytes = std::string_view(chunk.data() + first, static_cast<size_t>(w - chunk.data()) - first);
-  chunk.resize(static_cast<size_t>(w - chunk.data()));
+  scratch_.Commit(static_cast<size_t>(w - first));
+  *bytes = std::string_view(first, static_cast<size_t>(w - first));
   return true;
 }
 
 std::string_view Session::Encode(std::span<const std::string_view> args) {
-  // Encoded commands of a batch share chunks that never reallocate while forward_ points into
-  // them: a chunk is only appended to within its reserved capacity.
-  size_t bound = 24;
-  for (std::string_view a : args) bound += a.size() + 24;
-  if (scratch_.empty() || scratch_.back().capacity() - scratch_.back().size() < bound) {
-    scratch_.emplace_back().reserve(std::max<size_t>(bound, 64 * 1024));
-  }
-  std::string& chunk = scratch_.back();
-  const size_t start = chunk.size();
-  resp::AppendCommand(&chunk, args);
-  return std::string_view(chunk.data() + start, chunk.size() - start);
+  // Encoded commands of a batch share the scratch chunks, which never move while forward_ points
+  // into them.
+  char* const start = scratch_.Reserve(resp::CommandBound(args));
+  const size_t n = static_cast<size_t>(resp::WriteCommand(start, args) - start);
+  scratch_.Commit(n);
+  return std::string_view(start, n);
 }
 
 void Session::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {

@@ -26,6 +26,7 @@
 #include "proxy/read_buffer.h"
 #include "proxy/refusal.h"
 #include "proxy/reply_queue.h"
+#include "proxy/scratch.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
@@ -124,7 +125,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<asio::const_buffer> forward_;  // client bytes going upstream
   std::vector<asio::const_buffer> deliver_;  // reply bytes going to the client
   std::deque<std::string> held_;             // local replies referenced by deliver_ until sent
-  std::deque<std::string> scratch_;          // chunks of rewritten commands forward_ points into until sent
+  Scratch scratch_;                          // the bytes of rewritten commands forward_ points into until sent
   std::vector<asio::const_buffer> splice_;   // the pieces of the current command, when spliced
   std::string client_address_;
   uint64_t id_ = 0;  // per worker, for the hygiene trackers

@@ -61,6 +61,22 @@ void AppendCommand(std::string* out, std::span<const std::string_view> args) {
   for (std::string_view a : args) AppendBulk(out, a);
 }
 
+char* WriteCommand(char* out, std::span<const std::string_view> args) {
+  out[0] = '*';
+  char* p = absl::numbers_internal::FastIntToBuffer(static_cast<uint64_t>(args.size()), out + 1);
+  p[0] = '\r';
+  p[1] = '\n';
+  p += 2;
+  for (std::string_view a : args) p = WriteBulk(p, a);
+  return p;
+}
+
+size_t CommandBound(std::span<const std::string_view> args) {
+  size_t n = kBulkOverhead;  // the header: '*', at most 20 digits, CRLF
+  for (std::string_view a : args) n += a.size() + kBulkOverhead;
+  return n;
+}
+
 void AppendValue(std::string* out, const Value& v) {
   if (v.unparsed) {
     out->append(v.text);

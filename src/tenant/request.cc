@@ -2,6 +2,7 @@
 // mapped, and commands that reach beyond the tenant's keys are emulated within the prefix or
 // refused.
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -68,16 +69,23 @@ std::string NotAllowed(std::string_view what) {
 // allocation per key and no view moves. Sets `modified` when there was a key.
 void PrefixKeys(const Tenant& tenant, std::span<const commands::KeyRef> keys, std::string* space,
                 std::vector<std::string_view>* out, bool* modified) {
+  if (keys.empty()) return;
+  const std::string_view prefix = tenant.prefix;
   size_t total = 0;
-  for (const commands::KeyRef& k : keys) total += tenant.prefix.size() + (*out)[k.pos].size();
-  space->clear();
-  space->reserve(total);
+  for (const commands::KeyRef& k : keys) total += prefix.size() + (*out)[k.pos].size();
+  // Sized once (the buffer never moves while the views point into it), written with memcpy.
+  if (space->size() < total) space->resize(std::max(total, 2 * space->size()));
+  char* w = space->data();
   for (const commands::KeyRef& k : keys) {
-    const size_t start = space->size();
-    space->append(tenant.prefix).append((*out)[k.pos]);
-    (*out)[k.pos] = std::string_view(space->data() + start, space->size() - start);
-    *modified = true;
+    const std::string_view key = (*out)[k.pos];
+    char* const start = w;
+    std::memcpy(w, prefix.data(), prefix.size());
+    w += prefix.size();
+    if (!key.empty()) std::memcpy(w, key.data(), key.size());
+    w += key.size();
+    (*out)[k.pos] = std::string_view(start, static_cast<size_t>(w - start));
   }
+  *modified = true;
 }
 
 }  // namespace

@@ -46,5 +46,19 @@ TEST(Encoder, WriteBulkMatchesAppendBulk) {
   }
 }
 
+TEST(Encoder, WriteCommandWritesWhatAppendCommandAppendsWithinItsBound) {
+  const std::string big(12345, 'v');
+  for (const std::vector<std::string_view>& args :
+       {std::vector<std::string_view>{"PING"}, std::vector<std::string_view>{"SET", "k", big},
+        std::vector<std::string_view>{"MSET", "", "", std::string_view("\0", 1), "x"}}) {
+    std::string appended;
+    AppendCommand(&appended, args);
+    std::string buf(CommandBound(args), '#');
+    const size_t n = static_cast<size_t>(WriteCommand(buf.data(), args) - buf.data());
+    EXPECT_EQ(buf.substr(0, n), appended);
+    EXPECT_LE(n, CommandBound(args));
+  }
+}
+
 }  // namespace
 }  // namespace keyguard::resp

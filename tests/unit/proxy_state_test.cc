@@ -3,6 +3,7 @@
 // the key arena). Each case is a script of commands and replies with the state expected after.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "keyguard/tenant/rewrite.h"
 #include "proxy/connection_state.h"
 #include "proxy/reply_queue.h"
+#include "proxy/scratch.h"
 
 namespace keyguard::proxy {
 namespace {
@@ -401,6 +403,23 @@ TEST(ReplyQueueTest, KeysLiveUntilTheirEntryEndsAndTheArenaIsTrimmed) {
   EXPECT_LE(q.key_arena_bytes(), big.size() + 2);  // the consumed front was dropped
   q.Pop();
   EXPECT_EQ(q.key_arena_bytes(), 0u);  // an empty queue holds no keys
+}
+
+TEST(ScratchTest, BytesStayWhereTheyWereWrittenUntilReset) {
+  Scratch s;
+  char* a = s.Reserve(10);
+  std::memcpy(a, "0123456789", 10);
+  s.Commit(4);  // only "0123" is kept
+  char* b = s.Reserve(3);
+  EXPECT_EQ(b, a + 4) << "the next bytes follow in the same chunk";
+  std::memcpy(b, "abc", 3);
+  s.Commit(3);
+  char* big = s.Reserve(200 * 1024);  // more than a chunk: a new one, the old bytes do not move
+  EXPECT_NE(big, a + 7);
+  s.Commit(200 * 1024);
+  EXPECT_EQ(std::string(a, 7), "0123abc");
+  s.Reset();
+  EXPECT_EQ(s.Reserve(1), a) << "the first chunk is reused";
 }
 
 }  // namespace

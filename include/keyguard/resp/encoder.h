@@ -24,6 +24,9 @@ void AppendNullBulk(std::string* out);
 void AppendArrayHeader(std::string* out, int64_t count);
 // A command as a multibulk request: "*<n>\r\n$<len>\r\n<arg>\r\n...".
 void AppendCommand(std::string* out, std::span<const std::string_view> args);
+// The same, written at `out`, which must have room for CommandBound(args) bytes; returns the end.
+char* WriteCommand(char* out, std::span<const std::string_view> args);
+size_t CommandBound(std::span<const std::string_view> args);
 
 // Re-encodes a parsed value (attributes included; an unparsed one as its bytes); aggregate
 // lengths follow `elements`, so elements removed from a parsed reply are gone from the encoding
