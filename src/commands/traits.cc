@@ -18,8 +18,10 @@ Traits Derived(CommandId id) {
   t.has_subcommands = spec.sub_count > 0;
   if (id != kUnknownCommand && spec.sub_count == 0) {
     const auto specs = KeySpecs(spec);
+    // A spec that finds its keys by a count starting at args[1] (ZUNION, LMPOP, SINTERCARD)
+    // has the count there, not a key.
     t.first_key = !specs.empty() && specs[0].begin == KeySpec::kIndex && specs[0].index == 1 &&
-                  (specs[0].flags & kKeyNotKey) == 0;
+                  specs[0].find == KeySpec::kRange && (specs[0].flags & kKeyNotKey) == 0;
   }
   return t;
 }

@@ -22,8 +22,9 @@ TEST(TraitsTest, FirstKeyFromTheKeySpecs) {
   for (const char* name : {"get", "set", "hgetall", "incr", "lrange", "sinter", "xadd"}) {
     EXPECT_TRUE(Of(name).first_key) << name;
   }
-  // A subcommand first, no key, a channel, a script first.
-  for (const char* name : {"object", "ping", "publish", "eval"}) {
+  // A subcommand first, no key, a channel, a script first, a key count first.
+  for (const char* name :
+       {"object", "ping", "publish", "eval", "zunion", "zinter", "zdiff", "lmpop", "zmpop", "sintercard"}) {
     EXPECT_FALSE(Of(name).first_key) << name;
   }
 }
