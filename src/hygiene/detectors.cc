@@ -113,11 +113,10 @@ std::string FindingLog::RecentJson() const {
   return out;
 }
 
-void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms,
-                        uint64_t scope) {
+void RmwTracker::OnReadHashed(uint64_t key_hash, uint64_t session, std::string_view value, int64_t now_ms) {
   const Format format = DetectFormat(value);
   if (format == Format::kNone && entries_.empty()) return;  // the common case costs nothing
-  const uint64_t h = Fingerprint(key, scope);
+  const uint64_t h = key_hash;
   if (format == Format::kNone) {
     entries_.erase(h);
     return;
@@ -139,10 +138,10 @@ void RmwTracker::OnRead(std::string_view key, uint64_t session, std::string_view
   e.readers.push_back(Reader{session, now_ms, false});
 }
 
-void RmwTracker::OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
-                         std::vector<Result>* out, uint64_t scope) {
+void RmwTracker::OnWriteHashed(uint64_t key_hash, uint64_t session, std::string_view value, bool watched,
+                               int64_t now_ms, std::vector<Result>* out) {
   if (entries_.empty()) return;
-  auto it = entries_.find(Fingerprint(key, scope));
+  auto it = entries_.find(key_hash);
   if (it == entries_.end()) return;
   Entry& e = it->second;
   std::erase_if(e.readers, [&](const Reader& r) { return now_ms - r.at_ms > settings_.rmw_window_ms; });
@@ -191,14 +190,12 @@ bool AttributeTracker::ParentOf(std::string_view key, std::string_view* parent) 
   return true;
 }
 
-bool AttributeTracker::OnWrite(std::string_view key, int64_t now_ms, std::string* parent,
-                               std::vector<std::string>* attributes, uint64_t scope) {
-  std::string_view parent_name;
-  if (!ParentOf(key, &parent_name)) return false;
+bool AttributeTracker::OnParentWrite(std::string_view key, std::string_view parent_name, uint64_t parent_hash,
+                                     int64_t now_ms, std::string* parent, std::vector<std::string>* attributes) {
   const size_t colon = parent_name.size();
   const std::string_view attribute = key.substr(colon + 1);
   if (now_ms < 0) now_ms = UnixMs();
-  const uint64_t h = Fingerprint(parent_name, scope);
+  const uint64_t h = parent_hash;
   auto it = parents_.find(h);
   if (it == parents_.end()) {
     if (parents_.size() >= std::max<size_t>(1, settings_.tracked_keys / shards_)) {

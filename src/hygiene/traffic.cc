@@ -240,11 +240,9 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
 
 bool ConnectionDetectors::PendCollectionTtl(commands::CommandId id, std::span<const std::string_view> args,
                                             commands::CreatesKey creates) {
-  const Settings& settings = settings_;
   const std::string_view key = args[1];
-  size_t pattern = 0;
-  while (pattern < settings.ttl_patterns.size() && !GlobMatch(settings.ttl_patterns[pattern].glob, key)) ++pattern;
-  if (pattern == settings.ttl_patterns.size()) return false;
+  const int pattern = TtlPatternOf(key);
+  if (pattern < 0) return false;
   // Items the write adds, when its reply counts them.
   int64_t expect = -1;
   switch (creates) {
@@ -277,10 +275,23 @@ bool ConnectionDetectors::PendCollectionTtl(commands::CommandId id, std::span<co
   for (const PendingTtl& t : pending_ttl_) {
     if (t.key == key) return false;
   }
-  if (pending_ttl_.size() >= kMaxPendingTtl) FlushPendingTtlFront();
-  pending_ttl_.push_back(PendingTtl{std::string(key), UnixMs() + settings.missing_ttl_window_ms,
-                                    static_cast<uint32_t>(pattern), id, true, expect});
+  PendTtl(key, pattern, id, /*collection=*/true, expect);
   return expect >= 0;
+}
+
+int ConnectionDetectors::TtlPatternOf(std::string_view key) const {
+  const std::vector<TtlPattern>& patterns = settings_.ttl_patterns;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    if (GlobMatch(patterns[i].glob, key)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void ConnectionDetectors::PendTtl(std::string_view key, int pattern, commands::CommandId id, bool collection,
+                                  int64_t expect) {
+  if (pending_ttl_.size() >= kMaxPendingTtl) FlushPendingTtlFront();
+  pending_ttl_.push_back(PendingTtl{std::string(key), UnixMs() + settings_.missing_ttl_window_ms,
+                                    static_cast<uint32_t>(pattern), id, collection, expect});
 }
 
 void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit) {
@@ -377,9 +388,8 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
   if (!info.needs_ttl || keepttl || settings.ttl_patterns.empty()) return;
   // A string written without a TTL: cache and session patterns must have one.
   auto check = [&](std::string_view key, bool can_rewrite) {
-    for (size_t i = 0; i < settings.ttl_patterns.size(); ++i) {
-      const TtlPattern& pattern = settings.ttl_patterns[i];
-      if (!GlobMatch(pattern.glob, key)) continue;
+    if (const int i = TtlPatternOf(key); i >= 0) {
+      const TtlPattern& pattern = settings.ttl_patterns[static_cast<size_t>(i)];
       const Action action = settings.action(Kind::kMissingTtl);
       if (action == Action::kRewrite && can_rewrite) {
         auto& out = edit.Edit();
@@ -398,11 +408,8 @@ void ConnectionDetectors::DetectTtl(commands::CommandId id, std::span<const std:
         Emit(std::move(f), key, id);
       } else {
         // Wait a moment: a following EXPIRE on this connection gives the key its TTL.
-        if (pending_ttl_.size() >= kMaxPendingTtl) FlushPendingTtlFront();
-        pending_ttl_.push_back(
-            PendingTtl{std::string(key), UnixMs() + settings.missing_ttl_window_ms, static_cast<uint32_t>(i), id});
+        PendTtl(key, i, id, /*collection=*/false, -1);
       }
-      return;
     }
   };
   if (info.pairs) {
@@ -462,6 +469,16 @@ void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::st
   }
 }
 
+namespace {
+
+// Keeps a shard-wide `count` equal to the sum of its shards' sizes, after a shard's size went
+// from `before` to `after` under its lock.
+void Recount(std::atomic<int64_t>* count, size_t before, size_t after) {
+  count->fetch_add(static_cast<int64_t>(after) - static_cast<int64_t>(before), std::memory_order_relaxed);
+}
+
+}  // namespace
+
 SharedSizeCache::SharedSizeCache(const Settings& s) {
   for (auto& shard : shards_) shard = std::make_unique<Shard>(s);
 }
@@ -471,7 +488,7 @@ void SharedSizeCache::Put(uint64_t key, KeySize size) {
   std::lock_guard<std::mutex> lock(shard.mu);
   const size_t before = shard.cache.size();
   shard.cache.Put(key, std::move(size));
-  count_.fetch_add(static_cast<int64_t>(shard.cache.size()) - static_cast<int64_t>(before), std::memory_order_relaxed);
+  Recount(&count_, before, shard.cache.size());
 }
 
 std::optional<KeySize> SharedSizeCache::Get(uint64_t key, int64_t now_ms) {
@@ -486,7 +503,7 @@ void SharedSizeCache::Erase(uint64_t key) {
   std::lock_guard<std::mutex> lock(shard.mu);
   const size_t before = shard.cache.size();
   shard.cache.Erase(key);
-  count_.fetch_add(static_cast<int64_t>(shard.cache.size()) - static_cast<int64_t>(before), std::memory_order_relaxed);
+  Recount(&count_, before, shard.cache.size());
 }
 
 SharedDetectors::SharedDetectors(const Settings& s) : sizes(s) {
@@ -495,31 +512,32 @@ SharedDetectors::SharedDetectors(const Settings& s) : sizes(s) {
 
 void SharedDetectors::OnRead(std::string_view key, uint64_t connection, std::string_view value, int64_t now_ms,
                              uint64_t scope) {
-  Shard& shard = ShardOf(Fingerprint(key, scope));
+  const uint64_t h = Fingerprint(key, scope);  // picks the shard and keys the tracker
+  Shard& shard = ShardOf(h);
   std::lock_guard<std::mutex> lock(shard.mu);
   const size_t before = shard.rmw.tracked();
-  shard.rmw.OnRead(key, connection, value, now_ms, scope);
-  rmw_tracked_.fetch_add(static_cast<int64_t>(shard.rmw.tracked()) - static_cast<int64_t>(before),
-                         std::memory_order_relaxed);
+  shard.rmw.OnReadHashed(h, connection, value, now_ms);
+  Recount(&rmw_tracked_, before, shard.rmw.tracked());
 }
 
 void SharedDetectors::OnWrite(std::string_view key, uint64_t connection, std::string_view value, bool watched,
                               int64_t now_ms, std::vector<RmwTracker::Result>* out, uint64_t scope) {
-  Shard& shard = ShardOf(Fingerprint(key, scope));
+  const uint64_t h = Fingerprint(key, scope);
+  Shard& shard = ShardOf(h);
   std::lock_guard<std::mutex> lock(shard.mu);
   const size_t before = shard.rmw.tracked();
-  shard.rmw.OnWrite(key, connection, value, watched, now_ms, out, scope);
-  rmw_tracked_.fetch_add(static_cast<int64_t>(shard.rmw.tracked()) - static_cast<int64_t>(before),
-                         std::memory_order_relaxed);
+  shard.rmw.OnWriteHashed(h, connection, value, watched, now_ms, out);
+  Recount(&rmw_tracked_, before, shard.rmw.tracked());
 }
 
 bool SharedDetectors::OnAttributeWrite(std::string_view key, std::string* parent, std::vector<std::string>* attributes,
                                        uint64_t scope) {
   std::string_view parent_name;
   if (!AttributeTracker::ParentOf(key, &parent_name)) return false;  // no lock for an id-like key
-  Shard& shard = ShardOf(Fingerprint(parent_name, scope));
+  const uint64_t h = Fingerprint(parent_name, scope);
+  Shard& shard = ShardOf(h);
   std::lock_guard<std::mutex> lock(shard.mu);
-  return shard.attributes.OnWrite(key, UnixMs(), parent, attributes, scope);
+  return shard.attributes.OnParentWrite(key, parent_name, h, UnixMs(), parent, attributes);
 }
 
 int64_t SharedDetectors::AddExpiry(uint64_t pattern, int64_t second, int64_t now_ms) {

@@ -156,7 +156,11 @@ class RmwTracker {
   // `scope` keeps apart keys of the same name that belong to different tenants:
   // Fingerprint(tenant prefix), kFnvBasis without tenancy. Every other tracker takes it too.
   void OnRead(std::string_view key, uint64_t session, std::string_view value, int64_t now_ms,
-              uint64_t scope = kFnvBasis);
+              uint64_t scope = kFnvBasis) {
+    OnReadHashed(Fingerprint(key, scope), session, value, now_ms);
+  }
+  // The same for a key already fingerprinted: `key_hash` is Fingerprint(key, scope).
+  void OnReadHashed(uint64_t key_hash, uint64_t session, std::string_view value, int64_t now_ms);
 
   struct Result {
     Kind kind;
@@ -167,7 +171,11 @@ class RmwTracker {
   // A write of `value` to `key` by `session`; `watched` when the session WATCHes in a transaction
   // (optimistic locking: no lost update). Appends what it finds.
   void OnWrite(std::string_view key, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
-               std::vector<Result>* out, uint64_t scope = kFnvBasis);
+               std::vector<Result>* out, uint64_t scope = kFnvBasis) {
+    OnWriteHashed(Fingerprint(key, scope), session, value, watched, now_ms, out);
+  }
+  void OnWriteHashed(uint64_t key_hash, uint64_t session, std::string_view value, bool watched, int64_t now_ms,
+                     std::vector<Result>* out);
   size_t tracked() const { return entries_.size(); }
   // Nothing tracked: writes cannot find anything, and only serialized reads need a look.
   bool idle() const { return entries_.empty(); }
@@ -199,7 +207,15 @@ class AttributeTracker {
   // Returns true the first time the key's parent reaches kThreshold distinct attributes within
   // the window; `parent` and `attributes` then name them.
   bool OnWrite(std::string_view key, int64_t now_ms, std::string* parent, std::vector<std::string>* attributes,
-               uint64_t scope = kFnvBasis);
+               uint64_t scope = kFnvBasis) {
+    std::string_view parent_name;
+    return ParentOf(key, &parent_name) &&
+           OnParentWrite(key, parent_name, Fingerprint(parent_name, scope), now_ms, parent, attributes);
+  }
+  // The same for a key whose parent ParentOf found, fingerprinted: `parent_hash` is
+  // Fingerprint(parent_name, scope).
+  bool OnParentWrite(std::string_view key, std::string_view parent_name, uint64_t parent_hash, int64_t now_ms,
+                     std::string* parent, std::vector<std::string>* attributes);
   // Whether `key` is `parent:attribute` with a short attribute that is not an id (only those
   // count), and its parent.
   static bool ParentOf(std::string_view key, std::string_view* parent);

@@ -206,6 +206,11 @@ class ConnectionDetectors {
   void DetectTtl(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit);
   void RememberSize(std::string_view key, std::string_view type, int64_t bytes, int64_t elements);
   void FlushPendingTtlFront();
+  // The index of the first ttl pattern `key` matches, or -1.
+  int TtlPatternOf(std::string_view key) const;
+  // Waits for an EXPIRE of `key` on this connection, within missing_ttl_window_ms (the list is
+  // bounded: the oldest entry is reported early when it is full).
+  void PendTtl(std::string_view key, int pattern, commands::CommandId id, bool collection, int64_t expect);
 
   const Settings& settings_;
   WorkerDetectors& w_;
