@@ -8,14 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "keyguard/commands/traits.h"
 #include "keyguard/common/json_line.h"
+#include "keyguard/common/views.h"
 #include "keyguard/policy/key_pattern.h"
 
 namespace keyguard::proxy {
 namespace {
 
 using commands::EqualsIgnoreCase;
-
-std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(std::string(s)); }
 
 }  // namespace
 

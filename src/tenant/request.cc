@@ -47,8 +47,6 @@ constexpr std::string_view kWalkScript =
     "elseif w=='randomkey' and #ks>0 then return {'0',#ks,ks[math.random(#ks)]} end "
     "return {r[1],#ks,''}";
 
-std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(std::string(s)); }
-
 // A loop rather than memchr: command names are a few bytes, checked on every command.
 bool HasNul(std::string_view s) {
   for (char c : s) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
 
 namespace keyguard {
@@ -14,5 +15,8 @@ inline absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s
 inline absl::string_view AsAbsl(const std::string& s) { return absl::string_view(s); }
 inline absl::string_view AsAbsl(const char* s) { return absl::string_view(s); }
 inline std::string_view AsStd(absl::string_view s) { return std::string_view(s.data(), s.size()); }
+
+// A command name as errors show it: "client" -> "CLIENT".
+inline std::string Upper(std::string_view s) { return absl::AsciiStrToUpper(AsAbsl(s)); }
 
 }  // namespace keyguard
