@@ -18,12 +18,25 @@ KEYGUARD = os.environ.get("KEYGUARD_BIN", os.path.join(ROOT, "build", "keyguard"
 SANITIZED = "build-asan" in KEYGUARD
 
 
+_handed_out = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port nothing listens on now, never one this process handed out before. Another
+    socket can still take it before the caller binds it (the kernel also hands it out as a client's
+    source port), so the fixtures that listen on it retry with new ports when that happens."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+class PortTaken(Exception):
+    """The process could not listen: another socket took the port between free_port() and bind."""
 
 
 def wait_until(predicate, what="the condition", timeout=PATIENCE, interval=0.02):
@@ -71,13 +84,24 @@ def wait_port(port, timeout=PATIENCE, proc=None):
 
 class Redis:
     def __init__(self, *extra):
-        self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="kg-redis-")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--enable-debug-command", "yes", *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(self.port, proc=self.proc)
+        for attempt in range(5):
+            self.port = free_port()
+            log = tempfile.TemporaryFile()
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", self.dir, "--enable-debug-command", "yes", *extra],
+                stdout=log, stderr=subprocess.STDOUT)
+            try:
+                wait_port(self.port, proc=self.proc)
+                break
+            except RuntimeError:
+                log.seek(0)
+                out = log.read().decode(errors="replace")
+                if self.proc.poll() is None or "Address already in use" not in out or attempt == 4:
+                    raise RuntimeError("redis-server did not start: %s" % out[-2000:])
+            finally:
+                log.close()
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
@@ -102,13 +126,20 @@ class Keyguard:
                 f.write(config)
             args += ["--config", path]
             self.config_path = path
-        args += ["--listen", "127.0.0.1:%d" % self.port, "--upstream", "127.0.0.1:%d" % upstream_port,
-                 "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        for attempt in range(5):
+            listen = ["--listen", "127.0.0.1:%d" % self.port, "--upstream", "127.0.0.1:%d" % upstream_port,
+                      "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
+            self.log = tempfile.TemporaryFile()
+            self.proc = subprocess.Popen(args + listen, stdout=self.log, stderr=subprocess.STDOUT)
+            try:
+                wait_port(self.port, proc=self.proc)
+                wait_port(self.admin_port, proc=self.proc)
+                break
+            except RuntimeError:
+                if self.proc.poll() is None or "Address already in use" not in self.output() or attempt == 4:
+                    raise RuntimeError("keyguard did not start: %s" % self.output()[-2000:])
+                self.port, self.admin_port = free_port(), free_port()
         _started.append(self)
-        wait_port(self.port, proc=self.proc)
-        wait_port(self.admin_port, proc=self.proc)
 
     def http(self, path):
         try:
