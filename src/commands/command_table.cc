@@ -571,7 +571,7 @@ const KnownCommands& Known() {
       LookupCommand("hello"),       LookupCommand("monitor"),      LookupCommand("reset"),
       LookupCommand("quit"),        LookupCommand("client"),       LookupCommand("watch"),
       LookupCommand("unwatch"),     LookupCommand("auth"),         LookupCommand("sync"),
-      LookupCommand("psync")};
+      LookupCommand("psync"),       LookupCommand("eval")};
   return known;
 }
 

@@ -64,6 +64,8 @@ std::string Registry::Render() const {
   counter(FamilyId::kUpstreamSentBytes, &WorkerShard::upstream_bytes_sent);
   counter(FamilyId::kClientProtocolErrors, &WorkerShard::client_protocol_errors);
   counter(FamilyId::kUnexpectedReplies, &WorkerShard::unexpected_replies);
+  counter(FamilyId::kLegacyKeysMoved, &WorkerShard::legacy_keys_moved);
+  counter(FamilyId::kLegacyMoveErrors, &WorkerShard::legacy_move_errors);
   counter(FamilyId::kProbedKeys, &WorkerShard::probed_keys);
 
   const Family& upstream_errors = Of(FamilyId::kUpstreamErrors);

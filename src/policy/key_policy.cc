@@ -167,6 +167,7 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     if (rule.action == Action::kRewrite && rule.rewrite.empty()) {
       return FieldError(path + ".rewrite", "required when the action is rewrite");
     }
+    rule.move_legacy = rule.action == Action::kRewrite && u.legacy_keys() != pb::LEAVE;
     auto scope = CompileScope(u.scope(), path + ".scope");
     if (!scope.ok()) return scope.status();
     rule.scope = *std::move(scope);

@@ -62,6 +62,7 @@ ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id,
     // A nested MULTI is an error that keeps the transaction: what was queued stays queued.
     if (!in_multi_) {
       multi_rewrites_.clear();
+      queued_ = 0;
       p->expect = Pending::Expect::kMultiOk;
     }
     in_multi_ = true;
@@ -79,7 +80,7 @@ ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id,
       p->kind = Kind::kExecAbort;
       e.send_discard = true;
     }
-    if (tenant && in_multi_) {
+    if ((tenant || own_queued_) && in_multi_) {
       // Every EXEC of a tenant is checked element by element, also when no queued command needed
       // a rewrite: its reply must hold exactly the commands keyguard saw queued, or none passes.
       p->rewrite = static_cast<uint8_t>(tenant::ReplyRewrite::kExec);

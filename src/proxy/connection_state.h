@@ -17,6 +17,7 @@
 #include "keyguard/commands/command_table.h"
 #include "keyguard/commands/traits.h"
 #include "keyguard/resp/framer.h"
+#include "keyguard/tenant/rewrite.h"
 #include "proxy/reply_queue.h"
 
 namespace keyguard::proxy {
@@ -92,6 +93,18 @@ class ConnectionState {
     return e;
   }
 
+  // keyguard's own command (a legacy-key move) goes upstream, with `p` its entry, ahead of the
+  // client's next command. Inside MULTI it is queued too, and its element leaves EXEC's reply.
+  void OnOwn(bool tenant, Pending* p) {
+    p->kind = Pending::Kind::kInternal;
+    if (!in_multi_) return;
+    if (!tenant && !own_queued_) multi_rewrites_.assign(queued_, 0);
+    own_queued_ = true;
+    multi_rewrites_.push_back(static_cast<uint8_t>(tenant::ReplyRewrite::kOwn));
+    ++queued_;
+    p->expect = Pending::Expect::kQueued;
+  }
+
   // The reply to `p` arrived: HELLO, MONITOR and RESET take effect if it is not an error.
   // Returns true when a RESET took effect.
   bool OnReply(const Pending& p, bool error) {
@@ -148,12 +161,14 @@ class ConnectionState {
   // Queued inside MULTI: the reply is +QUEUED whatever the command; its effects come with EXEC,
   // whose reply carries this command's reply at this index.
   void Queued(bool tenant, Pending* p) {
-    if (tenant) multi_rewrites_.push_back(p->rewrite);
+    ++queued_;
+    if (tenant || own_queued_) multi_rewrites_.push_back(p->rewrite);
     p->rewrite = 0;
     p->expect = Pending::Expect::kQueued;
   }
   void EndTransaction() {
-    in_multi_ = multi_aborted_ = false;
+    in_multi_ = multi_aborted_ = own_queued_ = false;
+    queued_ = 0;
     watching_ = false;
     multi_rewrites_.clear();
   }
@@ -168,7 +183,10 @@ class ConnectionState {
   bool quit_sent_ = false;
   bool replication_stream_ = false;
   bool tunnel_ = false;
-  std::vector<uint8_t> multi_rewrites_;  // tenancy: the reply rewrite of each command queued in MULTI
+  // Tenancy, or keyguard's own commands queued: the reply rewrite of each command queued in MULTI.
+  std::vector<uint8_t> multi_rewrites_;
+  uint32_t queued_ = 0;      // commands queued in this MULTI
+  bool own_queued_ = false;  // keyguard queued its own command in this MULTI
   absl::flat_hash_set<std::string> subscriptions_[3];
   std::string client_name_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,7 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
   v_.rewrite = 0;
   v_.reply_check = 0;
   v_.walk = tenant::Walk::kNone;
+  v_.prelude = {};
   if (!v_.message.empty()) v_.message.clear();
   // The gate has nothing to say about a logged-in tenant's command that changes no connection
   // state (GET, SET, ...): it runs for AUTH, before login, and for the commands with a role.
@@ -94,12 +96,14 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
   if (check_policy || c.tenant != nullptr) {
     const commands::CommandSpec* spec = commands::ResolveSpec(c.id, c.args);
     key_refs_.clear();
+    legacy_.clear();
     const bool keys_ok = spec != nullptr && commands::FindKeys(*spec, c.args, &key_refs_);
     if (check_policy && commands::TraitsOf(c.id).script != commands::ScriptKind::kNone && !ScriptPolicy(c)) {
       return v_;
     }
     if (check_policy && !key_refs_.empty() && !KeyPolicy(c, *spec)) return v_;
     if (c.tenant != nullptr && !Tenant(c, spec, keys_ok)) return v_;
+    if (!legacy_.empty() && !MoveLegacy(c)) return v_;
   }
   if (shared_.config.hygiene.enabled && !Hygiene(c)) return v_;
   if (v_.walk != tenant::Walk::kNone) v_.action = Verdict::Action::kWalk;
@@ -314,6 +318,7 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
             rewritten_any = true;
             policy_args_[ref.pos] = edit_.Own(v.suggestion);
             shared_.KeysRewritten(*v.rule).Add();
+            if (v.rule->move_legacy) legacy_.emplace_back(ref.pos, key);
           }
           break;
         case policy::Action::kObserve: break;
@@ -352,6 +357,38 @@ bool CommandPipeline::Tenant(const CommandContext& c, const commands::CommandSpe
                                " inside MULTI or under CLIENT REPLY OFF/SKIP is not allowed for tenants (keyguard "
                                "walks the tenant's keys in steps)"));
   }
+  return true;
+}
+
+bool CommandPipeline::MoveLegacy(const CommandContext& c) {
+  if (v_.walk != tenant::Walk::kNone) return true;  // keyless: nothing was rewritten
+  if (c.state->in_multi() && c.mode.silent) {
+    // The move would be queued in the transaction, and its element of EXEC's reply could not be
+    // told from the client's own under CLIENT REPLY OFF/SKIP.
+    return Refuse(Refusal::kKeyPolicy,
+                  absl::StrCat("ERR keyguard: key '", KeyInError(legacy_.front().second),
+                               "' is an old name keyguard moves to its new one; inside MULTI under CLIENT REPLY "
+                               "OFF/SKIP that is not supported"));
+  }
+  // The names the server stores: the tenant stage prefixed the new ones; the old ones get the
+  // same prefix here, so a tenant's move stays inside its own keys.
+  const std::string_view prefix = c.tenant != nullptr ? std::string_view(c.tenant->prefix) : std::string_view();
+  size_t total = 0;
+  for (const auto& [pos, old] : legacy_) total += prefix.size() + old.size();
+  if (legacy_space_.size() < total) legacy_space_.resize(std::max(total, 2 * legacy_space_.size()));
+  char* w = legacy_space_.data();
+  legacy_count_ = std::to_string(2 * legacy_.size());
+  prelude_.assign({"EVAL", kMoveLegacyScript, legacy_count_});
+  for (const auto& [pos, old] : legacy_) {
+    char* const start = w;
+    if (!prefix.empty()) std::memcpy(w, prefix.data(), prefix.size());
+    w += prefix.size();
+    if (!old.empty()) std::memcpy(w, old.data(), old.size());
+    w += old.size();
+    prelude_.emplace_back(start, static_cast<size_t>(w - start));
+    prelude_.push_back(v_.args[pos]);
+  }
+  v_.prelude = prelude_;
   return true;
 }
 

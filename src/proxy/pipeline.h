@@ -106,7 +106,18 @@ struct Verdict {
   uint8_t rewrite = 0;      // kForward: the tenant::ReplyRewrite of its reply
   uint8_t reply_check = 0;  // kForward: what the detectors read in its reply
   tenant::Walk walk = tenant::Walk::kNone;
+  // kForward: keyguard's own command to send first (empty: none): the EVAL that moves keys stored
+  // under a rewrite rule's old names to their new names (LegacyKeys MOVE). Its reply is the number
+  // of keys moved, and is not the client's.
+  std::span<const std::string_view> prelude;
 };
+
+// The script of a Verdict's prelude: for each pair of keys (old name, new name), RENAME the old
+// key onto the new one when the old one exists (atomic; the TTL moves with it). Returns how many
+// it moved.
+inline constexpr std::string_view kMoveLegacyScript =
+    "local n=0 for i=1,#KEYS,2 do if redis.call('EXISTS',KEYS[i])==1 then "
+    "redis.call('RENAME',KEYS[i],KEYS[i+1]) n=n+1 end end return n";
 
 class CommandPipeline {
  public:
@@ -126,6 +137,8 @@ class CommandPipeline {
   bool KeyPolicy(const CommandContext& c, const commands::CommandSpec& spec);
   bool Tenant(const CommandContext& c, const commands::CommandSpec* spec, bool keys_ok);
   bool Hygiene(const CommandContext& c);
+  // Encodes the prelude that moves the legacy keys the key policy rewrote.
+  bool MoveLegacy(const CommandContext& c);
   // Ends the run with a refusal.
   bool Refuse(Refusal reason, std::string message);
   void Warn(const CommandContext& c, const policy::Rule& rule, std::string_view suggestion, std::string_view key);
@@ -138,7 +151,12 @@ class CommandPipeline {
   std::vector<std::string_view> policy_args_;  // the key policy's rewrites (strings owned by edit_)
   std::vector<std::string_view> tenant_args_;  // the tenant's (strings owned by shared_.rewriter)
   std::vector<std::string_view> hello_args_;   // HELLO without its AUTH
-  hygiene::ArgEditor edit_;                    // the detectors' rewrites, and every owned string
+  // Rewritten keys whose rule moves legacy keys: the position and the client's (old) name.
+  std::vector<std::pair<uint32_t, std::string_view>> legacy_;
+  std::vector<std::string_view> prelude_;  // EVAL, the script, the key count, then the keys
+  std::string legacy_count_;               // the key count
+  std::string legacy_space_;               // tenants' prefixed old names
+  hygiene::ArgEditor edit_;                // the detectors' rewrites, and every owned string
 };
 
 // A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the

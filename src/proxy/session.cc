@@ -30,6 +30,7 @@ constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded becaus
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
 constexpr std::string_view kClientId = "*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n";
+constexpr std::string_view kClientReplySkip = "*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n";
 
 // Keeps one tenant's detector state and cached sizes apart from another's: the fingerprint of its
 // prefix (of "" without a tenant: hygiene::kFnvBasis), the seed of every key hash.
@@ -332,6 +333,8 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
     bytes = Encode(v.args);
   }
+  // keyguard's own command to send first, encoded while the views it takes are valid.
+  const std::string_view own = v.prelude.empty() ? std::string_view() : Encode(v.prelude);
   Pending p;
   p.rewrite = v.rewrite;
   p.command = c.id;
@@ -341,6 +344,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const bool hot = worker_.config.hygiene.enabled &&
                    hygiene::HotKeyRequest(worker_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
   if (p.reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
+  if (!own.empty()) SendOwn(own, c.mode);
   const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);
   if (e.stop_reading) stop_reading_ = true;
   if (e.ping_first) ForwardRaw(kPing.data(), kPing.size());
@@ -402,6 +406,20 @@ void Session::SendInternal(std::string_view command, commands::CommandId id, boo
     upstream_out_.Send(forward_);
     forward_.clear();
   }
+}
+
+void Session::SendOwn(std::string_view command, ConnectionState::ReplyMode mode) {
+  ForwardRaw(command.data(), command.size());
+  if (mode.silent) {
+    // No reply comes for it: under CLIENT REPLY OFF none does; under SKIP it took the skip, and
+    // the client's command, which comes next, must not answer either.
+    if (mode.skipped) ForwardRaw(kClientReplySkip.data(), kClientReplySkip.size());
+    return;
+  }
+  Pending p;
+  p.command = commands::Known().eval;
+  state_.OnOwn(tenant_ != nullptr, &p);
+  queue_.Push(std::move(p));
 }
 
 void Session::Login(const CommandContext& c, const Verdict& v, int64_t now) {
@@ -678,6 +696,15 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
             upstream_client_id_ = client_id;
             if (tenant_ != nullptr) worker_.connections->Set(client_id, tenant_);
           }
+        } else if (front->command == commands::Known().eval) {
+          // The move of legacy keys (a prelude): the number it moved, or +QUEUED in a transaction.
+          int64_t moved = 0;
+          if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
+            worker_.shard->legacy_keys_moved.Add(static_cast<uint64_t>(moved));
+          } else if (type == '-' || type == '!') {
+            worker_.shard->legacy_move_errors.Add();
+            EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
+          }
         } else if (type == '-' || type == '!') {
           // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
           EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
@@ -706,6 +733,15 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       // The client asked not to see it.
     } else if (front->kind == Kind::kExecAbort) {
       AppendOut(kExecAbort);
+    } else if (reply_tenant_ == nullptr && front->rewrite != 0) {
+      // EXEC of a transaction keyguard queued its own command in: that element goes.
+      std::string out;
+      if (tenant::DropOwnElements(front->exec_rewrites, frame, &out) == tenant::ReplyAction::kReplace) {
+        held_.push_back(std::move(out));
+        AppendOut(held_.back());
+      } else {
+        AppendOut(frame);
+      }
     } else if (reply_tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
       std::string out;
       switch (tenant::RewriteReply(*worker_.config.tenancy, *reply_tenant_,

@@ -70,6 +70,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Queues keyguard's own `command` (encoded; its reply is not the client's), `id` telling
   // ProcessUpstreamBytes what the reply is for.
   void SendInternal(std::string_view command, commands::CommandId id, bool send_now);
+  // Sends keyguard's own command ahead of the client's (a Verdict's prelude) under the client's
+  // reply mode.
+  void SendOwn(std::string_view command, ConnectionState::ReplyMode mode);
   // Delivers an out-of-band frame (pub/sub message, push), confined to the tenant.
   void DeliverPush(std::string_view frame);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY

@@ -20,6 +20,15 @@ bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0
 
 bool IsString(const Value& v) { return !v.null && (v.type == '$' || v.type == '+' || v.type == '='); }
 
+// Removes the elements of keyguard's own queued commands from an EXEC reply; true when any went.
+bool DropOwn(Value& v, std::span<const uint8_t> exec) {
+  constexpr auto kOwn = static_cast<uint8_t>(ReplyRewrite::kOwn);
+  if (std::find(exec.begin(), exec.end(), kOwn) == exec.end()) return false;
+  size_t i = 0;
+  std::erase_if(v.elements, [&](const Value&) { return exec[i++] == kOwn; });
+  return true;
+}
+
 // One rewrite: the tenant, and the strings made on the way (values point into them).
 class Editor {
  public:
@@ -190,9 +199,11 @@ class Editor {
         for (size_t i = 0; i < v.elements.size(); ++i) {
           const ReplyRewrite k = static_cast<ReplyRewrite>(exec[i]);
           if (k == ReplyRewrite::kExec) return false;
-          if (!Apply(k, v.elements[i], {})) return false;
+          if (k != ReplyRewrite::kOwn && !Apply(k, v.elements[i], {})) return false;
         }
+        changed_ |= DropOwn(v, exec);
         return true;
+      case ReplyRewrite::kOwn: return true;
     }
     return true;
   }
@@ -229,6 +240,17 @@ ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewr
     return ReplyAction::kReplace;
   }
   if (!editor.changed()) return ReplyAction::kPass;
+  out->clear();
+  resp::AppendValue(out, *v);
+  return ReplyAction::kReplace;
+}
+
+ReplyAction DropOwnElements(std::span<const uint8_t> exec, std::string_view frame, std::string* out) {
+  std::optional<Value> v = resp::ParseValue(frame);
+  if (!v || v->null || (v->type != '*' && v->type != '~') || v->elements.size() != exec.size()) {
+    return ReplyAction::kPass;
+  }
+  if (!DropOwn(*v, exec)) return ReplyAction::kPass;
   out->clear();
   resp::AppendValue(out, *v);
   return ReplyAction::kReplace;

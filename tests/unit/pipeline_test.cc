@@ -24,6 +24,18 @@ class NoSink : public hygiene::FindingSink {
   std::vector<hygiene::Finding> findings;
 };
 
+std::string Join(std::span<const std::string_view> args) {
+  std::string out;
+  for (std::string_view a : args) {
+    if (!out.empty()) out.push_back(' ');
+    out.append(a.data(), a.size());
+  }
+  return out;
+}
+
+// "EVAL <the move script> <keys>": the prelude that moves legacy keys.
+std::string Move(const std::string& keys) { return "EVAL " + std::string(kMoveLegacyScript) + " " + keys; }
+
 // One connection through the pipeline of one worker, with the settings of `yaml`.
 class Connection {
  public:
@@ -54,11 +66,8 @@ class Connection {
     c.upstream_ready = upstream_ready;
     c.client = "127.0.0.1:5555";
     const Verdict& v = pipeline_->Run(c);
-    upstream.clear();
-    for (std::string_view a : v.args) {
-      if (!upstream.empty()) upstream.push_back(' ');
-      upstream.append(a.data(), a.size());
-    }
+    upstream = Join(v.args);
+    prelude = Join(v.prelude);
     if (v.action == Verdict::Action::kLogin && v.bind) tenant = v.login;
     if (v.action == Verdict::Action::kRefuse) state.OnRefused();
     if (v.action == Verdict::Action::kForward) {
@@ -86,6 +95,7 @@ class Connection {
   const tenant::Tenant* tenant = nullptr;
   bool upstream_ready = true;
   std::string upstream;
+  std::string prelude;  // keyguard's own command sent first
   NoSink sink_;
 
  private:
@@ -148,10 +158,35 @@ TEST(PipelineTest, KeyPolicyRewriteChangesOnlyTheKeyAndCountsIt) {
   EXPECT_TRUE(v.modified);
   EXPECT_EQ(c.upstream, "MSET user:7:profile a other b");
   EXPECT_EQ(c.Count(c.shard_.keys_rewritten, {"legacy-profile"}), 1u);
+  // A key stored under the old name moves to the new one first (legacy_keys: move, the default).
+  EXPECT_EQ(c.prelude, Move("2 User_7_Profile user:7:profile"));
   // The next command starts from its own arguments.
   const Verdict& next = c.Run("GET other");
   EXPECT_FALSE(next.modified);
   EXPECT_EQ(c.upstream, "GET other");
+  EXPECT_EQ(c.prelude, "");
+  c.Run("MGET User_1_Profile user:2:profile User_3_Profile");
+  EXPECT_EQ(c.upstream, "MGET user:1:profile user:2:profile user:3:profile");
+  EXPECT_EQ(c.prelude, Move("4 User_1_Profile user:1:profile User_3_Profile user:3:profile"));
+}
+
+TEST(PipelineTest, LegacyKeysLeaveSendsNoMoveAndAMoveInsideMultiUnderReplyOffIsRefused) {
+  const std::string rule =
+      "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
+      "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n";
+  Connection leave(rule + "      legacy_keys: leave\n");
+  leave.Run("GET User_1_Profile");
+  EXPECT_EQ(leave.upstream, "GET user:1:profile");
+  EXPECT_EQ(leave.prelude, "");
+  Connection c(rule);
+  EXPECT_EQ(c.Run("CLIENT REPLY OFF").action, Action::kForward);
+  EXPECT_EQ(c.Run("MULTI").action, Action::kForward);
+  const Verdict& v = c.Run("GET User_1_Profile");
+  EXPECT_EQ(v.action, Action::kRefuse);
+  EXPECT_EQ(v.message,
+            "ERR keyguard: key 'User_1_Profile' is an old name keyguard moves to its new one; inside MULTI under "
+            "CLIENT REPLY OFF/SKIP that is not supported");
+  EXPECT_EQ(c.Run("GET user:1:profile").action, Action::kForward);  // a new name needs no move
 }
 
 TEST(PipelineTest, UnreviewedScriptsAreRefusedUnderRejectAndCountedUnderTheScriptsRule) {
@@ -236,6 +271,8 @@ TEST(PipelineTest, PolicyRewriteTenantPrefixAndHygieneRewriteCompose) {
   const Verdict& set = c.Run("SET User_3_Profile v");
   EXPECT_EQ(set.action, Action::kForward);
   EXPECT_EQ(c.upstream, "SET tenant:s:user:3:profile v EX 600");
+  // The old name moves inside the tenant's own keys.
+  EXPECT_EQ(c.prelude, Move("2 tenant:s:User_3_Profile tenant:s:user:3:profile"));
   const Verdict& keys = c.Run("KEYS *");
   EXPECT_EQ(keys.action, Action::kRefuse);
   EXPECT_EQ(keys.reason, Refusal::kHygiene);

@@ -71,6 +71,39 @@ TEST(ConnectionStateTest, TransactionQueuesAndExecCarriesTheTenantRewrites) {
   EXPECT_EQ(Send(s, "EXEC", true).p.expect, Expect::kExecOutside);
 }
 
+TEST(ConnectionStateTest, KeyguardsOwnCommandInsideMultiLeavesExecsReply) {
+  constexpr auto kOwn = static_cast<uint8_t>(tenant::ReplyRewrite::kOwn);
+  ConnectionState s;
+  Pending outside;
+  s.OnOwn(false, &outside);  // outside MULTI: an internal command, nothing recorded
+  EXPECT_EQ(outside.kind, Kind::kInternal);
+  EXPECT_EQ(outside.expect, Expect::kAny);
+  EXPECT_EQ(Send(s, "EXEC").p.rewrite, 0);
+  Send(s, "MULTI");
+  Send(s, "SET a 1");
+  Pending own;
+  s.OnOwn(false, &own);  // the move before the next queued command
+  EXPECT_EQ(own.kind, Kind::kInternal);
+  EXPECT_EQ(own.expect, Expect::kQueued);
+  Send(s, "GET b");
+  Sent exec = Send(s, "EXEC");
+  // Without a tenant too, EXEC's reply loses the element of keyguard's own command.
+  EXPECT_EQ(exec.p.rewrite, static_cast<uint8_t>(tenant::ReplyRewrite::kExec));
+  EXPECT_EQ(exec.p.exec_rewrites, (std::vector<uint8_t>{0, kOwn, 0}));
+  std::string out;
+  EXPECT_EQ(tenant::DropOwnElements(exec.p.exec_rewrites, "*3\r\n+OK\r\n:1\r\n$1\r\nx\r\n", &out),
+            tenant::ReplyAction::kReplace);
+  EXPECT_EQ(out, "*2\r\n+OK\r\n$1\r\nx\r\n");
+  // An aborted transaction's error, or a count that is not the queued one, passes as it is.
+  EXPECT_EQ(tenant::DropOwnElements(exec.p.exec_rewrites, "-EXECABORT Transaction discarded\r\n", &out),
+            tenant::ReplyAction::kPass);
+  EXPECT_EQ(tenant::DropOwnElements(exec.p.exec_rewrites, "*-1\r\n", &out), tenant::ReplyAction::kPass);
+  // The next transaction starts clean.
+  Send(s, "MULTI");
+  Send(s, "GET b");
+  EXPECT_EQ(Send(s, "EXEC").p.rewrite, 0);
+}
+
 TEST(ConnectionStateTest, ARefusalInsideMultiTurnsExecIntoDiscard) {
   ConnectionState s;
   Send(s, "MULTI");

@@ -203,7 +203,9 @@ class WorkerShard {
   Counter upstream_bytes_sent;
   Counter client_protocol_errors;
   Counter unexpected_replies;
-  Counter probed_keys;  // keys the sizing probe asked about
+  Counter legacy_keys_moved;   // keys a rewrite rule's move took from the old name to the new
+  Counter legacy_move_errors;  // moves the upstream refused
+  Counter probed_keys;         // keys the sizing probe asked about
   std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
   LabeledCounters<FamilyId::kKeyViolations> key_violations;        // rule, action, key_pattern
   LabeledCounters<FamilyId::kKeysRewritten> keys_rewritten;        // rule

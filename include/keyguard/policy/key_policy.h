@@ -52,6 +52,9 @@ struct Rule {
   Scope scope;
   std::shared_ptr<const re2::RE2> pattern;  // kUser
   std::string rewrite;                      // kUser: template with \1..\9
+  // kUser with kRewrite: a key stored under the old name is moved to the new one by the first
+  // command that names it (LegacyKeys MOVE).
+  bool move_legacy = false;
 };
 
 // Whether a command may create the key it names at a position with these key-spec flags (a

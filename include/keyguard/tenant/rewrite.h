@@ -30,6 +30,7 @@ enum class ReplyRewrite : uint8_t {
   kInfo,           // INFO: without the # Keyspace section (other tenants' key counts)
   kExec,           // EXEC: element i rewritten as queued command i
   kTrackingInfo,   // CLIENT TRACKINGINFO: [name, value, ...] or a map; "prefixes" lose the prefix
+  kOwn,            // in kExec: keyguard's own queued command (a legacy-key move): its element goes
 };
 
 // A command keyguard answers by walking the tenant's keys one bounded step at a time, so no single
@@ -99,6 +100,11 @@ enum class ReplyAction : uint8_t { kPass, kReplace, kDrop };
 // replies lose every occurrence of the prefix (NOGROUP names the key).
 ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewrite kind, std::span<const uint8_t> exec,
                          std::string_view frame, std::string* out);
+
+// An EXEC reply without the elements of keyguard's own queued commands (kOwn in `exec`), for a
+// connection without a tenant. kReplace puts the new frame in `out`; an EXEC reply whose element
+// count is not exec's (or any reply but an array) is passed as it is.
+ReplyAction DropOwnElements(std::span<const uint8_t> exec, std::string_view frame, std::string* out);
 
 // Rewrites an out-of-band frame: pub/sub messages and subscribe confirmations (RESP2 arrays or
 // RESP3 pushes), keyspace/keyevent notifications, tracking invalidations. kDrop when the frame

@@ -1,0 +1,274 @@
+"""A rewrite rule is a live switch (issue #19): keys stored under the old name before the rule was
+turned on stay reachable. The first command that names one moves it to the new name (RENAME on the
+server, before the command; TTL kept), so reads find the data and writes leave no stale old copy;
+`keyguard migrate` moves what traffic does not touch, and the two agree. Every effect is checked on
+a direct connection to redis-server."""
+import os
+import random
+import subprocess
+import tempfile
+import threading
+
+import pytest
+import redis
+
+from conftest import KEYGUARD, ROOT, Keyguard
+from resp import RespConn, encode
+
+REWRITE = open(os.path.join(ROOT, "examples", "rewrite-legacy.yaml")).read()
+LEAVE = REWRITE.replace("      action: rewrite", "      action: rewrite\n      legacy_keys: leave")
+TENANTS = open(os.path.join(ROOT, "examples", "tenants.yaml")).read().replace(
+    "key_policy:\n  default_action: observe",
+    "key_policy:\n  default_action: observe\n  rules:\n    - {name: legacy-profile, pattern: '^User_(\\d+)_Profile$', "
+    "rewrite: 'user:$1:profile', action: rewrite}")
+
+
+@pytest.fixture(scope="module")
+def kg(redis_server):
+    k = Keyguard(redis_server.port, config=REWRITE)
+    yield k
+    k.stop()
+
+
+@pytest.fixture
+def server(redis_server):
+    return redis_server
+
+
+@pytest.fixture
+def r(redis_server):
+    c = redis.Redis(port=redis_server.port, decode_responses=True)
+    c.flushall()
+    return c
+
+
+def test_a_read_finds_the_old_key_and_moves_it_with_its_ttl(kg, r):
+    r.set("User_1001_Profile", "ada", ex=1000)
+    before = kg.metric("keyguard_legacy_keys_moved_total")
+    c = redis.Redis(port=kg.port, decode_responses=True)
+    assert c.get("User_1001_Profile") == "ada"
+    assert r.exists("User_1001_Profile") == 0
+    assert r.get("user:1001:profile") == "ada"
+    assert 990_000 < r.pttl("user:1001:profile") <= 1_000_000
+    assert kg.metric("keyguard_legacy_keys_moved_total") == before + 1
+    # Once moved, the same read finds the new key: nothing more moves.
+    assert c.get("User_1001_Profile") == "ada"
+    assert kg.metric("keyguard_legacy_keys_moved_total") == before + 1
+    assert sorted(r.keys("*")) == ["user:1001:profile"]
+
+
+def test_a_write_leaves_no_stale_old_copy(kg, r):
+    r.set("User_2_Profile", "old")
+    c = redis.Redis(port=kg.port, decode_responses=True)
+    assert c.set("User_2_Profile", "new") is True
+    assert sorted(r.keys("*")) == ["user:2:profile"]
+    assert r.get("user:2:profile") == "new"
+    # An old key written again outside keyguard (an app instance without the sidecar) is the
+    # latest write: the next command through keyguard moves it over the new one.
+    r.set("User_2_Profile", "newer")
+    assert c.get("User_2_Profile") == "newer"
+    assert sorted(r.keys("*")) == ["user:2:profile"]
+
+
+def test_delete_exists_and_multi_key_commands(kg, r):
+    r.set("User_3_Profile", "a")
+    r.set("User_4_Profile", "b")
+    r.set("user:5:profile", "c")  # already new
+    c = redis.Redis(port=kg.port, decode_responses=True)
+    assert c.mget("User_3_Profile", "User_4_Profile", "User_5_Profile", "User_6_Profile") == ["a", "b", "c", None]
+    assert sorted(r.keys("*")) == ["user:3:profile", "user:4:profile", "user:5:profile"]
+    r.set("User_7_Profile", "d")
+    assert c.exists("User_7_Profile") == 1
+    r.set("User_8_Profile", "e")
+    assert c.delete("User_8_Profile") == 1
+    assert sorted(r.keys("*")) == ["user:3:profile", "user:4:profile", "user:5:profile", "user:7:profile"]
+
+
+def test_inside_multi_the_move_is_queued_and_its_element_leaves_exec(kg, r):
+    r.set("User_9_Profile", "nine")
+    c = RespConn(kg.port)
+    c.send_raw(encode("MULTI") + encode("GET", "User_9_Profile") + encode("SET", "plain", "x") +
+               encode("SET", "User_10_Profile", "ten") + encode("EXEC"))
+    assert [c.read()[1] for _ in range(5)] == [b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
+                                               b"*3\r\n$4\r\nnine\r\n+OK\r\n+OK\r\n"]
+    c.send("PING")
+    assert c.read()[1] == b"+PONG\r\n"
+    c.close()
+    assert sorted(r.keys("*")) == ["plain", "user:10:profile", "user:9:profile"]
+    assert r.get("user:9:profile") == "nine"
+
+
+def test_a_discarded_or_aborted_transaction(kg, r):
+    r.set("User_11_Profile", "x")
+    c = RespConn(kg.port)
+    c.send_raw(encode("MULTI") + encode("GET", "User_11_Profile") + encode("DISCARD") + encode("GET", "User_11_Profile"))
+    assert [c.read()[1] for _ in range(4)] == [b"+OK\r\n", b"+QUEUED\r\n", b"+OK\r\n", b"$1\r\nx\r\n"]
+    # A transaction the server aborts: EXECABORT as it is.
+    c.send_raw(encode("MULTI") + encode("GET", "User_11_Profile") + encode("NOSUCHCOMMAND") + encode("EXEC"))
+    replies = [c.read()[1] for _ in range(4)]
+    assert replies[:2] == [b"+OK\r\n", b"+QUEUED\r\n"] and replies[2].startswith(b"-ERR unknown command")
+    assert replies[3].startswith(b"-EXECABORT")
+    c.send("GET", "User_11_Profile")
+    assert c.read()[1] == b"$1\r\nx\r\n"
+    c.close()
+
+
+def test_client_reply_skip_and_off(kg, r):
+    r.set("User_12_Profile", "a")
+    r.set("User_13_Profile", "b")
+    c = RespConn(kg.port)
+    c.send_raw(encode("CLIENT", "REPLY", "SKIP") + encode("GET", "User_12_Profile") + encode("PING"))
+    assert c.read()[1] == b"+PONG\r\n"
+    c.send_raw(encode("CLIENT", "REPLY", "OFF") + encode("SET", "User_13_Profile", "c") + encode("CLIENT", "REPLY", "ON"))
+    assert c.read()[1] == b"+OK\r\n"
+    c.send("GET", "User_13_Profile")
+    assert c.read()[1] == b"$1\r\nc\r\n"
+    c.close()
+    assert sorted(r.keys("*")) == ["user:12:profile", "user:13:profile"]
+    assert r.get("user:13:profile") == "c"
+
+
+def test_legacy_keys_leave_keeps_the_old_behaviour(server, r):
+    k = Keyguard(server.port, config=LEAVE)
+    try:
+        r.set("User_20_Profile", "old")
+        c = redis.Redis(port=k.port, decode_responses=True)
+        assert c.get("User_20_Profile") is None
+        assert sorted(r.keys("*")) == ["User_20_Profile"]
+        assert k.metric("keyguard_legacy_keys_moved_total") == 0
+    finally:
+        k.stop()
+
+
+def test_a_tenant_moves_only_its_own_old_key(server, r):
+    k = Keyguard(server.port, config=TENANTS)
+    try:
+        r.set("tenant:a:User_30_Profile", "alice's")
+        r.set("tenant:b:User_30_Profile", "bob's")
+        r.set("User_30_Profile", "nobody's")
+        alice = redis.Redis(port=k.port, username="alice", password="alice-secret", decode_responses=True)
+        assert alice.get("User_30_Profile") == "alice's"
+        assert sorted(r.keys("*")) == ["User_30_Profile", "tenant:a:user:30:profile", "tenant:b:User_30_Profile"]
+        c = RespConn(k.port)
+        c.send_raw(encode("AUTH", "alice", "alice-secret") + encode("MULTI") + encode("GET", "User_30_Profile") +
+                   encode("KEYS", "*") + encode("EXEC"))
+        assert [c.read()[1] for _ in range(5)] == [
+            b"+OK\r\n", b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
+            b"*2\r\n$7\r\nalice's\r\n*1\r\n$15\r\nuser:30:profile\r\n"]
+        c.close()
+    finally:
+        k.stop()
+
+
+def test_an_upstream_refusal_of_the_move_is_counted_and_the_command_goes_on(server, r):
+    """An ACL user that may GET but not EVAL: the move fails, the read still answers (the new
+    name), and the failure is counted and logged."""
+    r.execute_command("ACL", "SETUSER", "app", "on", ">app-secret", "~*", "+@all", "-eval")
+    config = REWRITE + "upstream_auth:\n  user: app\n  password_file: %s\n"
+    fd, path = tempfile.mkstemp(prefix="kg-pass-")
+    with os.fdopen(fd, "w") as f:
+        f.write("app-secret")
+    k = Keyguard(server.port, config=config % path)
+    try:
+        r.set("User_40_Profile", "old")
+        c = redis.Redis(port=k.port, decode_responses=True)
+        assert c.get("User_40_Profile") is None
+        assert k.metric("keyguard_legacy_move_errors_total") == 1
+        assert any(l.get("event") == "legacy_move_failed" for l in k.log_lines())
+    finally:
+        k.stop()
+        os.unlink(path)
+        r.execute_command("ACL", "DELUSER", "app")
+
+
+LIVE_KEYS = 100_000
+MIGRATE = REWRITE + """
+migrations:
+  - {name: profiles, match: 'User_*_Profile', rule: legacy-profile, max_ops_per_second: 0}
+"""
+
+
+def test_live_switch_with_a_writer_a_reader_and_migrate_at_once(server, r):
+    """100k old keys; a writer and a reader through keyguard while `keyguard migrate` copies,
+    verifies and cleans up. Every read returns the latest value the writer had written when the
+    read began (or later); afterwards only new names exist, each with its latest value."""
+    fd, path = tempfile.mkstemp(suffix=".yaml", prefix="kg-live-")
+    with os.fdopen(fd, "w") as f:
+        f.write(MIGRATE)
+    k = Keyguard(server.port, config=REWRITE, threads=2)
+    try:
+        pipe = r.pipeline(transaction=False)
+        for i in range(LIVE_KEYS):
+            pipe.set("User_%d_Profile" % i, "%d:0" % i)
+            if len(pipe) >= 5000:
+                pipe.execute()
+        pipe.execute()
+        last = {}  # key -> the last version the writer had acknowledged
+        lock = threading.Lock()
+        stop = threading.Event()
+        stale = []
+        reads = [0]
+        hot = list(range(0, LIVE_KEYS, 37))
+
+        def writer():
+            w = redis.Redis(port=k.port, decode_responses=True)
+            rnd = random.Random(1)
+            version = 0
+            while not stop.is_set():
+                version += 1
+                batch = w.pipeline(transaction=False)
+                picked = rnd.sample(hot, 20)
+                for i in picked:
+                    batch.set("User_%d_Profile" % i, "%d:%d" % (i, version))
+                batch.execute()
+                with lock:
+                    for i in picked:
+                        last[i] = version
+
+        def reader():
+            c = redis.Redis(port=k.port, decode_responses=True)
+            rnd = random.Random(2)
+            while not stop.is_set():
+                i = rnd.choice(hot) if rnd.random() < 0.7 else rnd.randrange(LIVE_KEYS)
+                with lock:
+                    floor = last.get(i, 0)
+                got = c.get("User_%d_Profile" % i)
+                reads[0] += 1
+                if got is None or int(got.split(":")[1]) < floor:
+                    stale.append((i, got, floor))
+
+        threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+        for t in threads:
+            t.start()
+        try:
+            def step(name, *args):
+                return subprocess.run([KEYGUARD, "migrate", "--config", path, "--upstream", "127.0.0.1:%d" % server.port,
+                                       "--migration", "profiles", name, "--no-progress", *args],
+                                      capture_output=True, text=True, timeout=600)
+            copy = step("copy")
+            assert copy.returncode in (0, 1), copy.stdout[-2000:] + copy.stderr
+            cleanup = step("cleanup")
+            assert cleanup.returncode in (0, 1), cleanup.stdout[-2000:] + cleanup.stderr
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        print("live switch: %d reads, %d keys written, %d moved by traffic" %
+              (reads[0], len(last), k.metric("keyguard_legacy_keys_moved_total")))
+        assert reads[0] > 100 and last, (reads, len(last))
+        assert not stale, stale[:5]
+        # The app writes through keyguard only: a second pass has nothing left to disagree on.
+        assert step("copy").returncode == 0
+        final = step("cleanup")
+        assert final.returncode == 0, final.stdout[-2000:]
+        assert r.keys("User_*") == []
+        assert r.dbsize() == LIVE_KEYS
+        pipe = r.pipeline(transaction=False)
+        for i in range(LIVE_KEYS):
+            pipe.get("user:%d:profile" % i)
+        got = pipe.execute()
+        wrong = [i for i in range(LIVE_KEYS) if got[i] != "%d:%d" % (i, last.get(i, 0))]
+        assert not wrong, [(i, got[i], last.get(i, 0)) for i in wrong[:5]]
+    finally:
+        k.stop()
+        os.unlink(path)
