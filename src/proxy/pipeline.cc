@@ -78,6 +78,7 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
   v_.reply_check = 0;
   v_.walk = tenant::Walk::kNone;
   v_.prelude = {};
+  v_.renamed = {};
   if (!v_.message.empty()) v_.message.clear();
   // The gate has nothing to say about a logged-in tenant's command that changes no connection
   // state (GET, SET, ...): it runs for AUTH, before login, and for the commands with a role.
@@ -335,6 +336,19 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
   if (rewritten_any) {
     v_.args = policy_args_;
     v_.modified = true;
+    // A reply that names keys names the new ones: they go back to the client's names.
+    const commands::TenantHandling shape = commands::TraitsOf(c.id).tenant;
+    if (shape == commands::TenantHandling::kFirstKey || shape == commands::TenantHandling::kStreams) {
+      renamed_.clear();
+      for (const commands::KeyRef& ref : key_refs_) {
+        if (policy_args_[ref.pos].data() != args[ref.pos].data())
+          renamed_.emplace_back(policy_args_[ref.pos], args[ref.pos]);
+      }
+      v_.renamed = renamed_;
+      v_.renamed_shape =
+          static_cast<uint8_t>(shape == commands::TenantHandling::kFirstKey ? tenant::ReplyRewrite::kFirstKey
+                                                                            : tenant::ReplyRewrite::kStreams);
+    }
   }
   return true;
 }

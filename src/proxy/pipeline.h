@@ -110,6 +110,10 @@ struct Verdict {
   // under a rewrite rule's old names to their new names (LegacyKeys MOVE). Its reply is the number
   // of keys moved, and is not the client's.
   std::span<const std::string_view> prelude;
+  // kForward: the key names the reply carries (BLPOP's, XREAD's: `renamed_shape`, a
+  // tenant::ReplyRewrite) that the key policy renamed: (new name, the client's).
+  std::span<const std::pair<std::string_view, std::string_view>> renamed;
+  uint8_t renamed_shape = 0;
 };
 
 // The script of a Verdict's prelude: for each pair of keys (old name, new name), RENAME the old
@@ -154,9 +158,10 @@ class CommandPipeline {
   // Rewritten keys whose rule moves legacy keys: the position and the client's (old) name.
   std::vector<std::pair<uint32_t, std::string_view>> legacy_;
   std::vector<std::string_view> prelude_;  // EVAL, the script, the key count, then the keys
-  std::string legacy_count_;               // the key count
-  std::string legacy_space_;               // tenants' prefixed old names
-  hygiene::ArgEditor edit_;                // the detectors' rewrites, and every owned string
+  std::vector<std::pair<std::string_view, std::string_view>> renamed_;
+  std::string legacy_count_;  // the key count
+  std::string legacy_space_;  // tenants' prefixed old names
+  hygiene::ArgEditor edit_;   // the detectors' rewrites, and every owned string
 };
 
 // A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the

@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <cstddef>
+#include <deque>
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
@@ -40,6 +42,7 @@ struct Pending {
   uint32_t key_len = 0;     // with `keyed`: the key, in the queue's key arena
   uint64_t key_off = 0;
   bool keyed = false;          // the key (args[1]) is in the key arena, for reply_check or hot keys
+  bool renamed = false;        // the reply's key names go back to the client's (ReplyQueue::RenamesOf)
   uint32_t request_bytes = 0;  // hot keys: the request's bytes; 0 when the command is not tracked
   // Tenancy: what the reply must be if the server's transaction state is the one keyguard
   // filters replies by; anything else means the two differ, and the connection is closed.
@@ -72,6 +75,12 @@ inline bool AsExpected(Pending::Expect expect, char type, std::string_view line)
   }
   return false;
 }
+
+// The key names a command's reply carries that the key policy renamed: (new name, the client's).
+struct Renames {
+  uint8_t shape = 0;  // tenant::ReplyRewrite kFirstKey or kStreams
+  std::vector<std::pair<std::string, std::string>> names;
+};
 
 class ReplyQueue {
  public:
@@ -118,6 +127,7 @@ class ReplyQueue {
   }
   // Ends the head entry. Keys of entries no longer pending are dropped from the arena.
   void Pop() {
+    if (front().renamed) renames_.pop_front();
     head_ = (head_ + 1) & (ring_.size() - 1);
     --size_;
     if (!key_arena_.empty() && (size_ == 0 || key_arena_.size() >= kTrimBytes)) TrimKeys();
@@ -141,7 +151,16 @@ class ReplyQueue {
   void Clear() {
     head_ = size_ = 0;
     ClearKeys();
+    renames_.clear();
   }
+
+  // The names `p`'s reply carries that were renamed: `p` must be the entry about to be pushed.
+  void AttachRenames(Pending* p, Renames r) {
+    p->renamed = true;
+    renames_.push_back(std::move(r));
+  }
+  // The head entry's renames (front().renamed).
+  const Renames& HeadRenames() const { return renames_.front(); }
 
   // The command's first key, kept for its reply (hygiene, hot keys): `p` must be the entry about
   // to be pushed, and keys are attached in push order.
@@ -184,6 +203,7 @@ class ReplyQueue {
   // position), so the consumed front can be dropped without touching the entries.
   std::string key_arena_;
   uint64_t key_arena_base_ = 0;
+  std::deque<Renames> renames_;  // of the entries with `renamed`, in queue order
 };
 
 }  // namespace keyguard::proxy

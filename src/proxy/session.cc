@@ -335,6 +335,9 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   }
   // keyguard's own command to send first, encoded while the views it takes are valid.
   const std::string_view own = v.prelude.empty() ? std::string_view() : Encode(v.prelude);
+  Renames renames;  // allocates only for a reply that names renamed keys
+  for (const auto& [to, from] : v.renamed) renames.names.emplace_back(to, from);
+  renames.shape = v.renamed_shape;
   Pending p;
   p.rewrite = v.rewrite;
   p.command = c.id;
@@ -366,6 +369,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     return;
   }
   const bool reset = p.kind == Kind::kReset;
+  if (!renames.names.empty()) queue_.AttachRenames(&p, std::move(renames));
   queue_.Push(std::move(p));
   if (reset) SendUpstreamAuth(/*send_now=*/false);
 }
@@ -733,29 +737,10 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
       // The client asked not to see it.
     } else if (front->kind == Kind::kExecAbort) {
       AppendOut(kExecAbort);
-    } else if (reply_tenant_ == nullptr && front->rewrite != 0) {
-      // EXEC of a transaction keyguard queued its own command in: that element goes.
-      std::string out;
-      if (tenant::DropOwnElements(front->exec_rewrites, frame, &out) == tenant::ReplyAction::kReplace) {
-        held_.push_back(std::move(out));
-        AppendOut(held_.back());
-      } else {
-        AppendOut(frame);
-      }
-    } else if (reply_tenant_ != nullptr && (front->rewrite != 0 || type == '-' || type == '!')) {
-      std::string out;
-      switch (tenant::RewriteReply(*worker_.config.tenancy, *reply_tenant_,
-                                   static_cast<tenant::ReplyRewrite>(front->rewrite), front->exec_rewrites, frame,
-                                   &out)) {
-        case tenant::ReplyAction::kPass: AppendOut(frame); break;
-        case tenant::ReplyAction::kReplace:
-        case tenant::ReplyAction::kDrop:  // never for a command's reply
-          held_.push_back(std::move(out));
-          AppendOut(held_.back());
-          break;
-      }
-    } else {
+    } else if (front->rewrite == 0 && !front->renamed && (reply_tenant_ == nullptr || (type != '-' && type != '!'))) {
       AppendOut(frame);
+    } else {
+      AppendOut(RewrittenReply(*front, type, frame));
     }
     if (front->kind == Kind::kSubscribe) {
       // Not a confirmation (an error such as NOAUTH): the command is over.
@@ -776,6 +761,29 @@ bool Session::ProcessUpstreamBytes(size_t* hint) {
   upstream_buf_.Consume(pos);
   NotifyQueue();
   return ok;
+}
+
+std::string_view Session::RewrittenReply(const Pending& p, char type, std::string_view frame) {
+  std::string_view reply = frame;
+  std::string out;
+  auto replace = [&](tenant::ReplyAction action) {
+    // kDrop never comes for a command's reply.
+    if (action == tenant::ReplyAction::kPass) return;
+    held_.push_back(std::move(out));
+    reply = held_.back();
+  };
+  if (reply_tenant_ != nullptr && (p.rewrite != 0 || type == '-' || type == '!')) {
+    replace(tenant::RewriteReply(*worker_.config.tenancy, *reply_tenant_, static_cast<tenant::ReplyRewrite>(p.rewrite),
+                                 p.exec_rewrites, frame, &out));
+  } else if (reply_tenant_ == nullptr && p.rewrite != 0) {
+    // EXEC of a transaction keyguard queued its own command in: that element goes.
+    replace(tenant::DropOwnElements(p.exec_rewrites, frame, &out));
+  }
+  if (p.renamed) {
+    const Renames& r = queue_.HeadRenames();
+    replace(tenant::RenameKeys(static_cast<tenant::ReplyRewrite>(r.shape), r.names, reply, &out));
+  }
+  return reply;
 }
 
 void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now) {

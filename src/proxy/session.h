@@ -73,6 +73,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Sends keyguard's own command ahead of the client's (a Verdict's prelude) under the client's
   // reply mode.
   void SendOwn(std::string_view command, ConnectionState::ReplyMode mode);
+  // The reply `frame` of the head entry `p` as the client sees it: confined to the tenant, without
+  // keyguard's own EXEC elements, with renamed keys under the client's names (kept in held_).
+  std::string_view RewrittenReply(const Pending& p, char type, std::string_view frame);
   // Delivers an out-of-band frame (pub/sub message, push), confined to the tenant.
   void DeliverPush(std::string_view frame);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY

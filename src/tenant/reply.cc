@@ -29,6 +29,25 @@ bool DropOwn(Value& v, std::span<const uint8_t> exec) {
   return true;
 }
 
+// Calls `key` on each key name in the reply `v` of a command whose reply shape is `kind` (kFirstKey:
+// [key, ...]; kStreams: [[key, entries], ...] or, in RESP3, {key: entries}); false as soon as
+// `key` returns false.
+template <typename F>
+bool NamedKeys(ReplyRewrite kind, Value& v, F key) {
+  if (v.null) return true;
+  if (kind == ReplyRewrite::kFirstKey) return v.elements.empty() || key(v.elements[0]);
+  if (v.type == '%') {
+    for (size_t i = 0; i < v.elements.size(); i += 2) {
+      if (!key(v.elements[i])) return false;
+    }
+    return true;
+  }
+  for (Value& s : v.elements) {
+    if (!s.elements.empty() && !key(s.elements[0])) return false;
+  }
+  return true;
+}
+
 // One rewrite: the tenant, and the strings made on the way (values point into them).
 class Editor {
  public:
@@ -155,20 +174,8 @@ class Editor {
         if (v.elements.size() == 2) Keys(v.elements[1]);
         return true;
       case ReplyRewrite::kFirstKey:
-        if (!v.null && !v.elements.empty() && !Key(v.elements[0])) return false;
-        return true;
+      case ReplyRewrite::kStreams: return NamedKeys(kind, v, [&](Value& k) { return Key(k); });
       case ReplyRewrite::kBulkKey: return Key(v);
-      case ReplyRewrite::kStreams:
-        if (v.type == '%') {
-          for (size_t i = 0; i < v.elements.size(); i += 2) {
-            if (!Key(v.elements[i])) return false;
-          }
-        } else if (!v.null) {
-          for (Value& s : v.elements) {
-            if (!s.elements.empty() && !Key(s.elements[0])) return false;
-          }
-        }
-        return true;
       case ReplyRewrite::kChannelArray: Keep(v, [&](Value& c) { return Channel(c); }); return true;
       case ReplyRewrite::kChannelCounts: {
         std::vector<Value> kept;
@@ -251,6 +258,28 @@ ReplyAction DropOwnElements(std::span<const uint8_t> exec, std::string_view fram
     return ReplyAction::kPass;
   }
   if (!DropOwn(*v, exec)) return ReplyAction::kPass;
+  out->clear();
+  resp::AppendValue(out, *v);
+  return ReplyAction::kReplace;
+}
+
+ReplyAction RenameKeys(ReplyRewrite shape, std::span<const std::pair<std::string, std::string>> names,
+                       std::string_view frame, std::string* out) {
+  std::optional<Value> v = resp::ParseValue(frame);
+  if (!v || v->type == '-' || v->type == '!') return ReplyAction::kPass;
+  bool changed = false;
+  NamedKeys(shape, *v, [&](Value& k) {
+    if (!IsString(k)) return true;
+    for (const auto& [to, from] : names) {
+      if (k.text == to) {
+        k.text = from;
+        changed = true;
+        break;
+      }
+    }
+    return true;
+  });
+  if (!changed) return ReplyAction::kPass;
   out->clear();
   resp::AppendValue(out, *v);
   return ReplyAction::kReplace;

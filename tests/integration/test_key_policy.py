@@ -185,8 +185,8 @@ def test_rewrite_legacy_example_stores_the_new_names(fresh):
         assert r.zunionstore("User_5_Profile", ["User_3_Profile", "User_4_Profile"]) == 2
         assert direct(fresh).zrange("user:5:profile", 0, -1) == [b"m", b"n"]
         r.xadd("User_6_Profile", {"f": "v"}, id="1-1")
-        # Replies carry the stored name (mapping names back in replies comes with tenant stripping).
-        assert r.xread({"User_6_Profile": "0"}) == [[b"user:6:profile", [(b"1-1", {b"f": b"v"})]]]
+        # A reply that names the keys the command was given names them as the client did.
+        assert r.xread({"User_6_Profile": "0"}) == [[b"User_6_Profile", [(b"1-1", {b"f": b"v"})]]]
         assert r.eval("return redis.call('GET', KEYS[1])", 1, "User_1_Profile") == b"a"
         assert r.delete("User_1_Profile", "User_2_Profile") == 2
         assert direct(fresh).exists("user:1:profile", "user:2:profile") == 0

@@ -128,6 +128,27 @@ def test_client_reply_skip_and_off(kg, r):
     assert r.get("user:13:profile") == "c"
 
 
+def test_replies_name_keys_as_the_client_did(kg, r):
+    r.rpush("User_50_Profile", "a")  # moved by the BLPOP
+    c = RespConn(kg.port)
+    c.send("BLPOP", "other", "User_50_Profile", "1")
+    assert c.read()[1] == b"*2\r\n$15\r\nUser_50_Profile\r\n$1\r\na\r\n"
+    c.send("RPUSH", "User_51_Profile", "x", "y")
+    assert c.read()[1] == b":2\r\n"
+    c.send("LMPOP", "2", "other", "User_51_Profile", "LEFT")
+    assert c.read()[1] == b"*2\r\n$15\r\nUser_51_Profile\r\n*1\r\n$1\r\nx\r\n"
+    c.send("XADD", "User_52_Profile", "1-1", "f", "v")
+    assert c.read()[1] == b"$3\r\n1-1\r\n"
+    c.send("XREAD", "STREAMS", "User_52_Profile", "user:53:profile", "0", "0")
+    assert c.read()[1] == b"*1\r\n*2\r\n$15\r\nUser_52_Profile\r\n*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
+    c.send("HELLO", "3")
+    c.read()
+    c.send("XREAD", "STREAMS", "User_52_Profile", "0")
+    assert c.read()[1] == b"%1\r\n$15\r\nUser_52_Profile\r\n*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
+    c.close()
+    assert sorted(r.keys("*")) == ["user:51:profile", "user:52:profile"]
+
+
 def test_legacy_keys_leave_keeps_the_old_behaviour(server, r):
     k = Keyguard(server.port, config=LEAVE)
     try:
@@ -149,11 +170,14 @@ def test_a_tenant_moves_only_its_own_old_key(server, r):
         alice = redis.Redis(port=k.port, username="alice", password="alice-secret", decode_responses=True)
         assert alice.get("User_30_Profile") == "alice's"
         assert sorted(r.keys("*")) == ["User_30_Profile", "tenant:a:user:30:profile", "tenant:b:User_30_Profile"]
+        r.rpush("tenant:a:User_31_Profile", "q")
         c = RespConn(k.port)
-        c.send_raw(encode("AUTH", "alice", "alice-secret") + encode("MULTI") + encode("GET", "User_30_Profile") +
+        c.send_raw(encode("AUTH", "alice", "alice-secret") + encode("BLPOP", "User_31_Profile", "1"))
+        assert [c.read()[1] for _ in range(2)] == [b"+OK\r\n", b"*2\r\n$15\r\nUser_31_Profile\r\n$1\r\nq\r\n"]
+        c.send_raw(encode("MULTI") + encode("GET", "User_30_Profile") +
                    encode("KEYS", "*") + encode("EXEC"))
-        assert [c.read()[1] for _ in range(5)] == [
-            b"+OK\r\n", b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
+        assert [c.read()[1] for _ in range(4)] == [
+            b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
             b"*2\r\n$7\r\nalice's\r\n*1\r\n$15\r\nuser:30:profile\r\n"]
         c.close()
     finally:

@@ -165,6 +165,13 @@ TEST(PipelineTest, KeyPolicyRewriteChangesOnlyTheKeyAndCountsIt) {
   EXPECT_FALSE(next.modified);
   EXPECT_EQ(c.upstream, "GET other");
   EXPECT_EQ(c.prelude, "");
+  // A reply that names keys (BLPOP's) goes back to the client's names.
+  const Verdict& blpop = c.Run("BLPOP other User_5_Profile 1");
+  ASSERT_EQ(blpop.renamed.size(), 1u);
+  EXPECT_EQ(blpop.renamed[0].first, "user:5:profile");
+  EXPECT_EQ(blpop.renamed[0].second, "User_5_Profile");
+  EXPECT_EQ(blpop.renamed_shape, static_cast<uint8_t>(tenant::ReplyRewrite::kFirstKey));
+  EXPECT_TRUE(c.Run("MGET User_1_Profile").renamed.empty());  // its reply names no key
   c.Run("MGET User_1_Profile user:2:profile User_3_Profile");
   EXPECT_EQ(c.upstream, "MGET user:1:profile user:2:profile user:3:profile");
   EXPECT_EQ(c.prelude, Move("4 User_1_Profile user:1:profile User_3_Profile user:3:profile"));

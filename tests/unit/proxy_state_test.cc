@@ -104,6 +104,34 @@ TEST(ConnectionStateTest, KeyguardsOwnCommandInsideMultiLeavesExecsReply) {
   EXPECT_EQ(Send(s, "EXEC").p.rewrite, 0);
 }
 
+TEST(ReplyQueueTest, RenamedKeysGoBackToTheClientsNamesInTheReplysShape) {
+  const std::vector<std::pair<std::string, std::string>> names = {{"user:5:profile", "User_5_Profile"}};
+  std::string out;
+  using tenant::ReplyAction;
+  using tenant::ReplyRewrite;
+  EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kFirstKey, names, "*2\r\n$14\r\nuser:5:profile\r\n$1\r\na\r\n", &out),
+            ReplyAction::kReplace);
+  EXPECT_EQ(out, "*2\r\n$14\r\nUser_5_Profile\r\n$1\r\na\r\n");
+  EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kFirstKey, names, "*2\r\n$5\r\nother\r\n$1\r\na\r\n", &out),
+            ReplyAction::kPass);
+  EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kFirstKey, names, "*-1\r\n", &out), ReplyAction::kPass);
+  EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kStreams, names, "%1\r\n$14\r\nuser:5:profile\r\n*0\r\n", &out),
+            ReplyAction::kReplace);
+  EXPECT_EQ(out, "%1\r\n$14\r\nUser_5_Profile\r\n*0\r\n");
+  // The queue keeps each entry's renames in order and drops them with it.
+  ReplyQueue q;
+  Pending a, b;
+  q.AttachRenames(&a, Renames{1, names});
+  q.Push(std::move(a));
+  q.Push(std::move(b));
+  ASSERT_TRUE(q.front().renamed);
+  EXPECT_EQ(q.HeadRenames().names, names);
+  q.Pop();
+  EXPECT_FALSE(q.front().renamed);
+  q.Pop();
+  EXPECT_TRUE(q.empty());
+}
+
 TEST(ConnectionStateTest, ARefusalInsideMultiTurnsExecIntoDiscard) {
   ConnectionState s;
   Send(s, "MULTI");

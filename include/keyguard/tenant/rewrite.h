@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
@@ -105,6 +106,12 @@ ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewr
 // connection without a tenant. kReplace puts the new frame in `out`; an EXEC reply whose element
 // count is not exec's (or any reply but an array) is passed as it is.
 ReplyAction DropOwnElements(std::span<const uint8_t> exec, std::string_view frame, std::string* out);
+
+// The key names in the reply `frame` of a command whose keys the key policy renamed, back to the
+// names the client used: each (new, old) pair of `names` in the reply's shape (kFirstKey or
+// kStreams). kReplace puts the new frame in `out`.
+ReplyAction RenameKeys(ReplyRewrite shape, std::span<const std::pair<std::string, std::string>> names,
+                       std::string_view frame, std::string* out);
 
 // Rewrites an out-of-band frame: pub/sub messages and subscribe confirmations (RESP2 arrays or
 // RESP3 pushes), keyspace/keyevent notifications, tracking invalidations. kDrop when the frame
