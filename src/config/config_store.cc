@@ -87,7 +87,8 @@ std::string DescribeConfig(const ProxyConfig& c) {
   for (const auto& r : c.key_policy->rules()) {
     absl::StrAppend(&out, "  - rule: ", r.name, "\n    action: ", policy::ActionName(r.action), "\n");
     if (r.action == policy::Action::kRewrite && r.kind == policy::Rule::Kind::kUser) {
-      absl::StrAppend(&out, "    legacy_keys: ", r.move_legacy ? "move" : "leave", "\n");
+      absl::StrAppend(&out, "    legacy_keys: ", r.move_legacy ? "move" : "leave",
+                      "\n    reversible: ", r.reverse != nullptr ? "yes" : "no", "\n");
     }
     if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0)
       absl::StrAppend(&out, "    scoped: true\n");

@@ -2,9 +2,11 @@
 #include "keyguard/policy/key_policy.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "keyguard/common/views.h"
 #include "keyguard/config/v1/config.pb.h"
 #include "re2/re2.h"
 
@@ -77,6 +79,109 @@ bool WellFormedHashTag(std::string_view key) {
 }
 
 }  // namespace
+
+bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule) {
+  // The pattern: literal pieces and the text of each capture group, in order.
+  std::string_view p = pattern;
+  if (p.starts_with('^')) p.remove_prefix(1);
+  if (p.ends_with('$') && !p.ends_with("\\$")) p.remove_suffix(1);
+  std::vector<std::string> literals(1);  // literals[i] comes before group i (1-based), the last after all
+  std::vector<std::string_view> groups;
+  for (size_t i = 0; i < p.size();) {
+    const char c = p[i];
+    if (c == '\\') {
+      if (i + 1 >= p.size() || std::isalnum(static_cast<unsigned char>(p[i + 1]))) return false;  // \d, \b, ...
+      literals.back().push_back(p[i + 1]);
+      i += 2;
+    } else if (c == '(') {
+      if (i + 1 < p.size() && p[i + 1] == '?') return false;
+      size_t j = i + 1;
+      bool in_class = false;
+      for (; j < p.size(); ++j) {
+        if (p[j] == '\\') {
+          ++j;
+        } else if (in_class) {
+          in_class = p[j] != ']';
+        } else if (p[j] == '[') {
+          in_class = true;
+        } else if (p[j] == '(') {
+          return false;  // a nested group renumbers the rest
+        } else if (p[j] == ')') {
+          break;
+        }
+      }
+      if (j >= p.size()) return false;
+      groups.push_back(p.substr(i + 1, j - i - 1));
+      literals.emplace_back();
+      i = j + 1;
+    } else if (std::string_view(".*+?[]{}|)^$").find(c) != std::string_view::npos) {
+      return false;
+    } else {
+      literals.back().push_back(c);
+      ++i;
+    }
+  }
+  // The template (RE2's form, \1..\9): each group once, literal text between two groups.
+  std::string forward = "^";
+  std::vector<int> order;  // group numbers in template order
+  std::string piece;
+  bool last_was_group = false;
+  for (size_t i = 0; i < rewrite.size(); ++i) {
+    if (rewrite[i] == '\\' && i + 1 < rewrite.size() && IsDigit(rewrite[i + 1])) {
+      const int g = rewrite[i + 1] - '0';
+      if (g < 1 || g > static_cast<int>(groups.size())) return false;
+      if (std::find(order.begin(), order.end(), g) != order.end()) return false;
+      if (last_was_group && piece.empty()) return false;
+      forward += re2::RE2::QuoteMeta(piece);
+      piece.clear();
+      absl::StrAppend(&forward, "(", AsAbsl(groups[g - 1]), ")");
+      order.push_back(g);
+      last_was_group = true;
+      ++i;
+    } else if (rewrite[i] == '\\' && i + 1 < rewrite.size()) {
+      piece.push_back(rewrite[++i]);
+    } else {
+      piece.push_back(rewrite[i]);
+    }
+  }
+  forward += re2::RE2::QuoteMeta(piece) + "$";
+  if (order.size() != groups.size()) return false;
+  auto re = std::make_shared<re2::RE2>(forward, re2::RE2::Quiet);
+  if (!re->ok() || re->NumberOfCapturingGroups() != static_cast<int>(groups.size())) return false;
+  // The old name: the pattern's literals around the groups, each group from its place in the template.
+  std::string back;
+  auto literal = [&](const std::string& text) {
+    for (char ch : text) {
+      if (ch == '\\') back.push_back('\\');
+      back.push_back(ch);
+    }
+  };
+  for (size_t g = 0; g < groups.size(); ++g) {
+    literal(literals[g]);
+    const auto at = std::find(order.begin(), order.end(), static_cast<int>(g + 1)) - order.begin();
+    absl::StrAppend(&back, "\\", at + 1);
+  }
+  literal(literals.back());
+  rule->reverse = std::move(re);
+  rule->reverse_rewrite = std::move(back);
+  return true;
+}
+
+std::optional<std::string> KeyPolicy::OldName(std::string_view key) const {
+  if (!has_reversible_) return std::nullopt;
+  const re2::StringPiece k(key.data(), key.size());
+  for (const Rule& r : rules_) {
+    if (r.reverse == nullptr || !re2::RE2::FullMatch(k, *r.reverse)) continue;
+    std::string old, again;
+    if (!re2::RE2::Extract(k, *r.reverse, r.reverse_rewrite, &old)) continue;
+    if (!re2::RE2::Extract(old, *r.pattern, r.rewrite, &again) || !re2::RE2::FullMatch(old, *r.pattern) ||
+        again != key) {
+      continue;
+    }
+    return old;
+  }
+  return std::nullopt;
+}
 
 bool MayCreateKey(uint32_t key_flags, const commands::CommandSpec& spec) {
   if (key_flags & (commands::kKeyOw | commands::kKeyInsert)) return true;
@@ -168,6 +273,7 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
       return FieldError(path + ".rewrite", "required when the action is rewrite");
     }
     rule.move_legacy = rule.action == Action::kRewrite && u.legacy_keys() != pb::LEAVE;
+    if (!rule.rewrite.empty() && ReverseRule(u.pattern(), rule.rewrite, &rule)) policy->has_reversible_ = true;
     auto scope = CompileScope(u.scope(), path + ".scope");
     if (!scope.ok()) return scope.status();
     rule.scope = *std::move(scope);

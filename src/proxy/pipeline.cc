@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <deque>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +13,8 @@
 #include "keyguard/common/json_line.h"
 #include "keyguard/common/views.h"
 #include "keyguard/policy/key_pattern.h"
+#include "keyguard/resp/value.h"
+#include "keyguard/resp/encoder.h"
 
 namespace keyguard::proxy {
 namespace {
@@ -434,6 +438,40 @@ void CommandPipeline::Warn(const CommandContext& c, const policy::Rule& rule, st
   line.Str("rule", rule.name).Str("key", key).Str("command", commands::CommandName(c.id));
   if (!suggestion.empty()) line.Str("suggestion", suggestion);
   line.Str("client", c.client).Str("client_name", c.state->client_name()).Write(stderr);
+}
+
+tenant::ReplyAction InvalidateOldNames(const policy::KeyPolicy& policy, std::string_view frame, std::string* out) {
+  if (!policy.has_reversible_rules() || frame.find("invalidate") == std::string_view::npos) {
+    return tenant::ReplyAction::kPass;
+  }
+  std::optional<resp::Value> v = resp::ParseValue(frame);
+  if (!v || v->elements.empty()) return tenant::ReplyAction::kPass;
+  auto& e = v->elements;
+  const auto is = [](const resp::Value& x, std::string_view text) {
+    return !x.null && (x.type == '$' || x.type == '+') && commands::EqualsIgnoreCase(x.text, text);
+  };
+  resp::Value* keys = nullptr;
+  if (v->type == '>' && e.size() == 2 && is(e[0], "invalidate")) {
+    keys = &e[1];
+  } else if (v->type == '*' && e.size() == 3 && is(e[0], "message") && is(e[1], "__redis__:invalidate")) {
+    keys = &e[2];
+  }
+  if (keys == nullptr || keys->null || keys->elements.empty()) return tenant::ReplyAction::kPass;
+  std::deque<std::string> names;
+  std::vector<resp::Value> with_old;
+  for (resp::Value& k : keys->elements) {
+    std::optional<std::string> old = k.null ? std::nullopt : policy.OldName(k.text);
+    with_old.push_back(k);
+    if (!old) continue;
+    resp::Value o = k;
+    o.text = names.emplace_back(*std::move(old));
+    with_old.push_back(std::move(o));
+  }
+  if (with_old.size() == keys->elements.size()) return tenant::ReplyAction::kPass;
+  keys->elements = std::move(with_old);
+  out->clear();
+  resp::AppendValue(out, *v);
+  return tenant::ReplyAction::kReplace;
 }
 
 }  // namespace keyguard::proxy

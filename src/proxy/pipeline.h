@@ -168,6 +168,12 @@ class CommandPipeline {
 // backslash) as \xNN, at most 64 bytes of the key, then its size.
 std::string KeyInError(std::string_view key);
 
+// A tracking invalidation (a RESP3 `invalidate` push, or RESP2's message on
+// __redis__:invalidate to a REDIRECT connection) with, after each key a reversible rewrite rule
+// made, the old name it was made from: a client that read the old name caches the value under
+// that name. kReplace puts the new frame in `out`; anything else passes.
+tenant::ReplyAction InvalidateOldNames(const policy::KeyPolicy& policy, std::string_view frame, std::string* out);
+
 // Whether the connection has, or may have by the time the server reads the next command, a
 // subscription: a tracked channel or a (un)subscribe still waiting for its confirmations.
 bool MayBeSubscribed(const ConnectionState& state, const ReplyQueue& queue);

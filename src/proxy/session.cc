@@ -614,20 +614,24 @@ awaitable<void> Session::UpstreamPump() {
 void Session::AppendOut(std::string_view bytes) { AppendBuffer(&deliver_, bytes.data(), bytes.size()); }
 
 void Session::DeliverPush(std::string_view frame) {
-  if (worker_.config.tenancy == nullptr) {
-    AppendOut(frame);
-    return;
-  }
-  if (reply_tenant_ == nullptr) return;  // logged out: nobody it may be shown to
   std::string out;
-  switch (tenant::RewritePush(*worker_.config.tenancy, *reply_tenant_, frame, &out)) {
-    case tenant::ReplyAction::kPass: AppendOut(frame); break;
-    case tenant::ReplyAction::kReplace:
-      held_.push_back(std::move(out));
-      AppendOut(held_.back());
-      break;
-    case tenant::ReplyAction::kDrop: break;
+  if (worker_.config.tenancy != nullptr) {
+    if (reply_tenant_ == nullptr) return;  // logged out: nobody it may be shown to
+    switch (tenant::RewritePush(*worker_.config.tenancy, *reply_tenant_, frame, &out)) {
+      case tenant::ReplyAction::kPass: break;
+      case tenant::ReplyAction::kReplace:
+        held_.push_back(std::move(out));
+        frame = held_.back();
+        break;
+      case tenant::ReplyAction::kDrop: return;
+    }
   }
+  // A tracking invalidation names the old names of renamed keys too (reversible rewrite rules).
+  if (InvalidateOldNames(*worker_.stages.live->key_policy, frame, &out) == tenant::ReplyAction::kReplace) {
+    held_.push_back(std::move(out));
+    frame = held_.back();
+  }
+  AppendOut(frame);
 }
 
 bool Session::ProcessUpstreamBytes(size_t* hint) {

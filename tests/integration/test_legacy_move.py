@@ -149,6 +149,37 @@ def test_replies_name_keys_as_the_client_did(kg, r):
     assert sorted(r.keys("*")) == ["user:51:profile", "user:52:profile"]
 
 
+def test_tracking_invalidates_the_old_name_the_client_read(kg, r):
+    """A client-side cache keyed by the old name must hear when the new key changes: the
+    invalidation names both (the rule is reversible)."""
+    c = RespConn(kg.port)
+    c.send("HELLO", "3")
+    c.read()
+    c.send("CLIENT", "TRACKING", "ON")
+    assert c.read()[1] == b"+OK\r\n"
+    c.send("GET", "User_70_Profile")
+    assert c.read()[1] == b"_\r\n"
+    r.set("user:70:profile", "changed")
+    assert c.read()[1] == b">2\r\n$10\r\ninvalidate\r\n*2\r\n$15\r\nuser:70:profile\r\n$15\r\nUser_70_Profile\r\n"
+    c.close()
+    # RESP2: invalidations go to the REDIRECT connection as messages on __redis__:invalidate.
+    sub = RespConn(kg.port)
+    sub.send("CLIENT", "ID")
+    sub_id = int(sub.read()[0])
+    sub.send("SUBSCRIBE", "__redis__:invalidate")
+    sub.read()
+    c = RespConn(kg.port)
+    c.send("CLIENT", "TRACKING", "ON", "REDIRECT", str(sub_id))
+    assert c.read()[1] == b"+OK\r\n"
+    c.send("GET", "User_71_Profile")
+    assert c.read()[1] == b"$-1\r\n"
+    r.set("user:71:profile", "changed")
+    assert sub.read()[1] == (b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*2\r\n$15\r\nuser:71:profile\r\n"
+                             b"$15\r\nUser_71_Profile\r\n")
+    c.close()
+    sub.close()
+
+
 def test_legacy_keys_leave_keeps_the_old_behaviour(server, r):
     k = Keyguard(server.port, config=LEAVE)
     try:

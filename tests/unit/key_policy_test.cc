@@ -138,6 +138,43 @@ TEST(KeyPolicy, ALeadingHashTagStartsWithItsLetter) {
 
 // Which keys a command may create: what the key policy refuses. Reading, expiring, deleting and
 // renaming away an existing bad name is never refused.
+// Whether the rule `pattern` -> `rewrite` ($1 form) can be reversed, and the old name of `key`.
+std::string OldNameOf(const std::string& pattern, const std::string& rewrite, const std::string& key) {
+  auto p = FromYaml("key_policy:\n  rules:\n    - {name: r, pattern: '" + pattern + "', rewrite: '" + rewrite +
+                    "', action: rewrite}\n");
+  if (p == nullptr) return "(bad config)";
+  if (!p->has_reversible_rules()) return "(not reversible)";
+  return p->OldName(key).value_or("(none)");
+}
+
+TEST(KeyPolicy, ReversibleRewriteRulesGiveTheOldNameBack) {
+  struct Case {
+    const char* pattern;
+    const char* rewrite;
+    const char* key;
+    const char* old;
+  };
+  const Case cases[] = {
+      {"^User_(\\d+)_Profile$", "user:$1:profile", "user:1001:profile", "User_1001_Profile"},
+      {"^User_(\\d+)_Profile$", "user:$1:profile", "user:x:profile", "(none)"},
+      {"^User_(\\d+)_Profile$", "user:$1:profile", "order:1:profile", "(none)"},
+      // Groups in another order, escaped literals, an unanchored pattern.
+      {"^Cart\\.([a-z]+)-(\\d+)$", "cart:$2:$1", "cart:7:eu", "Cart.eu-7"},
+      {"Session_([0-9a-f]+)", "session:$1", "session:beef", "Session_beef"},
+      // Checked both ways: a name the rule would not have made has no old name.
+      {"^Item_([0-9]+)$", "item:$1", "item:0x", "(none)"},
+      // Not reversible: a class escape outside a group, a group left out or used twice, two
+      // groups with nothing between them, a nested group, a non-capturing group.
+      {"^User_\\d+_(\\w+)$", "user:$1", "user:a", "(not reversible)"},
+      {"^User_(\\d+)_(\\w+)$", "user:$1", "user:1", "(not reversible)"},
+      {"^User_(\\d+)$", "user:$1:$1", "user:1:1", "(not reversible)"},
+      {"^a(\\d+)b(\\d+)$", "x:$1$2", "x:12", "(not reversible)"},
+      {"^a((\\d)+)$", "x:$1", "x:1", "(not reversible)"},
+      {"^a(?:b)(\\d+)$", "x:$1", "x:1", "(not reversible)"},
+  };
+  for (const Case& c : cases) EXPECT_EQ(OldNameOf(c.pattern, c.rewrite, c.key), c.old) << c.pattern << " " << c.key;
+}
+
 TEST(MayCreateKey, ByKeySpecFlagsAndDenyoom) {
   auto creates = [](std::vector<std::string_view> args) {
     const commands::CommandId id = commands::LookupCommand(args[0]);

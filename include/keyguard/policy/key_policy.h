@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,7 +56,17 @@ struct Rule {
   // kUser with kRewrite: a key stored under the old name is moved to the new one by the first
   // command that names it (LegacyKeys MOVE).
   bool move_legacy = false;
+  // kUser with a rewrite that can be reversed (ReverseRule): new name -> old name.
+  std::shared_ptr<const re2::RE2> reverse;
+  std::string reverse_rewrite;
 };
+
+// The reverse of a rule's rewrite, when the rule can be reversed: its pattern is literal text and
+// capture groups only (anchors allowed; no class escapes, alternation, quantifiers or nested
+// groups outside a group), its template uses every group exactly once, and literal text separates
+// any two groups in the template. Sets `reverse` (matches new names, groups as in the template) and
+// `reverse_rewrite` (builds the old name from them); false otherwise.
+bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule);
 
 // Whether a command may create the key it names at a position with these key-spec flags (a
 // name the key policy refuses): keys it overwrites or inserts (OW, INSERT), and keys it updates
@@ -89,6 +100,10 @@ class KeyPolicy {
   static std::string Normalize(std::string_view key);
 
   const std::vector<Rule>& rules() const { return rules_; }
+  // The old name a reversible rewrite rule made `key` from, checked both ways (the old name
+  // matches the rule and rewrites to `key`); nullopt when no reversible rule did.
+  std::optional<std::string> OldName(std::string_view key) const;
+  bool has_reversible_rules() const { return has_reversible_; }
   // Scripts and functions (KeyPolicy.scripts): the rule whose action applies to unreviewed ones,
   // and whether a script (its SHA1, lowercase hex) or a function (its name) was reviewed.
   const Rule& scripts_rule() const { return scripts_; }
@@ -121,6 +136,7 @@ class KeyPolicy {
   uint8_t class_[256] = {};  // character classes per byte, from punctuation_
   bool slash_allowed_ = false;
   bool has_key_list_rules_ = false;  // user, entity or prefix rules: no fast path
+  bool has_reversible_ = false;
   bool allow_hash_tags_ = true;
   bool normalize_ = true;
   uint32_t max_length_ = 128;
