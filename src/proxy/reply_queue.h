@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <deque>
 #include <iterator>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -154,11 +155,14 @@ class ReplyQueue {
     renames_.clear();
   }
 
-  // The names `p`'s reply carries that were renamed: `p` must be the entry about to be pushed.
-  void AttachRenames(Pending* p, Renames r) {
-    p->renamed = true;
-    renames_.push_back(std::move(r));
+  // The names the reply of the next entry pushed with `renamed` carries that were renamed ((new,
+  // the client's) pairs, copied). UnstageRenames takes them back when no entry follows.
+  void StageRenames(uint8_t shape, std::span<const std::pair<std::string_view, std::string_view>> names) {
+    Renames& r = renames_.emplace_back();
+    r.shape = shape;
+    for (const auto& [to, from] : names) r.names.emplace_back(to, from);
   }
+  void UnstageRenames() { renames_.pop_back(); }
   // The head entry's renames (front().renamed).
   const Renames& HeadRenames() const { return renames_.front(); }
 

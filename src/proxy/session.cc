@@ -333,11 +333,9 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
     bytes = Encode(v.args);
   }
-  // keyguard's own command to send first, encoded while the views it takes are valid.
-  const std::string_view own = v.prelude.empty() ? std::string_view() : Encode(v.prelude);
-  Renames renames;  // allocates only for a reply that names renamed keys
-  for (const auto& [to, from] : v.renamed) renames.names.emplace_back(to, from);
-  renames.shape = v.renamed_shape;
+  if (!v.prelude.empty() || !v.renamed.empty()) [[unlikely]] {
+    ForwardExtras(v, c.mode);
+  }
   Pending p;
   p.rewrite = v.rewrite;
   p.command = c.id;
@@ -347,7 +345,6 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
   const bool hot = worker_.config.hygiene.enabled &&
                    hygiene::HotKeyRequest(worker_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
   if (p.reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
-  if (!own.empty()) SendOwn(own, c.mode);
   const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);
   if (e.stop_reading) stop_reading_ = true;
   if (e.ping_first) ForwardRaw(kPing.data(), kPing.size());
@@ -365,11 +362,12 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     ForwardRaw(bytes.data(), bytes.size());
   }
   if (e.silent) {
+    if (!v.renamed.empty()) queue_.UnstageRenames();
     worker_.shard->CountCommand(c.id, metrics::Outcome::kNoReply);
     return;
   }
   const bool reset = p.kind == Kind::kReset;
-  if (!renames.names.empty()) queue_.AttachRenames(&p, std::move(renames));
+  p.renamed = !v.renamed.empty();
   queue_.Push(std::move(p));
   if (reset) SendUpstreamAuth(/*send_now=*/false);
 }
@@ -412,7 +410,13 @@ void Session::SendInternal(std::string_view command, commands::CommandId id, boo
   }
 }
 
-void Session::SendOwn(std::string_view command, ConnectionState::ReplyMode mode) {
+void Session::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode) {
+  // A reply that names renamed keys: the names are kept (queued for the entry pushed next) before
+  // the pipeline releases them.
+  if (!v.renamed.empty()) queue_.StageRenames(v.renamed_shape, v.renamed);
+  if (v.prelude.empty()) return;
+  // keyguard's own command goes first, encoded while the views it takes are valid.
+  const std::string_view command = Encode(v.prelude);
   ForwardRaw(command.data(), command.size());
   if (mode.silent) {
     // No reply comes for it: under CLIENT REPLY OFF none does; under SKIP it took the skip, and

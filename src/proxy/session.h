@@ -70,9 +70,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Queues keyguard's own `command` (encoded; its reply is not the client's), `id` telling
   // ProcessUpstreamBytes what the reply is for.
   void SendInternal(std::string_view command, commands::CommandId id, bool send_now);
-  // Sends keyguard's own command ahead of the client's (a Verdict's prelude) under the client's
-  // reply mode.
-  void SendOwn(std::string_view command, ConnectionState::ReplyMode mode);
+  // Before the command of `v` goes: sends keyguard's own command ahead of it (a Verdict's prelude)
+  // under the client's reply mode, and keeps the names its reply must give back.
+  void ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode);
   // The reply `frame` of the head entry `p` as the client sees it: confined to the tenant, without
   // keyguard's own EXEC elements, with renamed keys under the client's names (kept in held_).
   std::string_view RewrittenReply(const Pending& p, char type, std::string_view frame);

@@ -121,7 +121,9 @@ TEST(ReplyQueueTest, RenamedKeysGoBackToTheClientsNamesInTheReplysShape) {
   // The queue keeps each entry's renames in order and drops them with it.
   ReplyQueue q;
   Pending a, b;
-  q.AttachRenames(&a, Renames{1, names});
+  const std::pair<std::string_view, std::string_view> views[] = {{names[0].first, names[0].second}};
+  q.StageRenames(1, views);
+  a.renamed = true;
   q.Push(std::move(a));
   q.Push(std::move(b));
   ASSERT_TRUE(q.front().renamed);
