@@ -388,23 +388,27 @@ bool CommandPipeline::MoveLegacy(const CommandContext& c) {
                                "' is an old name keyguard moves to its new one; inside MULTI under CLIENT REPLY "
                                "OFF/SKIP that is not supported"));
   }
-  // The names the server stores: the tenant stage prefixed the new ones; the old ones get the
-  // same prefix here, so a tenant's move stays inside its own keys.
+  // The names the server stores, both built here from the client's (old) name and the key
+  // policy's (new) one with the tenant's prefix: whatever the tenant stage made of the command's
+  // arguments, a tenant's move stays inside its own keys.
   const std::string_view prefix = c.tenant != nullptr ? std::string_view(c.tenant->prefix) : std::string_view();
   size_t total = 0;
-  for (const auto& [pos, old] : legacy_) total += prefix.size() + old.size();
+  for (const auto& [pos, old] : legacy_) total += 2 * prefix.size() + old.size() + policy_args_[pos].size();
   if (legacy_space_.size() < total) legacy_space_.resize(std::max(total, 2 * legacy_space_.size()));
   char* w = legacy_space_.data();
-  legacy_count_ = std::to_string(2 * legacy_.size());
-  prelude_.assign({"EVAL", kMoveLegacyScript, legacy_count_});
-  for (const auto& [pos, old] : legacy_) {
+  const auto stored = [&](std::string_view name) {
     char* const start = w;
     if (!prefix.empty()) std::memcpy(w, prefix.data(), prefix.size());
     w += prefix.size();
-    if (!old.empty()) std::memcpy(w, old.data(), old.size());
-    w += old.size();
-    prelude_.emplace_back(start, static_cast<size_t>(w - start));
-    prelude_.push_back(v_.args[pos]);
+    if (!name.empty()) std::memcpy(w, name.data(), name.size());
+    w += name.size();
+    return std::string_view(start, static_cast<size_t>(w - start));
+  };
+  legacy_count_ = std::to_string(2 * legacy_.size());
+  prelude_.assign({"EVAL", kMoveLegacyScript, legacy_count_});
+  for (const auto& [pos, old] : legacy_) {
+    prelude_.push_back(stored(old));
+    prelude_.push_back(stored(policy_args_[pos]));
   }
   v_.prelude = prelude_;
   return true;
