@@ -103,7 +103,8 @@ class Connection {
                 // next command gets the error, then the connection closes
     kClose,     // `*owed` is what the client is owed; nothing more is read; close once it is out
   };
-  // The upstream failed for `reason` (counted). The upstream is then closed (OnUpstreamClosed).
+  // The upstream failed for `reason` (counted, unless it closed after QUIT). Unless kNone, it is
+  // unregistered and counted gone as by OnUpstreamClosed, and the caller closes its socket.
   AfterFailure OnUpstreamFailed(metrics::UpstreamError reason, std::string* owed);
 
   // Tenancy: a walk step waits for the tenant's rate. The nanoseconds until OnWalkTimer is due,

@@ -4,13 +4,29 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "keyguard/config/config_store.h"
+
+// Heap allocations of this binary, counted so that a test can show a path makes none.
+namespace {
+std::atomic<size_t> allocations{0};
+}  // namespace
+
+void* operator new(size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace keyguard::proxy {
 namespace {
@@ -58,6 +74,23 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
   // What the upstream and the client were sent since the last call, then forgotten.
   std::string TakeUpstream() { return std::exchange(to_upstream_, std::string()); }
   std::string TakeClient() { return std::exchange(to_client_, std::string()); }
+
+  // After a warm-up, `batch` and `replies` through the connection again and again allocate nothing.
+  void ExpectNoAllocationPerCommand(const std::string& batch, const std::string& replies) {
+    for (int i = 0; i < 4; ++i) {  // warm-up: buffers, the ring, the metric handles
+      Client(batch);
+      Upstream(replies);
+    }
+    const size_t before = allocations.load();
+    for (int i = 0; i < 100; ++i) {
+      to_upstream_.clear();  // keeps the harness's own buffers
+      to_client_.clear();
+      Client(batch);
+      Upstream(replies);
+    }
+    EXPECT_EQ(allocations.load() - before, 0u);
+    EXPECT_EQ(to_client_, replies);
+  }
 
   // ConnectionHost.
   bool ClientGone() override { return client_gone_; }
@@ -275,6 +308,24 @@ TEST_F(ConnectionTest, ATenantsMessagesShowItsChannelsWithoutThePrefix) {
       "*3\r\n$9\r\nsubscribe\r\n$10\r\ntenant:a:c\r\n:1\r\n*3\r\n$7\r\nmessage\r\n$10\r\ntenant:a:c\r\n$2\r\nhi\r\n");
   EXPECT_EQ(TakeClient(), "*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n*3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$2\r\nhi\r\n");
   EXPECT_EQ(conn_->pending(), 0u);
+}
+
+std::string Repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+TEST_F(ConnectionTest, SteadyStateAllocatesNothingPerCommand) {
+  const std::string batch =
+      Repeat("*3\r\n$3\r\nSET\r\n$5\r\nkey:1\r\n$3\r\nabc\r\n*2\r\n$3\r\nGET\r\n$5\r\nkey:1\r\n", 8);
+  const std::string replies = Repeat("+OK\r\n$3\r\nabc\r\n", 8);
+  Open(kPlain);
+  ExpectNoAllocationPerCommand(batch, replies);
+  Open("");  // the key policy and the detectors at their defaults
+  ExpectNoAllocationPerCommand(batch, replies);
+  Open(kTenant);  // prefixed keys: spliced into the scratch arena
+  ExpectNoAllocationPerCommand(batch, replies);
 }
 
 constexpr const char* kWalking =
