@@ -144,6 +144,28 @@ TEST_F(ConnectionTest, PipelinedCommandsGoUpstreamAsOneBufferAndRepliesComeBackI
   EXPECT_TRUE(conn_->idle());
 }
 
+// Both sides at every fragment size: the bytes each side gets do not depend on how reads split.
+TEST_F(ConnectionTest, ReadsSplitAnywhereGiveTheSameBytes) {
+  const std::string batch =
+      "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*1\r\n$8\r\nFLUSHALL\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+      "*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$1\r\nb\r\n";
+  const std::string replies =
+      "+OK\r\n$1\r\nv\r\n*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n*3\r\n$9\r\nsubscribe\r\n$1\r\nb\r\n:2\r\n"
+      "*3\r\n$7\r\nmessage\r\n$1\r\na\r\n$2\r\nhi\r\n";
+  const std::string refusal = "-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n";
+  for (size_t size : {batch.size(), size_t{100}, size_t{10}, size_t{5}, size_t{2}, size_t{1}}) {
+    SCOPED_TRACE(size);
+    Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
+    for (size_t i = 0; i < batch.size(); i += size) Client(std::string_view(batch).substr(i, size));
+    for (size_t i = 0; i < replies.size(); i += size) Upstream(std::string_view(replies).substr(i, size));
+    EXPECT_EQ(TakeUpstream(),
+              "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+              "*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$1\r\nb\r\n");
+    EXPECT_EQ(TakeClient(), "+OK\r\n" + refusal + replies.substr(5));
+    EXPECT_EQ(conn_->pending(), 0u);
+  }
+}
+
 TEST_F(ConnectionTest, AClientsCommandSplitAcrossReadsGoesUpstreamOnceComplete) {
   Open(kPlain);
   Client("*2\r\n$3\r\nGET\r\n$1");
