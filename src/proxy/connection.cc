@@ -32,15 +32,25 @@ uint64_t DetectorScope(const tenant::Tenant* t) {
 // Rewritten commands at least this long are spliced rather than re-encoded.
 constexpr size_t kSpliceMinBytes = 1024;
 
+// A gather list full to its capacity grows out of line, so that appending (for every command and
+// every reply) needs no register saves.
+[[gnu::noinline]] void GrowAndAppend(std::vector<std::string_view>* gather, std::string_view bytes) {
+  gather->push_back(bytes);
+}
+
 // Appends to a gather list, extending the last piece when the bytes are adjacent in memory
 // (consecutive frames of one read), so a batch is one writev of few buffers.
-void AppendPiece(std::vector<std::string_view>* gather, std::string_view bytes) {
+inline void AppendPiece(std::vector<std::string_view>* gather, std::string_view bytes) {
   if (!gather->empty()) {
     std::string_view& last = gather->back();
     if (last.data() + last.size() == bytes.data()) {
       last = std::string_view(last.data(), last.size() + bytes.size());
       return;
     }
+  }
+  if (gather->size() == gather->capacity()) {
+    GrowAndAppend(gather, bytes);
+    return;
   }
   gather->push_back(bytes);
 }
@@ -68,11 +78,7 @@ Connection::~Connection() {
   if (upstream_client_id_ != 0) shared_.stages.connections->Set(upstream_client_id_, nullptr);
 }
 
-void Connection::BeginCall() {
-  out_.upstream.clear();
-  out_.client.clear();
-  if (!held_.empty()) held_.clear();
-}
+void Connection::ClearHeld() { held_.clear(); }
 
 void Connection::CountSent() {
   if (tenant_sent_ == nullptr || out_.client.empty()) return;
@@ -598,7 +604,7 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   DeliverLocalsAtHead();
 }
 
-void Connection::DeliverLocalsAtHead() {
+void Connection::DeliverLocals() {
   while (queue_.LocalAtHead()) AppendOut(held_.emplace_back(queue_.TakeLocal()));
 }
 

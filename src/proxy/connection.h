@@ -145,7 +145,13 @@ class Connection {
   };
 
   // Starts a call: the previous call's output has been written.
-  void BeginCall();
+  void BeginCall() {
+    out_.upstream.clear();
+    out_.client.clear();
+    if (!held_.empty()) ClearHeld();
+  }
+  // Out of line: the deque's clear would put its register saves on every call's path.
+  [[gnu::noinline]] void ClearHeld();
   // Counts the replies in the output as the tenant's sent bytes.
   void CountSent();
 
@@ -192,7 +198,12 @@ class Connection {
   // Upstream side.
   // Delivers an out-of-band frame (pub/sub message, push), confined to the tenant.
   void DeliverPush(std::string_view frame);
-  void DeliverLocalsAtHead();
+  // keyguard's own replies due now (at the head of the queue) go out; the check inline, as it
+  // runs after every reply.
+  void DeliverLocalsAtHead() {
+    if (queue_.LocalAtHead()) DeliverLocals();
+  }
+  [[gnu::noinline]] void DeliverLocals();
   // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
   void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
   void AppendOut(std::string_view bytes);

@@ -156,15 +156,9 @@ void Session::Flush() {
   const Connection::Output& out = conn_.output();
   // The client's side first: should the upstream write fail at once, the errors owed for the
   // forwarded commands come after keyguard's replies to earlier ones.
-  if (!out.client.empty()) SendGather(client_out_, out.client);
-  if (!out.upstream.empty()) SendGather(upstream_out_, out.upstream);
+  if (!out.client.empty()) client_out_.Send(out.client);
+  if (!out.upstream.empty()) upstream_out_.Send(out.upstream);
   if (const int64_t wait = conn_.TakeWalkWait(); wait != 0) ArmWalkTimer(wait);
-}
-
-void Session::SendGather(Outbox& out, const std::vector<std::string_view>& pieces) {
-  gather_.clear();
-  for (std::string_view p : pieces) gather_.emplace_back(p.data(), p.size());
-  out.Send(gather_);
 }
 
 void Session::ArmWalkTimer(int64_t wait_ns) {
