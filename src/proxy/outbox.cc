@@ -1,17 +1,55 @@
 #include "proxy/outbox.h"
 
+#include <cstddef>
+#include <iterator>
+
 namespace keyguard::proxy {
 
 Outbox::Outbox(Socket& socket, metrics::Counter* bytes_sent)
     : socket_(socket), bytes_sent_(bytes_sent), event_(socket.get_executor()) {}
 
-bool Outbox::Send(const std::vector<asio::const_buffer>& buffers) {
+namespace {
+
+// The pieces as an Asio ConstBufferSequence, without copying the list.
+class Pieces {
+ public:
+  class const_iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = asio::const_buffer;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const asio::const_buffer*;
+    using reference = asio::const_buffer;
+    explicit const_iterator(const std::string_view* p) : p_(p) {}
+    asio::const_buffer operator*() const { return asio::const_buffer(p_->data(), p_->size()); }
+    const_iterator& operator++() {
+      ++p_;
+      return *this;
+    }
+    const_iterator operator++(int) { return const_iterator(p_++); }
+    bool operator==(const const_iterator& o) const { return p_ == o.p_; }
+    bool operator!=(const const_iterator& o) const { return p_ != o.p_; }
+
+   private:
+    const std::string_view* p_;
+  };
+  explicit Pieces(std::span<const std::string_view> pieces) : pieces_(pieces) {}
+  const_iterator begin() const { return const_iterator(pieces_.data()); }
+  const_iterator end() const { return const_iterator(pieces_.data() + pieces_.size()); }
+
+ private:
+  std::span<const std::string_view> pieces_;
+};
+
+}  // namespace
+
+bool Outbox::Send(std::span<const std::string_view> pieces) {
   if (failed_) return false;
-  if (buffers.empty()) return true;
+  if (pieces.empty()) return true;
   size_t skip = 0;
   if (!draining_ && pending_.empty()) {
     error_code ec;
-    skip = socket_.write_some(buffers, ec);  // the socket is non-blocking
+    skip = socket_.write_some(Pieces(pieces), ec);  // the socket is non-blocking
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
       Fail(ec);
       return false;
@@ -20,21 +58,17 @@ bool Outbox::Send(const std::vector<asio::const_buffer>& buffers) {
     bytes_sent_->Add(skip);
   }
   bool queued = false;
-  for (const asio::const_buffer& b : buffers) {
+  for (std::string_view b : pieces) {
     if (skip >= b.size()) {
       skip -= b.size();
       continue;
     }
-    pending_.append(static_cast<const char*>(b.data()) + skip, b.size() - skip);
+    pending_.append(b.data() + skip, b.size() - skip);
     skip = 0;
     queued = true;
   }
   if (queued) StartDrain();
   return true;
-}
-
-bool Outbox::Send(std::string_view bytes) {
-  return Send(std::vector<asio::const_buffer>{asio::buffer(bytes.data(), bytes.size())});
 }
 
 void Outbox::StartDrain() {

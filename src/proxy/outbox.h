@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,10 +24,10 @@ class Outbox {
   void set_owner(std::weak_ptr<void> owner) { owner_ = std::move(owner); }
   void set_on_error(std::function<void(error_code)> f) { on_error_ = std::move(f); }
 
-  // Queues `buffers` for writing, in order after everything sent before. Returns false once the
-  // socket has failed (the bytes are dropped).
-  bool Send(const std::vector<asio::const_buffer>& buffers);
-  bool Send(std::string_view bytes);
+  // Queues `pieces` for writing, in order after everything sent before (one writev of them when
+  // the socket takes it). Returns false once the socket has failed (the bytes are dropped).
+  bool Send(std::span<const std::string_view> pieces);
+  bool Send(std::string_view bytes) { return Send(std::span<const std::string_view>(&bytes, 1)); }
 
   // Bytes accepted by Send() but not yet written to the socket.
   size_t backlog() const { return pending_.size() + writing_.size() - written_; }

@@ -1,0 +1,688 @@
+#include "proxy/connection.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "keyguard/commands/command_table.h"
+#include "keyguard/common/json_line.h"
+#include "keyguard/hygiene/detectors.h"
+#include "keyguard/policy/key_pattern.h"
+#include "keyguard/resp/encoder.h"
+
+namespace keyguard::proxy {
+namespace {
+
+using Kind = Pending::Kind;
+
+constexpr std::string_view kUpstreamUnavailable = "-ERR keyguard: upstream unavailable\r\n";
+constexpr std::string_view kDesynced =
+    "-ERR keyguard: the server's transaction state differs from keyguard's; the connection is closed\r\n";
+
+constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
+constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
+constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+constexpr std::string_view kClientId = "*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n";
+constexpr std::string_view kClientReplySkip = "*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n";
+
+// Keeps one tenant's detector state and cached sizes apart from another's: the fingerprint of its
+// prefix (of "" without a tenant: hygiene::kFnvBasis), the seed of every key hash.
+uint64_t DetectorScope(const tenant::Tenant* t) {
+  return hygiene::Fingerprint(t != nullptr ? std::string_view(t->prefix) : std::string_view());
+}
+
+// Rewritten commands at least this long are spliced rather than re-encoded.
+constexpr size_t kSpliceMinBytes = 1024;
+
+// A gather list full to its capacity grows out of line, so that appending (for every command and
+// every reply) needs no register saves.
+[[gnu::noinline]] void GrowAndAppend(std::vector<std::string_view>* gather, std::string_view bytes) {
+  gather->push_back(bytes);
+}
+
+// Appends to a gather list, extending the last piece when the bytes are adjacent in memory
+// (consecutive frames of one read), so a batch is one writev of few buffers.
+inline void AppendPiece(std::vector<std::string_view>* gather, std::string_view bytes) {
+  if (!gather->empty()) {
+    std::string_view& last = gather->back();
+    if (last.data() + last.size() == bytes.data()) {
+      last = std::string_view(last.data(), last.size() + bytes.size());
+      return;
+    }
+  }
+  if (gather->size() == gather->capacity()) {
+    GrowAndAppend(gather, bytes);
+    return;
+  }
+  gather->push_back(bytes);
+}
+
+std::string CommandNameOf(commands::CommandId id) {
+  const std::string_view n = commands::CommandName(id);
+  return std::string(n.data(), n.size());
+}
+
+}  // namespace
+
+Connection::Connection(const ConnectionShared& shared, ConnectionHost& host)
+    : shared_(shared),
+      host_(host),
+      shard_(*shared.stages.shard),
+      request_framer_(shared.stages.config.limits),
+      reply_framer_(shared.stages.config.limits),
+      id_(hygiene::NewConnectionId()),
+      detectors_(shared.stages.config.hygiene, shared.hygiene, sink_, id_),
+      pipeline_(shared.stages, detectors_) {
+  if (shared_.stages.config.tenancy != nullptr) BindTenant(shared_.stages.config.tenancy->static_tenant());
+}
+
+Connection::~Connection() {
+  if (upstream_client_id_ != 0) shared_.stages.connections->Set(upstream_client_id_, nullptr);
+}
+
+void Connection::ClearHeld() { held_.clear(); }
+
+void Connection::CountSent() {
+  if (tenant_sent_ == nullptr || out_.client.empty()) return;
+  size_t bytes = 0;
+  for (std::string_view b : out_.client) bytes += b.size();
+  tenant_sent_->Add(bytes);
+}
+
+void Connection::OnUpstreamConnected() {
+  BeginCall();
+  upstream_ready_ = true;
+  shard_.upstream_connections.Add(1);
+  SendUpstreamAuth();
+  // The server's id of this connection, for the registry of the tenants' connections.
+  if (shared_.stages.connections != nullptr) SendInternal(kClientId, commands::Known().client);
+}
+
+void Connection::OnUpstreamClosed() {
+  if (upstream_client_id_ != 0) {
+    shared_.stages.connections->Set(upstream_client_id_, nullptr);
+    upstream_client_id_ = 0;
+  }
+  if (upstream_ready_) {
+    upstream_ready_ = false;
+    shard_.upstream_connections.Add(-1);
+  }
+}
+
+void Connection::OnClose() {
+  if (detectors_.has_pending_ttl()) detectors_.FlushPendingTtl(true);  // no EXPIRE can follow any more
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client -> upstream
+
+size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size_t* hint) {
+  BeginCall();
+  *hint = 0;
+  resume_ = false;
+  scratch_.Reset();  // the previous batch was written
+  shared_.stages.Refresh();
+  size_t pos = 0;
+  while (!stop_reading_ && !holding_) {
+    const resp::Status st = request_framer_.Next(data + pos, len - pos);
+    if (st == resp::Status::kNeedMore) {
+      *hint = request_framer_.hint();
+      break;
+    }
+    if (st == resp::Status::kProtocolError) {
+      // As Redis: the error is the reply after every earlier one, then the connection closes.
+      shard_.client_protocol_errors.Add();
+      std::string text;
+      resp::AppendError(&text, request_framer_.error());
+      Reply(std::move(text), commands::kUnknownCommand, /*close_after=*/true);
+      stop_reading_ = true;
+      break;
+    }
+    const size_t n = request_framer_.consumed();
+    const auto args = request_framer_.args();
+    if (!args.empty()) HandleCommand(args, data + pos, n, now);
+    pos += n;
+  }
+  return pos;
+}
+
+void Connection::ForwardRaw(std::string_view bytes) { AppendPiece(&out_.upstream, bytes); }
+
+bool Connection::Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
+                        std::span<const std::string_view> out, std::string_view* bytes) {
+  // Only a multibulk request whose arguments are views into its own bytes, with as many
+  // arguments as before (a rewrite that adds some changes the *N header: Encode does that).
+  if (out.size() != args.size() || raw_len == 0 || raw[0] != '*') return false;
+  const char* end = raw + raw_len;
+  size_t changed_bytes = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].data() < raw || args[i].data() + args[i].size() + 2 > end) return false;
+    if (out[i].data() != args[i].data() || out[i].size() != args[i].size()) {
+      changed_bytes += out[i].size() + resp::kBulkOverhead;
+    }
+  }
+  // A small command is copied whole into the scratch chunk, so consecutive rewritten commands sit
+  // next to each other and go out as one buffer; a big one goes out as the client's bytes with
+  // only the changed arguments from the chunk (values are never copied).
+  const bool copy = raw_len < kSpliceMinBytes;
+  const char* pos = raw;
+  // A copy is written in place, in one reservation for the bound; a big command's changed
+  // arguments each get their own (chunks never move, so the pieces stay valid).
+  char* const first = copy ? scratch_.Reserve(changed_bytes + raw_len) : nullptr;
+  char* w = first;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (out[i].data() == args[i].data() && out[i].size() == args[i].size()) continue;
+    // The client's "$<len>\r\n" header ends two bytes before the argument; find its '$'.
+    const char* header = args[i].data() - 2;
+    while (header > pos && *header != '$') --header;
+    if (*header != '$') {
+      splice_.clear();  // nothing reserved was committed
+      return false;
+    }
+    if (copy) {
+      std::memcpy(w, pos, static_cast<size_t>(header - pos));
+      w = resp::WriteBulk(w + (header - pos), out[i]);
+    } else {
+      splice_.emplace_back(pos, static_cast<size_t>(header - pos));
+      char* const bulk = scratch_.Reserve(out[i].size() + resp::kBulkOverhead);
+      const size_t n = static_cast<size_t>(resp::WriteBulk(bulk, out[i]) - bulk);
+      scratch_.Commit(n);
+      splice_.emplace_back(bulk, n);
+    }
+    pos = args[i].data() + args[i].size() + 2;
+  }
+  if (!copy) {
+    splice_.emplace_back(pos, static_cast<size_t>(end - pos));
+    return true;
+  }
+  std::memcpy(w, pos, static_cast<size_t>(end - pos));
+  w += end - pos;
+  scratch_.Commit(static_cast<size_t>(w - first));
+  *bytes = std::string_view(first, static_cast<size_t>(w - first));
+  return true;
+}
+
+std::string_view Connection::Encode(std::span<const std::string_view> args) {
+  // Encoded commands of a batch share the scratch chunks, which never move while the output
+  // points into them.
+  char* const start = scratch_.Reserve(resp::CommandBound(args));
+  const size_t n = static_cast<size_t>(resp::WriteCommand(start, args) - start);
+  scratch_.Commit(n);
+  return std::string_view(start, n);
+}
+
+void Connection::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {
+  CommandContext c;
+  c.id = commands::LookupCommand(args[0]);
+  c.args = args;
+  // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP or a replication stream.
+  c.mode = state_.TakeReplyMode();
+  c.tenant = tenant_;
+  c.state = &state_;
+  c.queue = &queue_;
+  c.upstream_ready = upstream_ready_;
+  c.client = client_address_;
+  if (tenant_commands_ != nullptr) {
+    tenant_commands_->Add();
+    tenant_received_->Add(raw_len);
+  }
+  const Verdict& v = pipeline_.Run(c);
+  switch (v.action) {
+    case Verdict::Action::kForward: break;
+    case Verdict::Action::kRefuse: Refuse(c, v.reason, v.message); return;
+    case Verdict::Action::kLogin: Login(c, v, now); return;
+    case Verdict::Action::kUnavailable:
+      shard_.CountCommand(c.id, metrics::Outcome::kFailed);
+      Reply(std::string(kUpstreamUnavailable), c.id, /*close_after=*/true);
+      stop_reading_ = true;
+      return;
+    case Verdict::Action::kWalk:
+      pipeline_.Release();
+      StartWalk(v.walk, c.id, now);
+      return;
+  }
+  std::string_view bytes(raw, raw_len);
+  splice_.clear();
+  if (v.modified && !Splice(raw, raw_len, args, v.args, &bytes)) {
+    // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
+    bytes = Encode(v.args);
+  }
+  if (!v.prelude.empty() || !v.renamed.empty()) [[unlikely]] {
+    ForwardExtras(v, c.mode);
+  }
+  Pending p;
+  p.rewrite = v.rewrite;
+  p.command = c.id;
+  p.start_ns = now;
+  p.reply_check = v.reply_check;
+  pipeline_.Release();
+  const bool hot = shared_.stages.config.hygiene.enabled &&
+                   hygiene::HotKeyRequest(shared_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
+  if (p.reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
+  const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);
+  if (e.stop_reading) stop_reading_ = true;
+  if (e.ping_first) ForwardRaw(kPing);
+  if (e.logout && shared_.stages.config.tenancy != nullptr && shared_.stages.config.tenancy->requires_auth()) {
+    // keyguard's own upstream credentials are sent again right after the RESET (below).
+    BindTenant(nullptr);
+  }
+  if (e.send_discard) {
+    bytes = kDiscard;
+    splice_.clear();
+  }
+  if (!splice_.empty()) {
+    for (std::string_view b : splice_) ForwardRaw(b);
+  } else {
+    ForwardRaw(bytes);
+  }
+  if (e.silent) {
+    if (!v.renamed.empty()) queue_.UnstageRenames();
+    shard_.CountCommand(c.id, metrics::Outcome::kNoReply);
+    return;
+  }
+  const bool reset = p.kind == Kind::kReset;
+  p.renamed = !v.renamed.empty();
+  queue_.Push(std::move(p));
+  if (reset) SendUpstreamAuth();
+}
+
+void Connection::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode) {
+  // A reply that names renamed keys: the names are kept (queued for the entry pushed next) before
+  // the pipeline releases them.
+  if (!v.renamed.empty()) queue_.StageRenames(v.renamed_shape, v.renamed);
+  if (v.prelude.empty()) return;
+  // keyguard's own command goes first, encoded while the views it takes are valid.
+  ForwardRaw(Encode(v.prelude));
+  if (mode.silent) {
+    // No reply comes for it: under CLIENT REPLY OFF none does; under SKIP it took the skip, and
+    // the client's command, which comes next, must not answer either.
+    if (mode.skipped) ForwardRaw(kClientReplySkip);
+    return;
+  }
+  Pending p;
+  p.command = commands::Known().eval;
+  state_.OnOwn(tenant_ != nullptr, &p);
+  queue_.Push(std::move(p));
+}
+
+void Connection::BindTenant(const tenant::Tenant* t) {
+  tenant_ = t;
+  tenant_rejected_.fill(nullptr);
+  if (upstream_client_id_ != 0) shared_.stages.connections->Set(upstream_client_id_, t);
+  const uint64_t scope = DetectorScope(t);
+  detectors_.set_scope(scope);
+  if (t != nullptr) {
+    reply_tenant_ = t;  // RESET's nullptr takes effect with its reply
+    reply_scope_ = scope;
+  }
+  if (t == nullptr) {
+    tenant_commands_ = tenant_received_ = tenant_sent_ = nullptr;
+    return;
+  }
+  tenant_commands_ = &shard_.tenant_commands.Get({t->name});
+  tenant_received_ = &shard_.tenant_received_bytes.Get({t->name});
+  tenant_sent_ = &shard_.tenant_sent_bytes.Get({t->name});
+}
+
+void Connection::SendUpstreamAuth() {
+  if (shared_.upstream_auth.empty() || !upstream_ready_) return;
+  SendInternal(shared_.upstream_auth, commands::Known().auth);
+}
+
+void Connection::SendInternal(std::string_view command, commands::CommandId id) {
+  ForwardRaw(command);
+  Pending p;
+  p.kind = Kind::kInternal;
+  p.command = id;
+  queue_.Push(std::move(p));
+}
+
+void Connection::Login(const CommandContext& c, const Verdict& v, int64_t now) {
+  if (v.bind) BindTenant(v.login);
+  if (c.id != commands::Known().hello) {
+    shard_.CountCommand(c.id, metrics::Outcome::kOk);
+    if (c.mode.skipped) ForwardRaw(kPing);  // the upstream still owes the skip
+    if (!c.mode.silent) Reply("+OK\r\n", c.id, false);
+    return;
+  }
+  // HELLO goes upstream without its AUTH (keyguard's credentials are the connection's).
+  ForwardRaw(Encode(v.args));
+  if (c.mode.silent) {
+    shard_.CountCommand(c.id, metrics::Outcome::kNoReply);
+    return;
+  }
+  Pending p;
+  p.kind = Kind::kHello;
+  p.command = c.id;
+  p.start_ns = now;
+  p.hello_version = HelloVersion(c.args);
+  queue_.Push(std::move(p));
+}
+
+void Connection::Refuse(const CommandContext& c, Refusal reason, std::string_view message) {
+  const commands::CommandId id = c.id;
+  shard_.CountCommand(id, metrics::Outcome::kRejected);
+  const size_t r = static_cast<size_t>(reason);
+  shared_.stages.rejected[r]->Add();
+  if (tenant_ != nullptr) {
+    // Resolved once per tenant binding and reason.
+    metrics::Counter*& counter = tenant_rejected_[r];
+    if (counter == nullptr) counter = &shard_.tenant_rejected.Get({tenant_->name, RefusalName(reason)});
+    counter->Add();
+  }
+  state_.OnRefused();  // Redis fails EXEC after a refused queued command
+  // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would
+  // swallow the reply of the next command we forward.
+  if (c.mode.skipped) ForwardRaw(kPing);
+  if (c.mode.silent) return;
+  std::string text;
+  resp::AppendError(&text, message);
+  Reply(std::move(text), id, false);
+}
+
+void Connection::Sink::Stamp(hygiene::Finding* f, std::string_view key, commands::CommandId id) {
+  const StageShared& stages = connection.shared_.stages;
+  const hygiene::Settings& settings = stages.config.hygiene;
+  f->action = settings.action(f->kind);
+  f->key = hygiene::ShownKey(key, settings.finding_keys);
+  f->key_pattern = stages.shard->PatternLabel(policy::KeyPattern(key), stages.live->key_policy->max_key_patterns());
+  f->command = CommandNameOf(id);
+  f->client = connection.client_address_;
+  f->client_name = connection.state_.client_name();
+  if (connection.tenant_ != nullptr) f->tenant = connection.tenant_->name;
+}
+
+void Connection::Reply(std::string text, commands::CommandId id, bool close_after) {
+  if (queue_.QueueLocal(text, id, close_after)) return;
+  // Nothing is pending before it: it goes out with this call's output (counted as a reply
+  // delivered in a batch is).
+  if (tenant_sent_ != nullptr) tenant_sent_->Add(text.size());
+  AppendOut(held_.emplace_back(std::move(text)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tenancy: key walks
+
+void Connection::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) {
+  walk_.Start(walk);
+  Pending p;
+  p.kind = Kind::kWalk;
+  p.command = id;
+  p.start_ns = now;
+  p.expect = Pending::Expect::kNotQueued;
+  queue_.Push(std::move(p));
+  holding_ = true;
+  // The first step takes a token like every other: a pipeline of walks of one step each stays
+  // within the tenant's rate.
+  if (WaitForWalkToken(now)) return;  // the timer sends it, after this batch
+  ForwardRaw(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));  // with this batch
+}
+
+bool Connection::WaitForWalkToken(int64_t now) {
+  // The tenant's steps on this worker share a budget: a walk over many keys takes its time
+  // rather than the server's.
+  const int64_t wait = shared_.walk_budget[tenant_].Take(shared_.stages.config.tenancy->walk_steps_per_second, now);
+  if (wait == 0) return false;
+  walk_wait_ns_ = wait;
+  return true;
+}
+
+void Connection::OnWalkTimer(int64_t now) {
+  BeginCall();
+  // The walk's entry need not be at the head yet (a first step waits behind earlier commands).
+  if (upstream_ready_ && walk_.active()) SendWalkStep(now);
+}
+
+void Connection::SendWalkStep(int64_t now) {
+  if (WaitForWalkToken(now)) return;
+  ForwardRaw(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));
+}
+
+void Connection::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now) {
+  const std::string_view prefix =
+      reply_tenant_ != nullptr ? std::string_view(reply_tenant_->prefix) : std::string_view();
+  tenant::KeyWalk::Step step = walk_.OnReply(type, head, prefix, state_.protocol());
+  if (step.done) {
+    FinishWalk(std::move(step.reply), step.error, now);
+  } else if (walk_.walk() != tenant::Walk::kFlush && host_.ClientGone()) {
+    // DBSIZE/RANDOMKEY for a client that hung up and sent nothing after it: the answer has
+    // nobody to go to (while a walk runs the client's socket is not read, so its close is
+    // otherwise noticed only when the walk ends: a tenant could leave walks running).
+    FinishWalk("-ERR keyguard: the client closed the connection\r\n", true, now);
+  } else {
+    SendWalkStep(now);
+  }
+}
+
+void Connection::FinishWalk(std::string reply, bool error, int64_t now) {
+  const Pending& p = queue_.front();
+  AppendOut(held_.emplace_back(std::move(reply)));
+  shard_.CountCommand(p.command, error ? metrics::Outcome::kError : metrics::Outcome::kOk);
+  shard_.ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));
+  queue_.Pop();
+  walk_.Finish();
+  holding_ = false;
+  resume_ = true;  // the commands read meanwhile are next
+  DeliverLocalsAtHead();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Upstream -> client
+
+void Connection::AppendOut(std::string_view bytes) { AppendPiece(&out_.client, bytes); }
+
+void Connection::DeliverPush(std::string_view frame) {
+  std::string out;
+  if (shared_.stages.config.tenancy != nullptr) {
+    if (reply_tenant_ == nullptr) return;  // logged out: nobody it may be shown to
+    switch (tenant::RewritePush(*shared_.stages.config.tenancy, *reply_tenant_, frame, &out)) {
+      case tenant::ReplyAction::kPass: break;
+      case tenant::ReplyAction::kReplace: frame = held_.emplace_back(std::move(out)); break;
+      case tenant::ReplyAction::kDrop: return;
+    }
+  }
+  // A tracking invalidation names the old names of renamed keys too (reversible rewrite rules).
+  if (InvalidateOldNames(*shared_.stages.live->key_policy, frame, &out) == tenant::ReplyAction::kReplace) {
+    frame = held_.emplace_back(std::move(out));
+  }
+  AppendOut(frame);
+}
+
+size_t Connection::OnUpstreamBytes(const char* data, size_t len, int64_t now, size_t* hint, bool* ok_out) {
+  BeginCall();
+  *hint = 0;
+  size_t pos = 0;
+  bool ok = true;
+  for (;;) {
+    if (state_.replication_stream()) {  // one predictable branch per frame on every other connection
+      if (!state_.tunnel() && !queue_.empty() && queue_.front().kind == Kind::kReplicationStream) {
+        shard_.CountCommand(queue_.front().command, metrics::Outcome::kOk);
+        queue_.Pop();
+        state_.StartTunnel();
+      }
+      if (state_.tunnel()) {
+        AppendOut(std::string_view(data + pos, len - pos));
+        pos = len;
+        break;
+      }
+    }
+    const resp::Status st = reply_framer_.Next(data + pos, len - pos);
+    if (st == resp::Status::kNeedMore) {
+      *hint = reply_framer_.hint();
+      break;
+    }
+    if (st == resp::Status::kProtocolError) {
+      ok = false;
+      break;
+    }
+    const size_t n = reply_framer_.consumed();
+    const std::string_view frame(data + pos, n);
+    pos += n;
+    const char type = reply_framer_.type();
+    const auto head = reply_framer_.head();
+    const std::string_view kind = head.empty() ? std::string_view() : head[0].text;
+    Pending* front = queue_.empty() ? nullptr : &queue_.front();
+    switch (state_.Classify(front, type, head, reply_tenant_ != nullptr)) {
+      case FrameRole::kConfirmation:
+        DeliverPush(frame);
+        state_.TrackConfirmation(kind, head[1].text);
+        if (front->expected < 0) {
+          front->expected = std::max<int64_t>(1, static_cast<int64_t>(state_.subscriptions(front->confirm / 2)) + 1);
+        }
+        if (--front->expected == 0) CompleteHead(type, 0, {}, 0, now);
+        continue;
+      case FrameRole::kPush:
+        if (type == '>' && head.size() >= 2) state_.TrackConfirmation(kind, head[1].text);
+        if (type == '+') {
+          AppendOut(frame);  // a MONITOR line
+        } else {
+          DeliverPush(frame);
+        }
+        continue;
+      case FrameRole::kUnexpected:
+        // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
+        // could name anything), and count it.
+        shard_.unexpected_replies.Add();
+        if (shared_.stages.config.tenancy == nullptr) AppendOut(frame);
+        continue;
+      case FrameRole::kInternal:
+        if (front->command == commands::Known().client) {
+          // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
+          // connection can name this one in a REDIRECT.
+          int64_t client_id = 0;
+          if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
+            upstream_client_id_ = client_id;
+            if (tenant_ != nullptr) shared_.stages.connections->Set(client_id, tenant_);
+          }
+        } else if (front->command == commands::Known().eval) {
+          // The move of legacy keys (a prelude): the number it moved, or +QUEUED in a transaction.
+          int64_t moved = 0;
+          if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
+            shard_.legacy_keys_moved.Add(static_cast<uint64_t>(moved));
+          } else if (type == '-' || type == '!') {
+            shard_.legacy_move_errors.Add();
+            EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
+          }
+        } else if (type == '-' || type == '!') {
+          // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
+          EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
+          upstream_auth_failed_ = true;
+          ok = false;
+          break;
+        }
+        queue_.Pop();
+        DeliverLocalsAtHead();
+        continue;
+      case FrameRole::kDesync:
+        // The server's transaction state is not the one the reply filter follows (a command the
+        // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.
+        EventLine("error", "transaction_state_differs")
+            .Str("command", commands::Spec(front->command).name)
+            .Write(stderr);
+        shard_.unexpected_replies.Add();
+        desynced_ = true;
+        ok = false;
+        break;
+      case FrameRole::kWalkStep: ContinueWalk(type, head, now); continue;
+      case FrameRole::kReply: break;
+    }
+    if (!ok) break;
+    if (front->hidden) {
+      // The client asked not to see it.
+    } else if (front->kind == Kind::kExecAbort) {
+      AppendOut(kExecAbort);
+    } else if (front->rewrite == 0 && !front->renamed && (reply_tenant_ == nullptr || (type != '-' && type != '!'))) {
+      AppendOut(frame);
+    } else {
+      AppendOut(RewrittenReply(*front, type, frame));
+    }
+    if (front->kind == Kind::kSubscribe) {
+      // Not a confirmation (an error such as NOAUTH): the command is over.
+      front->expected = 0;
+    }
+    CompleteHead(type, reply_framer_.size(), head.empty() ? std::string_view() : head[0].text, n, now);
+  }
+  DeliverLocalsAtHead();
+  CountSent();
+  *ok_out = ok;
+  return pos;
+}
+
+std::string_view Connection::RewrittenReply(const Pending& p, char type, std::string_view frame) {
+  std::string_view reply = frame;
+  std::string out;
+  auto replace = [&](tenant::ReplyAction action) {
+    // kDrop never comes for a command's reply.
+    if (action != tenant::ReplyAction::kPass) reply = held_.emplace_back(std::move(out));
+  };
+  if (reply_tenant_ != nullptr && (p.rewrite != 0 || type == '-' || type == '!')) {
+    replace(tenant::RewriteReply(*shared_.stages.config.tenancy, *reply_tenant_,
+                                 static_cast<tenant::ReplyRewrite>(p.rewrite), p.exec_rewrites, frame, &out));
+  } else if (reply_tenant_ == nullptr && p.rewrite != 0) {
+    // EXEC of a transaction keyguard queued its own command in: that element goes.
+    replace(tenant::DropOwnElements(p.exec_rewrites, frame, &out));
+  }
+  if (p.renamed) {
+    const Renames& r = queue_.HeadRenames();
+    replace(tenant::RenameKeys(static_cast<tenant::ReplyRewrite>(r.shape), r.names, reply, &out));
+  }
+  return reply;
+}
+
+void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now) {
+  Pending& p = queue_.front();
+  const bool error = reply_type == '-' || reply_type == '!';
+  if (p.reply_check != 0 && !error) {
+    detectors_.OnReply(p.command, p.reply_check, queue_.KeyOf(p), reply_type, size, bulk, reply_scope_);
+  }
+  if (frame_len > 0 && p.kind != Kind::kExecAbort) {
+    const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
+    shard_.ObserveReply(p.command, frame_len, aggregate ? size : -1);
+  }
+  if (p.keyed && shared_.hot.enabled()) {
+    hygiene::HotKeyReply(shared_.hot, p.command, TenantName(), queue_.KeyOf(p), p.request_bytes, reply_type, size, bulk,
+                         frame_len);
+  }
+  if (state_.OnReply(p, error)) {
+    reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
+    reply_scope_ = DetectorScope(reply_tenant_);
+  }
+  const bool exec_abort = p.kind == Kind::kExecAbort;
+  shard_.CountCommand(p.command, (error || exec_abort) ? metrics::Outcome::kError : metrics::Outcome::kOk);
+  shard_.ObserveLatency(p.command, static_cast<uint64_t>(now - p.start_ns));
+  queue_.Pop();
+  DeliverLocalsAtHead();
+}
+
+void Connection::DeliverLocals() {
+  while (queue_.LocalAtHead()) AppendOut(held_.emplace_back(queue_.TakeLocal()));
+}
+
+Connection::AfterFailure Connection::OnUpstreamFailed(metrics::UpstreamError reason, std::string* owed) {
+  if (!upstream_ready_) return AfterFailure::kNone;
+  if (desynced_) {
+    AbortPending(kDesynced, owed);
+    return AfterFailure::kClose;
+  }
+  if (!(state_.quit_sent() && reason == metrics::UpstreamError::kClosed)) shard_.CountUpstreamError(reason);
+  if (reason == metrics::UpstreamError::kAuth && !queue_.ClientWaiting()) {
+    // The upstream refused keyguard's own credentials before the client asked anything: as when
+    // the upstream is down at connect, the client's next command gets the error, then the
+    // connection closes (rather than a close with nothing said).
+    OnUpstreamClosed();
+    queue_.Clear();
+    return AfterFailure::kContinue;
+  }
+  AbortPending(kUpstreamUnavailable, owed);
+  return AfterFailure::kClose;
+}
+
+void Connection::AbortPending(std::string_view error, std::string* owed) {
+  OnUpstreamClosed();
+  // Every command still waiting gets an error, in order with keyguard's own replies.
+  std::vector<commands::CommandId> failed;
+  *owed = queue_.Abort(error, &failed);
+  for (commands::CommandId id : failed) shard_.CountCommand(id, metrics::Outcome::kFailed);
+  stop_reading_ = true;
+}
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,264 @@
+// One client connection and its upstream connection (1:1) as keyguard sees them, without sockets:
+// client bytes in -> bytes for the upstream and for the client out; upstream bytes in -> the same.
+// What the transport must do besides writing them (stop reading, arm the walk timer, close once
+// the owed replies are out) is read from accessors after each call. Session (session.h) carries it
+// over two sockets; tests/unit/connection_test.cc drives it with bytes.
+//
+// A client command: RequestFramer -> HandleCommand -> CommandPipeline::Run (pipeline.h) -> the
+// client's bytes (or a splice of them, or a re-encoding) into output().upstream, and an entry in
+// the ReplyQueue. An upstream frame: ReplyFramer -> ConnectionState::Classify -> the head entry's
+// reply (tenant rewrite, hygiene and hot-key hooks, metrics) into output().client, and keyguard's
+// own replies in their place.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "keyguard/hygiene/hot_keys.h"
+#include "keyguard/hygiene/traffic.h"
+#include "keyguard/metrics/registry.h"
+#include "keyguard/resp/framer.h"
+#include "keyguard/tenant/rewrite.h"
+#include "keyguard/tenant/walk.h"
+#include "proxy/connection_state.h"
+#include "proxy/pipeline.h"
+#include "proxy/refusal.h"
+#include "proxy/reply_queue.h"
+#include "proxy/scratch.h"
+
+namespace keyguard::proxy {
+
+// What a Connection asks of the transport that carries it, while a call runs.
+class ConnectionHost {
+ public:
+  // Whether the client hung up with nothing unread (asked while a DBSIZE/RANDOMKEY walk runs, when
+  // the client's socket is not read).
+  virtual bool ClientGone() = 0;
+  // A hygiene finding, complete (key, pattern, command, client, action): count it and log it.
+  virtual void Report(hygiene::Finding f) = 0;
+  // A detector queued a key for the size probe.
+  virtual void WakeProbe() = 0;
+
+ protected:
+  ~ConnectionHost() = default;
+};
+
+// What one worker's connections share (used from that worker's thread only); it outlives them.
+struct ConnectionShared {
+  StageShared& stages;  // settings, the metric shard, the tenant connection registry
+  hygiene::WorkerDetectors& hygiene;
+  hygiene::HotKeys& hot;
+  std::string_view upstream_auth;  // keyguard's encoded upstream AUTH, or empty
+  // Tenancy: each tenant's budget of key-walk steps on this worker.
+  std::unordered_map<const tenant::Tenant*, tenant::StepBudget>& walk_budget;
+};
+
+class Connection {
+ public:
+  Connection(const ConnectionShared& shared, ConnectionHost& host);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // The bytes a call produced, in order for each side. The views point into the caller's bytes,
+  // the rewritten commands and keyguard's own replies: valid until the next call into this object.
+  struct Output {
+    std::vector<std::string_view> upstream;
+    std::vector<std::string_view> client;
+  };
+  const Output& output() const { return out_; }
+
+  // "address:port" of the client, for findings and warn lines.
+  void set_client_address(std::string address) { client_address_ = std::move(address); }
+
+  // The upstream connection is up: keyguard's AUTH (when configured) and CLIENT ID (with tenancy)
+  // go ahead of every client command.
+  void OnUpstreamConnected();
+  // The upstream connection is closed (or never came up): it is unregistered and counted gone.
+  void OnUpstreamClosed();
+  bool upstream_ready() const { return upstream_ready_; }
+
+  // Frames and handles the client's commands in `data` until it needs more bytes, stops reading
+  // or holds the rest behind a walk. Returns the bytes consumed (the caller drops them after
+  // writing the output); `*hint` is the framer's size hint for the next read (0: none).
+  size_t OnClientBytes(const char* data, size_t len, int64_t now_ns, size_t* hint);
+  // Frames the upstream's replies in `data` and turns each into the client's bytes. Returns the
+  // bytes consumed; `*ok` false when the upstream must be dropped (see read_error()).
+  size_t OnUpstreamBytes(const char* data, size_t len, int64_t now_ns, size_t* hint, bool* ok);
+  // Why OnUpstreamBytes said the upstream must go: its AUTH was refused, or a protocol error.
+  metrics::UpstreamError read_error() const {
+    return upstream_auth_failed_ ? metrics::UpstreamError::kAuth : metrics::UpstreamError::kProtocol;
+  }
+
+  // What becomes of the client when the upstream fails.
+  enum class AfterFailure : uint8_t {
+    kNone,      // the upstream was not up: nothing changes
+    kContinue,  // keyguard's own AUTH was refused before the client asked anything: the client's
+                // next command gets the error, then the connection closes
+    kClose,     // `*owed` is what the client is owed; nothing more is read; close once it is out
+  };
+  // The upstream failed for `reason` (counted, unless it closed after QUIT). Unless kNone, it is
+  // unregistered and counted gone as by OnUpstreamClosed, and the caller closes its socket.
+  AfterFailure OnUpstreamFailed(metrics::UpstreamError reason, std::string* owed);
+
+  // Tenancy: a walk step waits for the tenant's rate. The nanoseconds until OnWalkTimer is due,
+  // once (0: no timer wanted).
+  int64_t TakeWalkWait() {
+    const int64_t w = walk_wait_ns_;
+    walk_wait_ns_ = 0;
+    return w;
+  }
+  // The walk timer fired: the step goes out when the walk still runs.
+  void OnWalkTimer(int64_t now_ns);
+
+  // Whether client bytes are no longer read (protocol error, QUIT, upstream gone, draining).
+  bool stop_reading() const { return stop_reading_; }
+  void StopReading() { stop_reading_ = true; }
+  // A walk runs: later commands wait unread in the client's buffer.
+  bool holding() const { return holding_; }
+  // A walk ended: the commands read meanwhile are next (the next OnClientBytes).
+  bool resume() const { return resume_; }
+  // Nothing is pending and no command waits behind a walk.
+  bool idle() const { return queue_.empty() && !holding_ && !resume_; }
+  size_t pending() const { return queue_.size(); }
+
+  // The connection closes: nothing can follow what the detectors are waiting for.
+  void OnClose();
+
+  const ConnectionState& state() const { return state_; }
+  const tenant::Tenant* tenant() const { return tenant_; }
+
+ private:
+  // Where detectors_ report: findings stamped with this client (who and where), then the host.
+  struct Sink final : hygiene::FindingSink {
+    explicit Sink(Connection& c) : connection(c) {}
+    void Stamp(hygiene::Finding* f, std::string_view key, commands::CommandId id) override;
+    void Report(hygiene::Finding f) override { connection.host_.Report(std::move(f)); }
+    void WakeProbe() override { connection.host_.WakeProbe(); }
+    Connection& connection;
+  };
+
+  // Starts a call: the previous call's output has been written.
+  void BeginCall() {
+    out_.upstream.clear();
+    out_.client.clear();
+    if (!held_.empty()) ClearHeld();
+  }
+  // Out of line: the deque's clear would put its register saves on every call's path.
+  [[gnu::noinline]] void ClearHeld();
+  // Counts the replies in the output as the tenant's sent bytes.
+  void CountSent();
+
+  // Client side.
+  void HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now);
+  void ForwardRaw(std::string_view bytes);
+  // Encodes a rewritten command into the batch's scratch chunks (valid until the next call).
+  std::string_view Encode(std::span<const std::string_view> args);
+  // A rewritten command from the client's own bytes with only the changed arguments encoded
+  // anew: a small one copied into the scratch chunk (`*bytes`), a big one as pieces in splice_
+  // (its values never copied). False when `out` cannot be spliced (another arity, an inline
+  // command) and Encode must re-encode it.
+  bool Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
+              std::span<const std::string_view> out, std::string_view* bytes);
+  // AUTH or HELLO accepted (tenancy): keyguard answers AUTH; HELLO goes upstream without AUTH.
+  void Login(const CommandContext& c, const Verdict& v, int64_t now);
+  void BindTenant(const tenant::Tenant* t);
+  // Queues keyguard's upstream AUTH (when configured).
+  void SendUpstreamAuth();
+  // Queues keyguard's own `command` (encoded; its reply is not the client's), `id` telling
+  // OnUpstreamBytes what the reply is for.
+  void SendInternal(std::string_view command, commands::CommandId id);
+  // Before the command of `v` goes: sends keyguard's own command ahead of it (a Verdict's prelude)
+  // under the client's reply mode, and keeps the names its reply must give back.
+  void ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode);
+  // The reply `frame` of the head entry `p` as the client sees it: confined to the tenant, without
+  // keyguard's own EXEC elements, with renamed keys under the client's names (kept in held_).
+  std::string_view RewrittenReply(const Pending& p, char type, std::string_view frame);
+  // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
+  // SKIP semantics.
+  void Refuse(const CommandContext& c, Refusal reason, std::string_view message);
+  // keyguard's own reply, after every reply still pending.
+  void Reply(std::string text, commands::CommandId id, bool close_after);
+  // The tenant's name for the hot-key hooks ("" without one).
+  std::string_view TenantName() const {
+    return tenant_ != nullptr ? std::string_view(tenant_->name) : std::string_view();
+  }
+
+  // Tenancy: FLUSH*/DBSIZE/RANDOMKEY as a walk over the tenant's keys in steps. While it runs no
+  // later command is processed (they wait in the client buffer), so its answer keeps its place.
+  void StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now);
+  // A step's reply (the kWalk entry at the head): the next step, or the answer.
+  void ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now);
+  void SendWalkStep(int64_t now);
+  // Takes one of the tenant's step tokens on this worker; without one, asks for the walk timer
+  // (TakeWalkWait) and returns true.
+  bool WaitForWalkToken(int64_t now);
+  void FinishWalk(std::string reply, bool error, int64_t now);
+
+  // Upstream side.
+  // Delivers an out-of-band frame (pub/sub message, push), confined to the tenant.
+  void DeliverPush(std::string_view frame);
+  // keyguard's own replies due now (at the head of the queue) go out; the check inline, as it
+  // runs after every reply.
+  void DeliverLocalsAtHead() {
+    if (queue_.LocalAtHead()) DeliverLocals();
+  }
+  [[gnu::noinline]] void DeliverLocals();
+  // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
+  void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
+  void AppendOut(std::string_view bytes);
+  // Every command still waiting gets `error` (in `*owed`); nothing more is read.
+  void AbortPending(std::string_view error, std::string* owed);
+
+  const ConnectionShared shared_;
+  ConnectionHost& host_;
+  metrics::WorkerShard& shard_;
+  resp::RequestFramer request_framer_;
+  resp::ReplyFramer reply_framer_;
+  ReplyQueue queue_;
+  ConnectionState state_;
+
+  // A call's output and what it points into (reused).
+  Output out_;
+  std::deque<std::string> held_;          // keyguard's replies, and rewritten replies
+  Scratch scratch_;                       // the bytes of rewritten commands
+  std::vector<std::string_view> splice_;  // the pieces of the current command, when spliced
+  std::string client_address_;
+  uint64_t id_ = 0;  // per worker, for the hygiene trackers
+  Sink sink_{*this};
+  hygiene::ConnectionDetectors detectors_;
+  CommandPipeline pipeline_;  // what becomes of each command, before anything is sent
+
+  // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
+  const tenant::Tenant* tenant_ = nullptr;
+  // The tenant replies and pushes are confined to. RESET logs the client out at once, but what
+  // the server sends until its +RESET is still the old tenant's; nullptr drops every push.
+  const tenant::Tenant* reply_tenant_ = nullptr;
+  uint64_t reply_scope_ = hygiene::kFnvBasis;  // DetectorScope(reply_tenant_), for the detectors
+  metrics::Counter* tenant_commands_ = nullptr;
+  metrics::Counter* tenant_received_ = nullptr;
+  metrics::Counter* tenant_sent_ = nullptr;
+  std::array<metrics::Counter*, kRefusalCount> tenant_rejected_{};  // by Refusal, resolved on first use
+  bool upstream_auth_failed_ = false;
+  bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
+  // The server's CLIENT ID of the upstream connection, once known (0 before, and after it closed);
+  // registered in the connection registry with tenant_.
+  int64_t upstream_client_id_ = 0;
+
+  // The walk in progress (holding_: later commands wait until it ends; resume_: process them).
+  tenant::KeyWalk walk_;
+  int64_t walk_wait_ns_ = 0;
+  bool holding_ = false;
+  bool resume_ = false;
+
+  bool upstream_ready_ = false;
+  bool stop_reading_ = false;
+};
+
+}  // namespace keyguard::proxy

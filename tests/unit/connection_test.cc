@@ -1,0 +1,398 @@
+// The connection without sockets: client bytes in -> the bytes for the upstream and for the client
+// out, upstream bytes in -> the same. Every case asserts the exact bytes each side would be sent.
+#include "proxy/connection.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "keyguard/config/config_store.h"
+
+// Heap allocations of this binary, counted so that a test can show a path makes none.
+namespace {
+std::atomic<size_t> allocations{0};
+}  // namespace
+
+void* operator new(size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace keyguard::proxy {
+namespace {
+
+// A client, keyguard and a scripted upstream, with the settings of `yaml`: Client() and
+// Upstream() feed bytes (kept, like a read buffer, until the connection consumes them) and
+// collect what each side would be sent.
+class ConnectionTest : public ::testing::Test, public ConnectionHost {
+ protected:
+  void Open(const std::string& yaml, bool connections = false, std::string upstream_auth = "") {
+    conn_.reset();  // before what it refers to
+    auto parsed = config::ParseConfig(yaml);
+    if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));
+    config_ = std::make_shared<const config::ProxyConfig>(*parsed);
+    store_ = std::make_unique<config::ConfigStore>(config_, "");
+    stages_ = std::make_unique<StageShared>(*config_, *store_, &shard_, connections ? &connections_ : nullptr);
+    hygiene_ = std::make_unique<hygiene::WorkerDetectors>(config_->hygiene);
+    hot_ = std::make_unique<hygiene::HotKeys>(config_->hygiene);
+    upstream_auth_ = std::move(upstream_auth);
+    conn_ =
+        std::make_unique<Connection>(ConnectionShared{*stages_, *hygiene_, *hot_, upstream_auth_, walk_budget_}, *this);
+    conn_->set_client_address("127.0.0.1:5555");
+    conn_->OnUpstreamConnected();
+    Collect();
+  }
+
+  // The client sends `bytes`.
+  void Client(std::string_view bytes) {
+    client_in_.append(bytes);
+    size_t hint = 0;
+    const size_t used = conn_->OnClientBytes(client_in_.data(), client_in_.size(), ++now_, &hint);
+    Collect();
+    client_in_.erase(0, used);
+  }
+  // The upstream sends `bytes`; returns whether the connection keeps it.
+  bool Upstream(std::string_view bytes) {
+    upstream_in_.append(bytes);
+    size_t hint = 0;
+    bool ok = true;
+    const size_t used = conn_->OnUpstreamBytes(upstream_in_.data(), upstream_in_.size(), ++now_, &hint, &ok);
+    Collect();
+    upstream_in_.erase(0, used);
+    return ok;
+  }
+  // What the upstream and the client were sent since the last call, then forgotten.
+  std::string TakeUpstream() { return std::exchange(to_upstream_, std::string()); }
+  std::string TakeClient() { return std::exchange(to_client_, std::string()); }
+
+  // After a warm-up, `batch` and `replies` through the connection again and again allocate nothing.
+  void ExpectNoAllocationPerCommand(const std::string& batch, const std::string& replies) {
+    for (int i = 0; i < 4; ++i) {  // warm-up: buffers, the ring, the metric handles
+      Client(batch);
+      Upstream(replies);
+    }
+    const size_t before = allocations.load();
+    for (int i = 0; i < 100; ++i) {
+      to_upstream_.clear();  // keeps the harness's own buffers
+      to_client_.clear();
+      Client(batch);
+      Upstream(replies);
+    }
+    EXPECT_EQ(allocations.load() - before, 0u);
+    EXPECT_EQ(to_client_, replies);
+  }
+
+  // ConnectionHost.
+  bool ClientGone() override { return client_gone_; }
+  void Report(hygiene::Finding f) override { findings_.push_back(std::move(f)); }
+  void WakeProbe() override {}
+
+  metrics::WorkerShard shard_;
+  std::vector<hygiene::Finding> findings_;
+  bool client_gone_ = false;
+  int64_t now_ = 0;  // nanoseconds: each call is one later
+
+ private:
+  void Collect() {
+    for (std::string_view b : conn_->output().upstream) to_upstream_.append(b);
+    for (std::string_view b : conn_->output().client) to_client_.append(b);
+  }
+
+  std::shared_ptr<const config::ProxyConfig> config_;
+  std::unique_ptr<config::ConfigStore> store_;
+  tenant::Connections connections_;
+  std::unique_ptr<StageShared> stages_;
+  std::unique_ptr<hygiene::WorkerDetectors> hygiene_;
+  std::unique_ptr<hygiene::HotKeys> hot_;
+  std::string upstream_auth_;
+  std::unordered_map<const tenant::Tenant*, tenant::StepBudget> walk_budget_;
+  std::string client_in_;
+  std::string upstream_in_;
+  std::string to_upstream_;
+  std::string to_client_;
+
+ protected:
+  std::unique_ptr<Connection> conn_;  // last: it unregisters from connections_ as it goes
+};
+
+constexpr const char* kPlain = "key_policy: {enabled: false}\nhygiene: {enabled: false}\n";
+
+TEST_F(ConnectionTest, PipelinedCommandsGoUpstreamAsOneBufferAndRepliesComeBackInOrder) {
+  Open(kPlain);
+  const std::string batch =
+      "*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n";
+  Client(batch);
+  EXPECT_EQ(conn_->output().upstream.size(), 1u) << "adjacent frames are one piece";
+  EXPECT_EQ(TakeUpstream(), batch);
+  EXPECT_EQ(TakeClient(), "");
+  EXPECT_EQ(conn_->pending(), 3u);
+  // Replies split anywhere: each is delivered once complete, in order.
+  const std::string replies = "+PONG\r\n$5\r\nhello\r\n+OK\r\n";
+  for (char c : replies) EXPECT_TRUE(Upstream(std::string_view(&c, 1)));
+  EXPECT_EQ(TakeClient(), replies);
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_TRUE(conn_->idle());
+}
+
+// Both sides at every fragment size: the bytes each side gets do not depend on how reads split.
+TEST_F(ConnectionTest, ReadsSplitAnywhereGiveTheSameBytes) {
+  const std::string batch =
+      "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*1\r\n$8\r\nFLUSHALL\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+      "*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$1\r\nb\r\n";
+  const std::string replies =
+      "+OK\r\n$1\r\nv\r\n*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n*3\r\n$9\r\nsubscribe\r\n$1\r\nb\r\n:2\r\n"
+      "*3\r\n$7\r\nmessage\r\n$1\r\na\r\n$2\r\nhi\r\n";
+  const std::string refusal = "-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n";
+  for (size_t size : {batch.size(), size_t{100}, size_t{10}, size_t{5}, size_t{2}, size_t{1}}) {
+    SCOPED_TRACE(size);
+    Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
+    for (size_t i = 0; i < batch.size(); i += size) Client(std::string_view(batch).substr(i, size));
+    for (size_t i = 0; i < replies.size(); i += size) Upstream(std::string_view(replies).substr(i, size));
+    EXPECT_EQ(TakeUpstream(),
+              "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+              "*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$1\r\nb\r\n");
+    EXPECT_EQ(TakeClient(), "+OK\r\n" + refusal + replies.substr(5));
+    EXPECT_EQ(conn_->pending(), 0u);
+  }
+}
+
+TEST_F(ConnectionTest, AClientsCommandSplitAcrossReadsGoesUpstreamOnceComplete) {
+  Open(kPlain);
+  Client("*2\r\n$3\r\nGET\r\n$1");
+  EXPECT_EQ(TakeUpstream(), "");
+  Client("\r\nk\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+}
+
+TEST_F(ConnectionTest, ARefusedCommandsReplyTakesItsPlaceAmongTheUpstreamsReplies) {
+  Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
+  Client("*2\r\n$3\r\nGET\r\n$1\r\na\r\n*1\r\n$8\r\nFLUSHALL\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n");
+  EXPECT_EQ(TakeClient(), "") << "the refusal waits for the reply before it";
+  Upstream("$1\r\n1\r\n");
+  EXPECT_EQ(TakeClient(), "$1\r\n1\r\n-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n");
+  Upstream("$1\r\n2\r\n");
+  EXPECT_EQ(TakeClient(), "$1\r\n2\r\n");
+  // With nothing pending the refusal goes out at once.
+  Client("*1\r\n$8\r\nflushall\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  EXPECT_EQ(TakeClient(), "-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+}
+
+TEST_F(ConnectionTest, AProtocolErrorIsTheLastReplyAndNothingMoreIsRead) {
+  Open(kPlain);
+  Client("*1\r\n$4\r\nPING\r\n*1\r\n$x\r\n*1\r\n$4\r\nPING\r\n");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$4\r\nPING\r\n");
+  EXPECT_TRUE(conn_->stop_reading());
+  Upstream("+PONG\r\n");
+  EXPECT_EQ(TakeClient(), "+PONG\r\n-ERR Protocol error: invalid bulk length\r\n");
+}
+
+TEST_F(ConnectionTest, TransactionRepliesPassAndARefusalInsideMultiAbortsExec) {
+  Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
+  Client("*1\r\n$5\r\nMULTI\r\n*2\r\n$4\r\nINCR\r\n$1\r\nx\r\n*1\r\n$4\r\nEXEC\r\n");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$5\r\nMULTI\r\n*2\r\n$4\r\nINCR\r\n$1\r\nx\r\n*1\r\n$4\r\nEXEC\r\n");
+  Upstream("+OK\r\n+QUEUED\r\n*1\r\n:1\r\n");
+  EXPECT_EQ(TakeClient(), "+OK\r\n+QUEUED\r\n*1\r\n:1\r\n");
+
+  // A command keyguard refuses inside MULTI: the server never queued it, so EXEC must fail as
+  // Redis fails it; DISCARD goes in its place and the client gets EXECABORT.
+  Client("*1\r\n$5\r\nMULTI\r\n*2\r\n$4\r\nINCR\r\n$1\r\nx\r\n*1\r\n$8\r\nFLUSHALL\r\n*1\r\n$4\r\nEXEC\r\n");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$5\r\nMULTI\r\n*2\r\n$4\r\nINCR\r\n$1\r\nx\r\n*1\r\n$7\r\nDISCARD\r\n");
+  Upstream("+OK\r\n+QUEUED\r\n+OK\r\n");
+  EXPECT_EQ(TakeClient(),
+            "+OK\r\n+QUEUED\r\n-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n"
+            "-EXECABORT Transaction discarded because of previous errors.\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+}
+
+TEST_F(ConnectionTest, SubscribeConfirmationsEndTheCommandAndMessagesPassOutOfBand) {
+  Open(kPlain);
+  Client("*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$1\r\nb\r\n");
+  EXPECT_EQ(TakeUpstream(), "*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$1\r\nb\r\n");
+  const std::string first = "*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n";
+  const std::string second = "*3\r\n$9\r\nsubscribe\r\n$1\r\nb\r\n:2\r\n";
+  Upstream(first);
+  EXPECT_EQ(conn_->pending(), 1u) << "one confirmation per channel";
+  Upstream(second);
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_EQ(TakeClient(), first + second);
+  const std::string message = "*3\r\n$7\r\nmessage\r\n$1\r\na\r\n$2\r\nhi\r\n";
+  Upstream(message);
+  EXPECT_EQ(TakeClient(), message);
+  EXPECT_EQ(conn_->state().subscriptions(0), 2u);
+  // A bare UNSUBSCRIBE waits for one confirmation per channel subscribed.
+  Client("*1\r\n$11\r\nUNSUBSCRIBE\r\n");
+  Upstream("*3\r\n$11\r\nunsubscribe\r\n$1\r\na\r\n:1\r\n");
+  EXPECT_EQ(conn_->pending(), 1u);
+  Upstream("*3\r\n$11\r\nunsubscribe\r\n$1\r\nb\r\n:0\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_FALSE(conn_->state().subscribed());
+}
+
+TEST_F(ConnectionTest, Resp3PushesPassBetweenReplies) {
+  Open(kPlain);
+  Client("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+  const std::string push = ">3\r\n$7\r\nmessage\r\n$1\r\na\r\n$2\r\nhi\r\n";
+  Upstream(push + "_\r\n");
+  EXPECT_EQ(TakeClient(), push + "_\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+}
+
+TEST_F(ConnectionTest, ClientReplyOffSilencesRepliesAndRefusals) {
+  Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
+  Client(
+      "*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$3\r\nOFF\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"
+      "*1\r\n$8\r\nFLUSHALL\r\n");
+  EXPECT_EQ(TakeUpstream(),
+            "*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$3\r\nOFF\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n");
+  EXPECT_EQ(TakeClient(), "") << "no refusal is shown";
+  EXPECT_EQ(conn_->pending(), 0u) << "no reply will come";
+  Client("*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$2\r\nON\r\n");
+  EXPECT_EQ(conn_->pending(), 1u);
+  Upstream("+OK\r\n");
+  EXPECT_EQ(TakeClient(), "+OK\r\n");
+}
+
+TEST_F(ConnectionTest, ClientReplySkipSpentOnARefusalStillTakesTheServersSkip) {
+  Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
+  Client("*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n*1\r\n$8\r\nFLUSHALL\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+  // The server still owes the skip: a PING takes it, so GET's reply is not swallowed.
+  EXPECT_EQ(TakeUpstream(),
+            "*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+  Upstream("$1\r\nv\r\n");
+  EXPECT_EQ(TakeClient(), "$1\r\nv\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+}
+
+TEST_F(ConnectionTest, KeyguardsOwnUpstreamAuthGoesFirstAndItsReplyIsNotTheClients) {
+  Open(kPlain, /*connections=*/false, "*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
+  Client("*1\r\n$4\r\nPING\r\n");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$4\r\nPING\r\n");
+  EXPECT_TRUE(Upstream("+OK\r\n+PONG\r\n"));
+  EXPECT_EQ(TakeClient(), "+PONG\r\n");
+  // A refused AUTH: the upstream must go, and why.
+  Open(kPlain, false, "*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
+  EXPECT_FALSE(Upstream("-WRONGPASS invalid username-password pair or user is disabled.\r\n"));
+  EXPECT_EQ(conn_->read_error(), metrics::UpstreamError::kAuth);
+  std::string owed;
+  EXPECT_EQ(conn_->OnUpstreamFailed(metrics::UpstreamError::kAuth, &owed), Connection::AfterFailure::kContinue);
+  EXPECT_FALSE(conn_->upstream_ready());
+  Client("*1\r\n$4\r\nPING\r\n");
+  EXPECT_EQ(TakeClient(), "-ERR keyguard: upstream unavailable\r\n");
+  EXPECT_TRUE(conn_->stop_reading());
+}
+
+TEST_F(ConnectionTest, AFailedUpstreamOwesEveryPendingCommandAnErrorInOrder) {
+  Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
+  Client("*2\r\n$3\r\nGET\r\n$1\r\na\r\n*1\r\n$8\r\nFLUSHALL\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n");
+  std::string owed;
+  EXPECT_EQ(conn_->OnUpstreamFailed(metrics::UpstreamError::kReset, &owed), Connection::AfterFailure::kClose);
+  EXPECT_EQ(owed,
+            "-ERR keyguard: upstream unavailable\r\n-ERR keyguard: command 'FLUSHALL' is not allowed here\r\n"
+            "-ERR keyguard: upstream unavailable\r\n");
+  EXPECT_TRUE(conn_->stop_reading());
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_EQ(conn_->OnUpstreamFailed(metrics::UpstreamError::kReset, &owed), Connection::AfterFailure::kNone);
+}
+
+constexpr const char* kTenant = "tenancy: {prefix: 'tenant:a:', name: a}\nhygiene: {enabled: false}\n";
+
+TEST_F(ConnectionTest, ATenantsKeysArePrefixedAndItsRepliesShowThemWithout) {
+  Open(kTenant, /*connections=*/true);
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n");
+  Upstream(":42\r\n");  // keyguard's CLIENT ID: not the client's
+  EXPECT_EQ(TakeClient(), "");
+  Client("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*2\r\n$4\r\nKEYS\r\n$1\r\n*\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$3\r\nGET\r\n$10\r\ntenant:a:k\r\n*2\r\n$4\r\nKEYS\r\n$10\r\ntenant:a:*\r\n");
+  Upstream("$1\r\nv\r\n*2\r\n$10\r\ntenant:a:x\r\n$10\r\ntenant:a:y\r\n");
+  EXPECT_EQ(TakeClient(), "$1\r\nv\r\n*2\r\n$1\r\nx\r\n$1\r\ny\r\n");
+  EXPECT_EQ(shard_.tenant_sent_bytes.Get({"a"}).Get(), 25u) << "the replies as the client got them";
+}
+
+TEST_F(ConnectionTest, ATenantsMessagesShowItsChannelsWithoutThePrefix) {
+  Open(kTenant);
+  Client("*2\r\n$9\r\nSUBSCRIBE\r\n$1\r\nc\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$9\r\nSUBSCRIBE\r\n$10\r\ntenant:a:c\r\n");
+  Upstream(
+      "*3\r\n$9\r\nsubscribe\r\n$10\r\ntenant:a:c\r\n:1\r\n*3\r\n$7\r\nmessage\r\n$10\r\ntenant:a:c\r\n$2\r\nhi\r\n");
+  EXPECT_EQ(TakeClient(), "*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n*3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$2\r\nhi\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+}
+
+std::string Repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+TEST_F(ConnectionTest, SteadyStateAllocatesNothingPerCommand) {
+  const std::string batch =
+      Repeat("*3\r\n$3\r\nSET\r\n$5\r\nkey:1\r\n$3\r\nabc\r\n*2\r\n$3\r\nGET\r\n$5\r\nkey:1\r\n", 8);
+  const std::string replies = Repeat("+OK\r\n$3\r\nabc\r\n", 8);
+  Open(kPlain);
+  ExpectNoAllocationPerCommand(batch, replies);
+  Open("");  // the key policy and the detectors at their defaults
+  ExpectNoAllocationPerCommand(batch, replies);
+  Open(kTenant);  // prefixed keys: spliced into the scratch arena
+  ExpectNoAllocationPerCommand(batch, replies);
+}
+
+constexpr const char* kWalking =
+    "tenancy: {prefix: 'tenant:a:', name: a, dbsize: emulate, walk_steps_per_second: 1}\nhygiene: {enabled: false}\n";
+
+TEST_F(ConnectionTest, AWalkHoldsLaterCommandsAndWaitsForTheTenantsRate) {
+  Open(kWalking);
+  Client("*1\r\n$6\r\nDBSIZE\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+  const std::string step = TakeUpstream();
+  EXPECT_NE(step.find("EVAL"), std::string::npos) << step;
+  EXPECT_EQ(step.find("GET"), std::string::npos) << "GET waits behind the walk";
+  EXPECT_TRUE(conn_->holding());
+  EXPECT_EQ(conn_->TakeWalkWait(), 0) << "the first step had a token";
+  // [cursor, keys seen, key found]: more to walk, but the tenant's one step a second is spent.
+  Upstream("*3\r\n$1\r\n7\r\n:2\r\n$0\r\n\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  const int64_t wait = conn_->TakeWalkWait();
+  EXPECT_GT(wait, 900'000'000);
+  EXPECT_EQ(conn_->TakeWalkWait(), 0) << "asked for once";
+  now_ += wait;
+  conn_->OnWalkTimer(now_);
+  ASSERT_EQ(conn_->output().upstream.size(), 1u);
+  const std::string second(conn_->output().upstream[0]);
+  EXPECT_NE(second.find("EVAL"), std::string::npos) << second;
+  EXPECT_NE(second, step) << "the next step starts at the cursor";
+  Upstream("*3\r\n$1\r\n0\r\n:3\r\n$0\r\n\r\n");
+  EXPECT_EQ(TakeClient(), ":5\r\n");
+  EXPECT_FALSE(conn_->holding());
+  EXPECT_TRUE(conn_->resume());
+  Client("");  // the commands read meanwhile
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$3\r\nGET\r\n$10\r\ntenant:a:k\r\n");
+  EXPECT_FALSE(conn_->resume());
+}
+
+TEST_F(ConnectionTest, AWalkForAClientThatHungUpEndsAtTheNextStep) {
+  Open(kWalking);
+  Client("*1\r\n$6\r\nDBSIZE\r\n");
+  TakeUpstream();
+  client_gone_ = true;
+  Upstream("*3\r\n$1\r\n7\r\n:2\r\n$0\r\n\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  EXPECT_EQ(TakeClient(), "-ERR keyguard: the client closed the connection\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_FALSE(conn_->holding());
+}
+
+}  // namespace
+}  // namespace keyguard::proxy
