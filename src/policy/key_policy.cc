@@ -256,7 +256,7 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     if (u.pattern().empty()) return FieldError(path + ".pattern", "required");
     auto re = std::make_shared<re2::RE2>(u.pattern(), re2::RE2::Quiet);
     if (!re->ok()) return FieldError(path + ".pattern", re->error());
-    Rule rule{Rule::Kind::kUser, u.name(), ToAction(u.action(), fallback), {}, re, ""};
+    Rule rule{Rule::Kind::kUser, u.name(), ToAction(u.action(), fallback), {}, re, "", false, nullptr, ""};
     // The template uses $1..$9; RE2 rewrites with \1..\9.
     for (size_t j = 0; j < u.rewrite().size(); ++j) {
       const char c = u.rewrite()[j];
@@ -303,7 +303,7 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     auto scope = CompileScope(b.config.scope(), absl::StrCat("key_policy.", b.name, ".scope"));
     if (!scope.ok()) return scope.status();
     Action action = ToAction(b.config.action(), fallback);
-    policy->rules_.push_back(Rule{b.kind, b.name, action, *std::move(scope), nullptr, ""});
+    policy->rules_.push_back(Rule{b.kind, b.name, action, *std::move(scope), nullptr, "", false, nullptr, ""});
   }
   policy->scripts_.action = ToAction(p.scripts().action(), fallback);
   for (int i = 0; i < p.scripts().allowed_scripts_size(); ++i) {
