@@ -338,6 +338,34 @@ std::string Repeat(const std::string& s, int n) {
   return out;
 }
 
+TEST_F(ConnectionTest, AnOldNameMovesFirstAndOnlyTheClientsRepliesReachIt) {
+  Open(
+      "key_policy:\n  default_action: observe\n  rules:\n    - {name: legacy-profile, pattern: "
+      "'^User_(\\d+)_Profile$', "
+      "rewrite: 'user:$1:profile', action: rewrite}\n");
+  const std::string move = "*5\r\n$4\r\nEVAL\r\n$" + std::to_string(kMoveLegacyScript.size()) + "\r\n" +
+                           std::string(kMoveLegacyScript) +
+                           "\r\n$1\r\n2\r\n$14\r\nUser_7_Profile\r\n$14\r\nuser:7:profile\r\n";
+  Client("*2\r\n$3\r\nGET\r\n$14\r\nUser_7_Profile\r\n");
+  EXPECT_EQ(TakeUpstream(), move + "*2\r\n$3\r\nGET\r\n$14\r\nuser:7:profile\r\n");
+  EXPECT_EQ(conn_->pending(), 2u);
+  ASSERT_TRUE(Upstream(":1\r\n$3\r\nada\r\n"));
+  EXPECT_EQ(TakeClient(), "$3\r\nada\r\n");
+  EXPECT_EQ(shard_.legacy_keys_moved.Get(), 1u);
+  // Inside MULTI the move is queued too; its +QUEUED and its EXEC element are keyguard's.
+  Client("*1\r\n$5\r\nMULTI\r\n*2\r\n$3\r\nGET\r\n$14\r\nUser_7_Profile\r\n*1\r\n$4\r\nEXEC\r\n");
+  EXPECT_EQ(TakeUpstream(),
+            "*1\r\n$5\r\nMULTI\r\n" + move + "*2\r\n$3\r\nGET\r\n$14\r\nuser:7:profile\r\n*1\r\n$4\r\nEXEC\r\n");
+  ASSERT_TRUE(Upstream("+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n:0\r\n$3\r\nada\r\n"));
+  EXPECT_EQ(TakeClient(), "+OK\r\n+QUEUED\r\n*1\r\n$3\r\nada\r\n");
+  // A BLPOP's reply names the key as the client did.
+  Client("*3\r\n$5\r\nBLPOP\r\n$14\r\nUser_8_Profile\r\n$1\r\n0\r\n");
+  TakeUpstream();
+  ASSERT_TRUE(Upstream(":0\r\n*2\r\n$14\r\nuser:8:profile\r\n$1\r\nx\r\n"));
+  EXPECT_EQ(TakeClient(), "*2\r\n$14\r\nUser_8_Profile\r\n$1\r\nx\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+}
+
 TEST_F(ConnectionTest, SteadyStateAllocatesNothingPerCommand) {
   const std::string batch =
       Repeat("*3\r\n$3\r\nSET\r\n$5\r\nkey:1\r\n$3\r\nabc\r\n*2\r\n$3\r\nGET\r\n$5\r\nkey:1\r\n", 8);
