@@ -249,7 +249,8 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
   if (!v.prelude.empty() || !v.renamed.empty()) [[unlikely]] {
     ForwardExtras(v, c.mode);
   }
-  Pending p;
+  // The entry is filled in its queue slot and committed once it is known to expect a reply.
+  Pending& p = queue_.Stage();
   p.rewrite = v.rewrite;
   p.command = c.id;
   p.start_ns = now;
@@ -281,7 +282,7 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
   }
   const bool reset = p.kind == Kind::kReset;
   p.renamed = !v.renamed.empty();
-  queue_.Push(std::move(p));
+  queue_.Commit();
   if (reset) SendUpstreamAuth();
 }
 

@@ -17,8 +17,8 @@
 
 namespace keyguard::proxy {
 
-// A command waiting for its reply, or a reply keyguard made.
-struct Pending {
+// A pending entry's fixed-size fields (Pending resets them in place, see ReplyQueue::Stage).
+struct PendingFields {
   enum class Kind : uint8_t {
     kForward,            // plain command: one reply
     kLocal,              // keyguard's own reply in `text`
@@ -56,9 +56,19 @@ struct Pending {
     kExecOutside,  // EXEC outside MULTI: an error
   };
   Expect expect = Expect::kAny;
-  uint8_t rewrite = 0;                 // tenancy: tenant::ReplyRewrite of the reply
+  uint8_t rewrite = 0;  // tenancy: tenant::ReplyRewrite of the reply
+};
+
+// A command waiting for its reply, or a reply keyguard made.
+struct Pending : PendingFields {
   std::vector<uint8_t> exec_rewrites;  // tenancy, EXEC: the rewrite of each queued command
   std::string text;                    // kLocal: the reply
+  // Back to a new entry's values, keeping the buffers' capacity.
+  void Reset() {
+    static_cast<PendingFields&>(*this) = PendingFields{};
+    exec_rewrites.clear();
+    text.clear();
+  }
 };
 
 // Whether a reply (its type byte and first line) is what `expect` allows. Inline: every reply
@@ -126,6 +136,16 @@ class ReplyQueue {
     slot = std::move(p);
     return slot;
   }
+  // The common case without a move: the slot the next entry goes in, reset to a new entry's
+  // values. Fill it, then Commit() it, or leave it uncommitted (nothing is queued); nothing else
+  // may be pushed in between.
+  Pending& Stage() {
+    if (size_ == ring_.size()) Grow();
+    Pending& slot = ring_[(head_ + size_) & (ring_.size() - 1)];
+    slot.Reset();
+    return slot;
+  }
+  void Commit() { ++size_; }
   // Ends the head entry. Keys of entries no longer pending are dropped from the arena.
   void Pop() {
     if (front().renamed) renames_.pop_front();
