@@ -134,6 +134,33 @@ TEST(ReplyQueueTest, RenamedKeysGoBackToTheClientsNamesInTheReplysShape) {
   EXPECT_TRUE(q.empty());
 }
 
+TEST(ReplyQueueTest, AStagedEntryIsResetInItsSlotAndQueuedOnlyWhenCommitted) {
+  ReplyQueue q;
+  Pending& a = q.Stage();
+  a.command = commands::LookupCommand("get");
+  a.exec_rewrites = {1, 2};
+  a.hidden = true;
+  EXPECT_TRUE(q.empty());  // not committed: nothing is queued
+  Pending& b = q.Stage();  // the same slot, back to a new entry's values
+  EXPECT_EQ(&a, &b);
+  EXPECT_EQ(b.command, commands::kUnknownCommand);
+  EXPECT_TRUE(b.exec_rewrites.empty());
+  EXPECT_FALSE(b.hidden);
+  EXPECT_EQ(b.kind, Kind::kForward);
+  EXPECT_EQ(b.expected, 1);
+  b.command = commands::LookupCommand("set");
+  q.Commit();
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q.front().command, commands::LookupCommand("set"));
+  for (int i = 0; i < 40; ++i) {  // grows past the first ring while staged
+    q.Stage().start_ns = i;
+    q.Commit();
+  }
+  EXPECT_EQ(q.size(), 41u);
+  q.Pop();
+  EXPECT_EQ(q.front().start_ns, 0);
+}
+
 TEST(ConnectionStateTest, ARefusalInsideMultiTurnsExecIntoDiscard) {
   ConnectionState s;
   Send(s, "MULTI");
