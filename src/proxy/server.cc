@@ -128,7 +128,11 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   asio::signal_set signals(control, SIGTERM, SIGINT);
   asio::signal_set hup(control, SIGHUP);
 
-  auto upstream = Resolve(control, config.upstream, "upstream");
+  if (config.upstream.tls || config.upstream.kind != config::Upstream::Kind::kDirect) {
+    return absl::UnimplementedError(
+        absl::StrCat("upstream: ", config.upstream.ToString(), ": TLS and Sentinel upstreams are not served yet"));
+  }
+  auto upstream = Resolve(control, config.upstream.address, "upstream");
   if (!upstream.ok()) return upstream.status();
   auto listen = Resolve(control, config.listen, "listen");
   if (!listen.ok()) return listen.status();

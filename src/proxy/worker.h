@@ -44,7 +44,7 @@ struct Worker {
         stages(c, st, s, conns) {
     if (!config.upstream_auth.password.empty()) {
       std::vector<std::string_view> auth = {"AUTH"};
-      if (!config.upstream_auth.user.empty()) auth.push_back(config.upstream_auth.user);
+      if (!config.UpstreamUser().empty()) auth.push_back(config.UpstreamUser());
       auth.push_back(config.upstream_auth.password);
       resp::AppendCommand(&upstream_auth, auth);
     }
