@@ -113,28 +113,16 @@ awaitable<void> Session::Run() {
   const tcp::endpoint peer = client_.remote_endpoint(ec);
   if (!ec) client_address_ = absl::StrCat(peer.address().to_string(), ":", peer.port());
 
-  // Connect upstream, bounded by the connect timeout.
-  Timer timer(worker_.io);
-  timer.expires_after(std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
-  std::weak_ptr<Session> weak = self;
-  timer.async_wait([weak](error_code e) {
-    if (auto s = weak.lock(); s && !e) {
-      error_code ignored;
-      s->upstream_.close(ignored);
-    }
-  });
-  co_await upstream_.async_connect(worker_.upstream, AwaitEc(ec));
-  timer.cancel();
+  // Connect upstream (and the TLS handshake), bounded by the connect timeout.
+  ec = co_await upstream_.Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.config.upstream.address.host,
+                                  std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
   if (closed_) co_return;
-  if (ec || !upstream_.is_open()) {
-    worker_.shard->CountUpstreamError(metrics::UpstreamError::kConnect);
-    error_code ignored;
-    upstream_.close(ignored);
+  if (ec) {
+    worker_.shard->CountUpstreamError(upstream_.tls_failure().empty() ? metrics::UpstreamError::kConnect
+                                                                      : metrics::UpstreamError::kTls);
+    upstream_.Close();
   } else {
     upstream_ready_ = true;
-    upstream_.non_blocking(true, ec);
-    upstream_.set_option(tcp::no_delay(true), ec);
-    upstream_.set_option(asio::socket_base::keep_alive(true), ec);
     worker_.shard->upstream_connections.Add(1);
     SendUpstreamAuth(/*send_now=*/true);
     // The server's id of this connection, for the registry of the tenants' connections.
@@ -318,7 +306,7 @@ void Session::HandleCommand(std::span<const std::string_view> args, const char* 
     case Verdict::Action::kLogin: Login(c, v, now); return;
     case Verdict::Action::kUnavailable:
       worker_.shard->CountCommand(c.id, metrics::Outcome::kFailed);
-      Reply(std::string(kUpstreamUnavailable), c.id, /*close_after=*/true);
+      Reply(UpstreamUnavailable(), c.id, /*close_after=*/true);
       stop_reading_ = true;
       return;
     case Verdict::Action::kWalk:
@@ -570,10 +558,12 @@ awaitable<void> Session::UpstreamPump() {
     if (closed_) break;
     upstream_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await AsyncReadSome(upstream_, upstream_buf_.free_space(), AwaitEc(ec));
+    const size_t n = co_await upstream_.ReadSome(upstream_buf_.free_space(), ec);
     if (closed_) break;
     if (ec) {
-      FailUpstream(ec == asio::error::eof ? metrics::UpstreamError::kClosed : metrics::UpstreamError::kReset);
+      FailUpstream(ec == asio::error::eof            ? metrics::UpstreamError::kClosed
+                   : upstream_.tls_failure().empty() ? metrics::UpstreamError::kReset
+                                                     : metrics::UpstreamError::kTls);
       co_return;
     }
     upstream_buf_.Commit(n);
@@ -794,7 +784,12 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
     NotifyQueue();
     return;
   }
-  AbortPending(kUpstreamUnavailable);
+  AbortPending(UpstreamUnavailable());
+}
+
+std::string Session::UpstreamUnavailable() const {
+  if (upstream_.tls_failure().empty()) return std::string(kUpstreamUnavailable);
+  return absl::StrCat("-ERR keyguard: upstream TLS: ", upstream_.tls_failure(), "\r\n");
 }
 
 void Session::CloseUpstream() {
@@ -806,8 +801,7 @@ void Session::CloseUpstream() {
     upstream_ready_ = false;
     worker_.shard->upstream_connections.Add(-1);
   }
-  error_code ignored;
-  upstream_.close(ignored);
+  upstream_.Close();
 }
 
 void Session::AbortPending(std::string_view error) {

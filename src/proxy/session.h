@@ -27,6 +27,7 @@
 #include "proxy/refusal.h"
 #include "proxy/reply_queue.h"
 #include "proxy/scratch.h"
+#include "proxy/stream.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
@@ -100,6 +101,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
   void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
   void FailUpstream(metrics::UpstreamError reason);
+  // The error reply for an upstream that is gone: why, when TLS said.
+  std::string UpstreamUnavailable() const;
   // Closes the upstream connection (and counts it gone, if it was up).
   void CloseUpstream();
   // Every command still waiting gets `error`, and the connection closes once it is delivered.
@@ -109,7 +112,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   Worker& worker_;
   Socket client_;
-  Socket upstream_;
+  Stream upstream_;
   Outbox client_out_;
   Outbox upstream_out_;
   ReadBuffer client_buf_;

@@ -24,6 +24,7 @@
 #include "proxy/asio.h"
 #include "proxy/pipeline.h"
 #include "proxy/refusal.h"
+#include "proxy/tls.h"
 
 namespace keyguard::proxy {
 
@@ -57,6 +58,7 @@ struct Worker {
   const config::ProxyConfig& config;  // settings fixed at start-up
   metrics::WorkerShard* shard;
   tcp::endpoint upstream;
+  std::shared_ptr<TlsClient> upstream_tls;  // with a TLS upstream (shared by every worker)
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;
