@@ -23,6 +23,15 @@ namespace keyguard::proxy {
 class Stream {
  public:
   explicit Stream(asio::io_context& io) : socket_(io) {}
+  ~Stream() {
+    // A connection that ends without a TLS error ended well (Redis closes without close_notify,
+    // keyguard closes at the socket): OpenSSL would otherwise mark its session not resumable.
+    if (tls_ != nullptr && tls_failure_.empty()) {
+      SSL_set_shutdown(tls_->native_handle(), SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
+    }
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
 
   // The TCP layer (endpoints, options, peeking); reading and writing go through the calls below.
   Socket& socket() { return socket_; }

@@ -111,11 +111,13 @@ def test_commands_go_over_tls_and_sessions_resume(pki):
         assert p.execute() == list(range(1, 2001))
         assert direct(r, pki).get("tls:n") == b"2000"
         assert direct(r, pki).strlen("tls:big") == 3 << 20
-        # A second connection resumes the session the first one got.
+        # Once every connection so far has closed, a new one resumes the session the server gave.
+        c.connection_pool.disconnect()
+        wait_until(lambda: kg.metric("keyguard_upstream_connections") == 0, "the upstream connections closed")
+        resumed = kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}')
         c2 = redis.Redis(port=kg.port)
         assert c2.ping() is True
-        wait_until(lambda: kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}') >= 1,
-                   "a resumed TLS session")
+        assert kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}') == resumed + 1
         assert kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 0
         assert kg.http("/readyz") == (200, "ready\n")
         # The IP address is verified against the certificate's IP SAN.
