@@ -39,7 +39,7 @@ size_t TopN(std::string_view target) {
 AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
                          const config::ConfigStore& store, const hygiene::FindingLog& findings,
                          const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream, proxy::TlsClient* upstream_tls,
-                         const std::atomic<bool>& draining)
+                         const proxy::SentinelWatch* sentinel, const std::atomic<bool>& draining)
     : io_(io),
       registry_(registry),
       config_(config),
@@ -48,6 +48,7 @@ AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry
       hot_keys_(hot_keys),
       upstream_(upstream),
       upstream_tls_(upstream_tls),
+      sentinel_(sentinel),
       draining_(draining),
       acceptor_(io) {}
 
@@ -84,7 +85,10 @@ awaitable<void> AdminServer::Accept() {
 
 awaitable<std::string> AdminServer::ProbeUpstream() {
   proxy::Stream s(io_);
-  error_code ec = co_await s.Connect(upstream_, upstream_tls_, config_.upstream.address.host, std::chrono::seconds(1));
+  const proxy::Primary primary = sentinel_ != nullptr ? sentinel_->current() : proxy::Primary();
+  error_code ec =
+      co_await s.Connect(sentinel_ != nullptr ? primary.endpoint : upstream_, upstream_tls_,
+                         sentinel_ != nullptr ? primary.host : config_.upstream.address.host, std::chrono::seconds(1));
   if (!s.tls_failure().empty()) co_return absl::StrCat("TLS: ", s.tls_failure());
   bool ok = false;
   if (!ec) {

@@ -10,6 +10,7 @@
 #include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
+#include "proxy/sentinel.h"
 #include "proxy/tls.h"
 
 namespace keyguard::admin {
@@ -17,11 +18,12 @@ namespace keyguard::admin {
 class AdminServer {
  public:
   // Serves on `io` (its own thread); `upstream` is probed by /readyz (over TLS with
-  // `upstream_tls`, which may be nullptr); `draining` turns /readyz off.
+  // `upstream_tls`, which may be nullptr), or the primary `sentinel` follows (when not nullptr);
+  // `draining` turns /readyz off.
   AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
               const config::ConfigStore& store, const hygiene::FindingLog& findings,
               const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream, proxy::TlsClient* upstream_tls,
-              const std::atomic<bool>& draining);
+              const proxy::SentinelWatch* sentinel, const std::atomic<bool>& draining);
 
   // Binds and starts accepting.
   absl::Status Listen();
@@ -42,6 +44,7 @@ class AdminServer {
   const hygiene::HotKeysBoard& hot_keys_;
   tcp::endpoint upstream_;
   proxy::TlsClient* upstream_tls_;
+  const proxy::SentinelWatch* sentinel_;
   const std::atomic<bool>& draining_;
   Acceptor acceptor_;
   tcp::endpoint endpoint_;

@@ -114,13 +114,14 @@ awaitable<void> Session::Run() {
   if (!ec) client_address_ = absl::StrCat(peer.address().to_string(), ":", peer.port());
 
   // Connect upstream (and the TLS handshake), bounded by the connect timeout.
-  ec = co_await upstream_.Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.config.upstream.address.host,
+  ec = co_await upstream_.Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
                                   std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
   if (closed_) co_return;
   if (ec) {
     worker_.shard->CountUpstreamError(upstream_.tls_failure().empty() ? metrics::UpstreamError::kConnect
                                                                       : metrics::UpstreamError::kTls);
     upstream_.Close();
+    if (worker_.upstream_failed) worker_.upstream_failed();
   } else {
     upstream_ready_ = true;
     worker_.shard->upstream_connections.Add(1);
@@ -738,6 +739,8 @@ void Session::CompleteHead(char reply_type, int64_t size, std::string_view bulk,
   if (p.reply_check != 0 && !error) {
     detectors_.OnReply(p.command, p.reply_check, queue_.KeyOf(p), reply_type, size, bulk, reply_scope_);
   }
+  // A write refused by a replica: the primary may have moved (Sentinel: ask again).
+  if (error && worker_.upstream_failed && bulk.starts_with("READONLY")) worker_.upstream_failed();
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
     worker_.shard->ObserveReply(p.command, frame_len, aggregate ? size : -1);

@@ -54,6 +54,7 @@ enum class FamilyId : uint8_t {
   kConfigVersion,
   kUpstreamTlsHandshakes,
   kUpstreamTlsReloads,
+  kUpstreamFailovers,
   kHotKeyPatternAccesses,
   // `keyguard audit --format prom`.
   kAuditScannedKeys,
@@ -202,6 +203,8 @@ inline constexpr Family kFamilies[] = {
      {"resumed"}},
     {FamilyId::kUpstreamTlsReloads, "keyguard_upstream_tls_reloads_total", Type::kCounter,
      "Times the upstream TLS certificate, key or CA files changed on disk and were loaded for new connections."},
+    {FamilyId::kUpstreamFailovers, "keyguard_upstream_failovers_total", Type::kCounter,
+     "Times the Sentinels named a new primary and keyguard moved to it."},
     {FamilyId::kHotKeyPatternAccesses,
      "keyguard_hot_key_pattern_accesses",
      Type::kGauge,
