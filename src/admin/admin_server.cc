@@ -1,5 +1,7 @@
 #include "admin/admin_server.h"
 
+#include "proxy/stream.h"
+
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -36,8 +38,8 @@ size_t TopN(std::string_view target) {
 
 AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
                          const config::ConfigStore& store, const hygiene::FindingLog& findings,
-                         const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream,
-                         const std::atomic<bool>& draining)
+                         const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream, proxy::TlsClient* upstream_tls,
+                         const proxy::SentinelWatch* sentinel, const std::atomic<bool>& draining)
     : io_(io),
       registry_(registry),
       config_(config),
@@ -45,6 +47,8 @@ AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry
       findings_(findings),
       hot_keys_(hot_keys),
       upstream_(upstream),
+      upstream_tls_(upstream_tls),
+      sentinel_(sentinel),
       draining_(draining),
       acceptor_(io) {}
 
@@ -79,27 +83,30 @@ awaitable<void> AdminServer::Accept() {
   }
 }
 
-awaitable<bool> AdminServer::ProbeUpstream() {
-  Socket s(io_);
-  Timer timer(io_, std::chrono::seconds(1));
-  timer.async_wait([&s](error_code e) {
-    if (!e) {
-      error_code ignored;
-      s.close(ignored);
-    }
-  });
-  error_code ec;
-  co_await s.async_connect(upstream_, AwaitEc(ec));
+awaitable<std::string> AdminServer::ProbeUpstream() {
+  proxy::Stream s(io_);
+  const proxy::Primary primary = sentinel_ != nullptr ? sentinel_->current() : proxy::Primary();
+  error_code ec =
+      co_await s.Connect(sentinel_ != nullptr ? primary.endpoint : upstream_, upstream_tls_,
+                         sentinel_ != nullptr ? primary.host : config_.upstream.address.host, std::chrono::seconds(1));
+  if (!s.tls_failure().empty()) co_return absl::StrCat("TLS: ", s.tls_failure());
   bool ok = false;
   if (!ec) {
-    co_await asio::async_write(s, asio::buffer("*1\r\n$4\r\nPING\r\n", 14), AwaitEc(ec));
+    // `done`: a timer that fires as the reply arrives must not touch `s` after this returns.
+    auto done = std::make_shared<bool>(false);
+    Timer timer(io_, std::chrono::seconds(1));
+    timer.async_wait([&s, done](error_code e) {
+      if (!e && !*done) s.Close();
+    });
+    size_t n = co_await s.WriteSome(asio::buffer("*1\r\n$4\r\nPING\r\n", 14), ec);
     char reply[64];
-    size_t n = 0;
-    if (!ec) n = co_await s.async_read_some(asio::buffer(reply), AwaitEc(ec));
+    if (!ec && n == 14) n = co_await s.ReadSome(asio::buffer(reply), ec);
     ok = !ec && n > 0 && (reply[0] == '+' || reply[0] == '-');
+    *done = true;
+    timer.cancel();
   }
-  timer.cancel();
-  co_return ok;
+  s.Close();
+  co_return ok ? "" : "unreachable";
 }
 
 awaitable<void> AdminServer::Serve(Socket socket) {
@@ -135,9 +142,10 @@ awaitable<void> AdminServer::Serve(Socket socket) {
       if (draining_.load()) {
         res.result(http::status::service_unavailable);
         res.body() = "draining\n";
-      } else if (!co_await ProbeUpstream()) {
+      } else if (const std::string why = co_await ProbeUpstream(); !why.empty()) {
         res.result(http::status::service_unavailable);
-        res.body() = absl::StrCat("upstream ", config_.upstream.ToString(), " unreachable\n");
+        res.body() =
+            absl::StrCat("upstream ", config_.upstream.ToString(), why == "unreachable" ? " " : ": ", why, "\n");
       } else {
         res.body() = "ready\n";
       }

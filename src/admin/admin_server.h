@@ -10,15 +10,20 @@
 #include "keyguard/hygiene/hot_keys.h"
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
+#include "proxy/sentinel.h"
+#include "proxy/tls.h"
 
 namespace keyguard::admin {
 
 class AdminServer {
  public:
-  // Serves on `io` (its own thread); `upstream` is probed by /readyz; `draining` turns /readyz off.
+  // Serves on `io` (its own thread); `upstream` is probed by /readyz (over TLS with
+  // `upstream_tls`, which may be nullptr), or the primary `sentinel` follows (when not nullptr);
+  // `draining` turns /readyz off.
   AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
               const config::ConfigStore& store, const hygiene::FindingLog& findings,
-              const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream, const std::atomic<bool>& draining);
+              const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream, proxy::TlsClient* upstream_tls,
+              const proxy::SentinelWatch* sentinel, const std::atomic<bool>& draining);
 
   // Binds and starts accepting.
   absl::Status Listen();
@@ -27,8 +32,9 @@ class AdminServer {
  private:
   awaitable<void> Accept();
   awaitable<void> Serve(Socket socket);
-  // Connects to the upstream and sends PING; any RESP reply (even -NOAUTH) means reachable.
-  awaitable<bool> ProbeUpstream();
+  // Connects to the upstream (TLS handshake included) and sends PING; any RESP reply (even
+  // -NOAUTH) means reachable. Returns "" when it is, else why not ("unreachable", "TLS: ...").
+  awaitable<std::string> ProbeUpstream();
 
   asio::io_context& io_;
   const metrics::Registry& registry_;
@@ -37,6 +43,8 @@ class AdminServer {
   const hygiene::FindingLog& findings_;
   const hygiene::HotKeysBoard& hot_keys_;
   tcp::endpoint upstream_;
+  proxy::TlsClient* upstream_tls_;
+  const proxy::SentinelWatch* sentinel_;
   const std::atomic<bool>& draining_;
   Acceptor acceptor_;
   tcp::endpoint endpoint_;

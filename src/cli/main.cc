@@ -1,5 +1,5 @@
 // keyguard: a RESP proxy that keeps Redis key names in order.
-//   keyguard [--config FILE] [--listen HOST:PORT] [--upstream HOST:PORT] [--admin HOST:PORT] [--threads N]
+//   keyguard [--config FILE] [--listen HOST:PORT] [--upstream URL] [--admin HOST:PORT] [--threads N]
 //   keyguard check-config FILE
 //   keyguard audit ... | keyguard migrate ...   (src/maintenance)
 // Flags override the same settings from the config file.
@@ -30,7 +30,9 @@ constexpr char kUsage[] =
     "options (each overrides the same setting in --config):\n"
     "  --config FILE         YAML config file\n"
     "  --listen HOST:PORT    where clients connect (default 127.0.0.1:6380)\n"
-    "  --upstream HOST:PORT  the Redis server (default 127.0.0.1:6379)\n"
+    "  --upstream URL        the Redis server (default 127.0.0.1:6379): HOST:PORT,\n"
+    "                        redis://[USER@]HOST:PORT, rediss://[USER@]HOST:PORT (TLS),\n"
+    "                        redis-sentinel://MASTER@HOST:PORT,... or rediss-sentinel://...\n"
     "  --admin HOST:PORT     HTTP /metrics, /healthz, /readyz (default 127.0.0.1:9121)\n"
     "  --threads N           worker threads (default: one per hardware thread)\n"
     "  --help, --version\n";
@@ -91,8 +93,12 @@ int main(int argc, char** argv) {
     if (!c.ok()) return FailToStart(std::string(c.status().message()));
     config = *c;
   }
-  for (auto [flag, target] : {std::pair{"--listen", &config.listen}, std::pair{"--upstream", &config.upstream},
-                              std::pair{"--admin", &config.admin}}) {
+  if (flags.Has("--upstream")) {
+    auto u = keyguard::config::ParseUpstream(flags.Str("--upstream"), "--upstream");
+    if (!u.ok()) return FailToStart(std::string(u.status().message()));
+    config.upstream = *u;
+  }
+  for (auto [flag, target] : {std::pair{"--listen", &config.listen}, std::pair{"--admin", &config.admin}}) {
     if (!flags.Has(flag)) continue;
     auto hp = keyguard::config::ParseHostPort(flags.Str(flag), flag);
     if (!hp.ok()) return FailToStart(std::string(hp.status().message()));

@@ -97,6 +97,28 @@ absl::Status CompileHygiene(const v1::Hygiene& h, hygiene::Settings* out) {
   return absl::OkStatus();
 }
 
+absl::Status CompileTls(const v1::Tls& t, const std::string& path, TlsSettings* out) {
+  out->ca_file = t.ca_file();
+  out->ca_dir = t.ca_dir();
+  out->cert_file = t.cert_file();
+  out->key_file = t.key_file();
+  out->server_name = t.server_name();
+  if (t.has_verify()) out->verify = t.verify();
+  if (!t.min_version().empty()) {
+    if (t.min_version() != "1.2" && t.min_version() != "1.3") {
+      return FieldError(path + ".min_version", absl::StrCat("'", t.min_version(), "' is not \"1.2\" or \"1.3\""));
+    }
+    out->min_version = t.min_version();
+  }
+  out->ciphers = t.ciphers();
+  out->ciphersuites = t.ciphersuites();
+  if (out->cert_file.empty() != out->key_file.empty()) {
+    return FieldError(path + (out->cert_file.empty() ? ".cert_file" : ".key_file"),
+                      "cert_file and key_file go together (a client certificate needs its key)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string HostPort::ToString() const {
@@ -143,12 +165,30 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     const char* field;
     HostPort* target;
   };
-  for (const Address& a : {Address{p.listen(), "listen", &c.listen}, Address{p.upstream(), "upstream", &c.upstream},
-                           Address{p.admin(), "admin", &c.admin}}) {
+  for (const Address& a : {Address{p.listen(), "listen", &c.listen}, Address{p.admin(), "admin", &c.admin}}) {
     if (a.text.empty()) continue;
     auto hp = ParseHostPort(a.text, a.field);
     if (!hp.ok()) return hp.status();
     *a.target = *hp;
+  }
+  if (!p.upstream().empty()) {
+    auto u = ParseUpstream(p.upstream(), "upstream");
+    if (!u.ok()) return u.status();
+    c.upstream = *std::move(u);
+  }
+  if (auto s = CompileTls(p.upstream_tls(), "upstream_tls", &c.upstream_tls); !s.ok()) return s;
+  c.sentinel.user = p.sentinel().user();
+  if (const std::string& path = p.sentinel().password_file(); !path.empty()) {
+    auto text = ReadConfigText(path);
+    if (!text.ok()) return FieldError("sentinel.password_file", text.status().message());
+    std::string password = *std::move(text);
+    while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) password.pop_back();
+    if (password.empty()) return FieldError("sentinel.password_file", absl::StrCat(path, " is empty"));
+    c.sentinel.password = std::move(password);
+    c.sentinel.password_file = path;
+  }
+  if (!c.sentinel.user.empty() && c.sentinel.password.empty()) {
+    return FieldError("sentinel.user", "given without sentinel.password_file");
   }
   auto range = [](const char* field, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
     if (v < lo || v > hi) return FieldError(field, absl::StrCat("must be between ", lo, " and ", hi));
@@ -258,7 +298,15 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
   auto auth = tenant::CompileUpstreamAuth(p.upstream_auth(), password_text);
   if (!auth.ok()) return auth.status();
   c.upstream_auth = *std::move(auth);
-  if (auto s = Validate(c); !s.ok()) return s;
+  // A file without `upstream:` may get it from --upstream: main() checks the upstream then.
+  if (p.upstream().empty()) {
+    ProxyConfig plain = c;
+    plain.upstream_tls = TlsSettings();
+    plain.sentinel = SentinelSettings();
+    if (auto s = Validate(plain); !s.ok()) return s;
+  } else if (auto s = Validate(c); !s.ok()) {
+    return s;
+  }
   return c;
 }
 
@@ -273,6 +321,28 @@ absl::StatusOr<ProxyConfig> LoadConfigFile(const std::string& path) {
 absl::Status Validate(const ProxyConfig& c) {
   if (c.listen.port == c.admin.port && c.listen.port != 0 && c.listen.host == c.admin.host) {
     return FieldError("admin", "must differ from listen");
+  }
+  return ValidateUpstream(c);
+}
+
+absl::Status ValidateUpstream(const ProxyConfig& c) {
+  if (!c.upstream.tls && c.upstream_tls.customized()) {
+    return FieldError("upstream_tls", absl::StrCat("set, but upstream '", c.upstream.ToString(),
+                                                   "' is not TLS (rediss:// or rediss-sentinel://)"));
+  }
+  if (c.upstream.kind != Upstream::Kind::kSentinel && (!c.sentinel.user.empty() || !c.sentinel.password.empty())) {
+    return FieldError("sentinel", absl::StrCat("set, but upstream '", c.upstream.ToString(),
+                                               "' is not a Sentinel group (redis-sentinel://)"));
+  }
+  if (!c.upstream.user.empty()) {
+    if (!c.upstream_auth.user.empty() && c.upstream_auth.user != c.upstream.user) {
+      return FieldError("upstream_auth.user", absl::StrCat("'", c.upstream_auth.user, "' differs from the user '",
+                                                           c.upstream.user, "' in upstream"));
+    }
+    if (c.upstream_auth.password.empty()) {
+      return FieldError("upstream", absl::StrCat("names user '", c.upstream.user,
+                                                 "' but no password is set: upstream_auth.password_file"));
+    }
   }
   return absl::OkStatus();
 }

@@ -130,8 +130,31 @@ std::string DescribeConfig(const ProxyConfig& c) {
   absl::StrAppend(&out, "upstream_auth: ",
                   c.upstream_auth.password.empty()
                       ? "none"
-                      : (c.upstream_auth.user.empty() ? "password" : absl::StrCat("user ", c.upstream_auth.user)),
+                      : (c.UpstreamUser().empty() ? "password" : absl::StrCat("user ", c.UpstreamUser())),
                   "\n");
+  // TLS and Sentinel: file names and choices, never a key or a password.
+  if (c.upstream.tls) {
+    const TlsSettings& t = c.upstream_tls;
+    absl::StrAppend(&out, "upstream_tls:\n  ca: ",
+                    t.ca_file.empty() && t.ca_dir.empty()
+                        ? "system store"
+                        : absl::StrCat(t.ca_file, t.ca_file.empty() || t.ca_dir.empty() ? "" : ", ", t.ca_dir),
+                    "\n  client_certificate: ", t.cert_file.empty() ? "none" : t.cert_file,
+                    t.key_file.empty() ? "" : absl::StrCat(" (key ", t.key_file, ")"),
+                    "\n  server_name: ", t.server_name.empty() ? "(the upstream host)" : t.server_name,
+                    "\n  verify: ", t.verify ? "on" : "OFF", "\n  min_version: ", t.min_version,
+                    "\n  ciphers: ", t.ciphers.empty() ? "default" : t.ciphers,
+                    "\n  ciphersuites: ", t.ciphersuites.empty() ? "default" : t.ciphersuites, "\n");
+  }
+  if (c.upstream.kind == Upstream::Kind::kSentinel) {
+    absl::StrAppend(&out, "sentinel:\n  master: ", c.upstream.master, "\n  sentinels: ", c.upstream.sentinels.size(),
+                    "\n  auth: ",
+                    c.sentinel.password.empty()
+                        ? "none"
+                        : absl::StrCat(c.sentinel.user.empty() ? "password" : absl::StrCat("user ", c.sentinel.user),
+                                       " (", c.sentinel.password_file, ")"),
+                    "\n");
+  }
   return out;
 }
 

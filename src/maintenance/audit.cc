@@ -67,9 +67,9 @@ int RunAudit(const std::vector<std::string>& argv) {
   MaintenanceConfig& cfg = *loaded;
   AuditSettings& s = cfg.audit;
   if (args.Has("--upstream")) {
-    auto hp = config::ParseHostPort(args.Str("--upstream"), "--upstream");
-    if (!hp.ok()) return Fail(std::string(hp.status().message()));
-    cfg.proxy.upstream = *hp;
+    auto u = config::ParseUpstream(args.Str("--upstream"), "--upstream");
+    if (!u.ok()) return Fail(std::string(u.status().message()));
+    cfg.proxy.upstream = *u;
   }
   const std::string format = args.Str("--format", "table");
   if (format != "table" && format != "json" && format != "prom") return Fail("--format: expected table, json or prom");

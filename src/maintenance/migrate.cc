@@ -447,9 +447,9 @@ int RunMigrate(const std::vector<std::string>& argv) {
                              "' in the config (known: ", known.empty() ? "none" : known, ")"));
   }
   if (args.Has("--upstream")) {
-    auto hp = config::ParseHostPort(args.Str("--upstream"), "--upstream");
-    if (!hp.ok()) return Fail(std::string(hp.status().message()));
-    cfg.proxy.upstream = *hp;
+    auto u = config::ParseUpstream(args.Str("--upstream"), "--upstream");
+    if (!u.ok()) return Fail(std::string(u.status().message()));
+    cfg.proxy.upstream = *u;
   }
   auto db = args.Int("--db", 0, 0, 1 << 20);
   auto max_keys = args.Int("--max-keys", 0, 0, INT64_MAX);

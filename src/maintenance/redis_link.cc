@@ -37,6 +37,15 @@ Reply Convert(const redisReply* r) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<RedisLink>> RedisLink::Connect(const config::Upstream& upstream, int db) {
+  if (upstream.tls || upstream.kind != config::Upstream::Kind::kDirect) {
+    return absl::UnimplementedError(absl::StrCat("upstream ", upstream.ToString(),
+                                                 ": audit and migrate reach Redis over plain TCP only (HOST:PORT or "
+                                                 "redis://); point --upstream at the server itself"));
+  }
+  return Connect(upstream.address, db);
+}
+
 absl::StatusOr<std::unique_ptr<RedisLink>> RedisLink::Connect(const config::HostPort& where, int db) {
   const timeval connect_timeout{5, 0};
   redisContext* c = redisConnectWithTimeout(where.host.c_str(), where.port, connect_timeout);

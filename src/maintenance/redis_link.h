@@ -34,6 +34,8 @@ class RedisLink {
  public:
   // Connects (and AUTHs with $REDISCLI_AUTH when set, as redis-cli does), then SELECTs `db`.
   static absl::StatusOr<std::unique_ptr<RedisLink>> Connect(const config::HostPort& where, int db = 0);
+  // The same for a configured upstream: plain TCP only (a TLS or Sentinel upstream is an error).
+  static absl::StatusOr<std::unique_ptr<RedisLink>> Connect(const config::Upstream& upstream, int db = 0);
   ~RedisLink();
   RedisLink(const RedisLink&) = delete;
   RedisLink& operator=(const RedisLink&) = delete;

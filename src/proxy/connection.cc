@@ -232,7 +232,7 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
     case Verdict::Action::kLogin: Login(c, v, now); return;
     case Verdict::Action::kUnavailable:
       shard_.CountCommand(c.id, metrics::Outcome::kFailed);
-      Reply(std::string(kUpstreamUnavailable), c.id, /*close_after=*/true);
+      Reply(UpstreamUnavailable(), c.id, /*close_after=*/true);
       stop_reading_ = true;
       return;
     case Verdict::Action::kWalk:
@@ -635,6 +635,8 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   if (p.reply_check != 0 && !error) {
     detectors_.OnReply(p.command, p.reply_check, queue_.KeyOf(p), reply_type, size, bulk, reply_scope_);
   }
+  // A write refused by a replica: the primary may have moved (the transport asks Sentinel again).
+  if (error && bulk.starts_with("READONLY")) readonly_seen_ = true;
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
     shard_.ObserveReply(p.command, frame_len, aggregate ? size : -1);
@@ -673,8 +675,13 @@ Connection::AfterFailure Connection::OnUpstreamFailed(metrics::UpstreamError rea
     queue_.Clear();
     return AfterFailure::kContinue;
   }
-  AbortPending(kUpstreamUnavailable, owed);
+  AbortPending(UpstreamUnavailable(), owed);
   return AfterFailure::kClose;
+}
+
+std::string Connection::UpstreamUnavailable() const {
+  if (upstream_failure_.empty()) return std::string(kUpstreamUnavailable);
+  return absl::StrCat("-ERR keyguard: ", upstream_failure_, "\r\n");
 }
 
 void Connection::AbortPending(std::string_view error, std::string* owed) {

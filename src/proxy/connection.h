@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "keyguard/hygiene/hot_keys.h"
@@ -128,6 +129,12 @@ class Connection {
   bool idle() const { return queue_.empty() && !holding_ && !resume_; }
   size_t pending() const { return queue_.size(); }
 
+  // Why the upstream is unavailable, when more is known than that ("upstream TLS: <reason>"): the
+  // error replies say it.
+  void set_upstream_failure(std::string why) { upstream_failure_ = std::move(why); }
+  // Whether a reply since the last call was READONLY (a replica: the primary may have moved).
+  bool TakeReadOnlySeen() { return std::exchange(readonly_seen_, false); }
+
   // The connection closes: nothing can follow what the detectors are waiting for.
   void OnClose();
 
@@ -226,6 +233,10 @@ class Connection {
 
   // A call's output and what it points into (reused).
   Output out_;
+  std::string upstream_failure_;  // set_upstream_failure
+  bool readonly_seen_ = false;
+  // The error reply for an upstream that is gone.
+  std::string UpstreamUnavailable() const;
   std::deque<std::string> held_;          // keyguard's replies, and rewritten replies
   Scratch scratch_;                       // the bytes of rewritten commands
   std::vector<std::string_view> splice_;  // the pieces of the current command, when spliced

@@ -8,6 +8,9 @@ namespace keyguard::proxy {
 Outbox::Outbox(Socket& socket, metrics::Counter* bytes_sent)
     : socket_(socket), bytes_sent_(bytes_sent), event_(socket.get_executor()) {}
 
+Outbox::Outbox(Stream& stream, metrics::Counter* bytes_sent)
+    : socket_(stream.socket()), stream_(&stream), bytes_sent_(bytes_sent), event_(stream.socket().get_executor()) {}
+
 namespace {
 
 // The pieces as an Asio ConstBufferSequence, without copying the list.
@@ -47,7 +50,7 @@ bool Outbox::Send(std::span<const std::string_view> pieces) {
   if (failed_) return false;
   if (pieces.empty()) return true;
   size_t skip = 0;
-  if (!draining_ && pending_.empty()) {
+  if (!draining_ && pending_.empty() && (stream_ == nullptr || stream_->can_write_now())) {
     error_code ec;
     skip = socket_.write_some(Pieces(pieces), ec);  // the socket is non-blocking
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
@@ -84,8 +87,9 @@ awaitable<void> Outbox::Drain(std::shared_ptr<void> keep_alive) {
     written_ = 0;
     while (written_ < writing_.size()) {
       error_code ec;
-      const size_t n = co_await socket_.async_write_some(
-          asio::buffer(writing_.data() + written_, writing_.size() - written_), AwaitEc(ec));
+      const auto rest = asio::buffer(writing_.data() + written_, writing_.size() - written_);
+      const size_t n = stream_ != nullptr ? co_await stream_->WriteSome(rest, ec)
+                                          : co_await socket_.async_write_some(rest, AwaitEc(ec));
       if (ec) {
         Fail(ec);
         break;

@@ -1,6 +1,7 @@
 // Writes to one socket in order. Send() writes straight from the caller's buffers with one
 // non-blocking writev when the socket takes it (the common case: zero copies, no suspension);
-// only what the socket does not take is copied and written in the background. Callers apply
+// only what the socket does not take is copied and written in the background. Over TLS every
+// byte takes the background path (the ssl stream encrypts as it writes). Callers apply
 // backpressure by waiting for the backlog to shrink before reading more from the other side.
 #pragma once
 
@@ -13,6 +14,7 @@
 
 #include "keyguard/metrics/registry.h"
 #include "proxy/asio.h"
+#include "proxy/stream.h"
 
 namespace keyguard::proxy {
 
@@ -20,6 +22,8 @@ class Outbox {
  public:
   // `owner` is kept alive while a background write runs; `on_error` runs once if a write fails.
   Outbox(Socket& socket, metrics::Counter* bytes_sent);
+  // Writes to `stream` (plain TCP or TLS).
+  Outbox(Stream& stream, metrics::Counter* bytes_sent);
 
   void set_owner(std::weak_ptr<void> owner) { owner_ = std::move(owner); }
   void set_on_error(std::function<void(error_code)> f) { on_error_ = std::move(f); }
@@ -44,6 +48,7 @@ class Outbox {
   void Fail(error_code ec);
 
   Socket& socket_;
+  Stream* stream_ = nullptr;  // nullptr: socket_ itself
   metrics::Counter* bytes_sent_;
   std::weak_ptr<void> owner_;
   std::function<void(error_code)> on_error_;

@@ -67,27 +67,17 @@ awaitable<void> Session::Run() {
   const tcp::endpoint peer = client_.remote_endpoint(ec);
   if (!ec) conn_.set_client_address(absl::StrCat(peer.address().to_string(), ":", peer.port()));
 
-  // Connect upstream, bounded by the connect timeout.
-  Timer timer(worker_.io);
-  timer.expires_after(std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
-  std::weak_ptr<Session> weak = self;
-  timer.async_wait([weak](error_code e) {
-    if (auto s = weak.lock(); s && !e) {
-      error_code ignored;
-      s->upstream_.close(ignored);
-    }
-  });
-  co_await upstream_.async_connect(worker_.upstream, AwaitEc(ec));
-  timer.cancel();
+  // Connect upstream (and the TLS handshake), bounded by the connect timeout.
+  ec = co_await upstream_.Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
+                                  std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
   if (closed_) co_return;
-  if (ec || !upstream_.is_open()) {
-    worker_.shard->CountUpstreamError(metrics::UpstreamError::kConnect);
-    error_code ignored;
-    upstream_.close(ignored);
+  if (ec) {
+    const bool tls = !upstream_.tls_failure().empty();
+    worker_.shard->CountUpstreamError(tls ? metrics::UpstreamError::kTls : metrics::UpstreamError::kConnect);
+    if (tls) conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_.tls_failure()));
+    upstream_.Close();
+    if (worker_.upstream_failed) worker_.upstream_failed();
   } else {
-    upstream_.non_blocking(true, ec);
-    upstream_.set_option(tcp::no_delay(true), ec);
-    upstream_.set_option(asio::socket_base::keep_alive(true), ec);
     conn_.OnUpstreamConnected();  // keyguard's AUTH and CLIENT ID, ahead of every client command
     Flush();
     asio::co_spawn(
@@ -211,10 +201,15 @@ awaitable<void> Session::UpstreamPump() {
     if (closed_) break;
     upstream_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await AsyncReadSome(upstream_, upstream_buf_.free_space(), AwaitEc(ec));
+    const size_t n = co_await upstream_.ReadSome(upstream_buf_.free_space(), ec);
     if (closed_) break;
     if (ec) {
-      FailUpstream(ec == asio::error::eof ? metrics::UpstreamError::kClosed : metrics::UpstreamError::kReset);
+      if (!upstream_.tls_failure().empty()) {
+        conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_.tls_failure()));
+      }
+      FailUpstream(ec == asio::error::eof            ? metrics::UpstreamError::kClosed
+                   : upstream_.tls_failure().empty() ? metrics::UpstreamError::kReset
+                                                     : metrics::UpstreamError::kTls);
       co_return;
     }
     upstream_buf_.Commit(n);
@@ -224,6 +219,8 @@ awaitable<void> Session::UpstreamPump() {
     Flush();
     upstream_buf_.Consume(used);
     NotifyQueue();
+    // A write refused by a replica: the primary may have moved (Sentinel: ask again).
+    if (conn_.TakeReadOnlySeen() && worker_.upstream_failed) worker_.upstream_failed();
     if (!ok) {
       FailUpstream(conn_.read_error());
       co_return;
@@ -259,8 +256,7 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
 
 void Session::CloseUpstream() {
   conn_.OnUpstreamClosed();
-  error_code ignored;
-  upstream_.close(ignored);
+  upstream_.Close();
 }
 
 // ---------------------------------------------------------------------------------------------

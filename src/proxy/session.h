@@ -14,6 +14,7 @@
 #include "proxy/asio.h"
 #include "proxy/connection.h"
 #include "proxy/outbox.h"
+#include "proxy/stream.h"
 #include "proxy/read_buffer.h"
 #include "proxy/worker.h"
 
@@ -56,7 +57,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
 
   Worker& worker_;
   Socket client_;
-  Socket upstream_;
+  Stream upstream_;
   Outbox client_out_;
   Outbox upstream_out_;
   ReadBuffer client_buf_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <atomic>
 #include <memory>
 #include <random>
@@ -24,6 +25,7 @@
 #include "proxy/asio.h"
 #include "proxy/pipeline.h"
 #include "proxy/refusal.h"
+#include "proxy/tls.h"
 
 namespace keyguard::proxy {
 
@@ -39,12 +41,13 @@ struct Worker {
         config(c),
         shard(s),
         upstream(up),
+        upstream_host(c.upstream.address.host),
         hygiene(c.hygiene, detectors),
         connections(conns),
         stages(c, st, s, conns) {
     if (!config.upstream_auth.password.empty()) {
       std::vector<std::string_view> auth = {"AUTH"};
-      if (!config.upstream_auth.user.empty()) auth.push_back(config.upstream_auth.user);
+      if (!config.UpstreamUser().empty()) auth.push_back(config.UpstreamUser());
       auth.push_back(config.upstream_auth.password);
       resp::AppendCommand(&upstream_auth, auth);
     }
@@ -56,7 +59,11 @@ struct Worker {
   asio::io_context io;
   const config::ProxyConfig& config;  // settings fixed at start-up
   metrics::WorkerShard* shard;
-  tcp::endpoint upstream;
+  tcp::endpoint upstream;     // where new sessions connect (a Sentinel failover moves it)
+  std::string upstream_host;  // its name, for TLS verification
+  // A session could not connect, or a write got READONLY (Sentinel: ask for the primary again).
+  std::function<void()> upstream_failed;
+  std::shared_ptr<TlsClient> upstream_tls;  // with a TLS upstream (shared by every worker)
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;

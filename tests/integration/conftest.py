@@ -83,13 +83,19 @@ def wait_port(port, timeout=PATIENCE, proc=None):
 
 
 class Redis:
-    def __init__(self, *extra):
+    def __init__(self, *extra, tls=None):
+        """`tls`: {"cert": PATH, "key": PATH, "ca": PATH} to serve TLS only on self.port (as
+        redis-server --tls-port, with --port 0); extra arguments follow (e.g. --tls-auth-clients)."""
         self.dir = tempfile.mkdtemp(prefix="kg-redis-")
         for attempt in range(5):
             self.port = free_port()
             log = tempfile.TemporaryFile()
+            ports = ["--port", str(self.port)]
+            if tls is not None:
+                ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", tls["cert"],
+                         "--tls-key-file", tls["key"], "--tls-ca-cert-file", tls["ca"]]
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                ["redis-server", *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--dir", self.dir, "--enable-debug-command", "yes", *extra],
                 stdout=log, stderr=subprocess.STDOUT)
             try:
@@ -114,7 +120,8 @@ _started = []
 
 
 class Keyguard:
-    def __init__(self, upstream_port, config=None, threads=2, extra=()):
+    def __init__(self, upstream_port, config=None, threads=2, extra=(), upstream=None):
+        """`upstream`: the --upstream URL, when not 127.0.0.1:`upstream_port`."""
         self.port = free_port()
         self.admin_port = free_port()
         self.upstream_port = upstream_port
@@ -127,7 +134,8 @@ class Keyguard:
             args += ["--config", path]
             self.config_path = path
         for attempt in range(5):
-            listen = ["--listen", "127.0.0.1:%d" % self.port, "--upstream", "127.0.0.1:%d" % upstream_port,
+            listen = ["--listen", "127.0.0.1:%d" % self.port,
+                      "--upstream", upstream if upstream is not None else "127.0.0.1:%d" % upstream_port,
                       "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
             self.log = tempfile.TemporaryFile()
             self.proc = subprocess.Popen(args + listen, stdout=self.log, stderr=subprocess.STDOUT)

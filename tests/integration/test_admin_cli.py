@@ -53,7 +53,7 @@ def run(*args, timeout=300, **kw):
 
 def test_cli_help_version_and_bad_flags():
     out = run("--help")
-    assert out.returncode == 0 and "--upstream HOST:PORT" in out.stdout
+    assert out.returncode == 0 and "--upstream URL" in out.stdout
     out = run("--version")
     assert out.returncode == 0 and out.stdout.startswith("keyguard ")
     out = run("--bogus")

@@ -49,7 +49,7 @@ limits:
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen.ToString(), "0.0.0.0:7000");
-  EXPECT_EQ(c->upstream.host, "::1");
+  EXPECT_EQ(c->upstream.address.host, "::1");
   EXPECT_EQ(c->upstream.ToString(), "[::1]:6379");
   EXPECT_EQ(c->threads, 3);
   EXPECT_EQ(c->deny_commands, (std::vector<std::string>{"flushall", "flushdb"}));
@@ -384,6 +384,182 @@ TEST_F(ConfigFileTest, UpstreamPasswordFileGoesThroughTheSameChecks) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->upstream_auth.user, "keyguard");
   EXPECT_EQ(c->upstream_auth.password, "s3cret");
+}
+
+// ParseUpstream: every accepted form, and the errors, with the field named.
+TEST(Upstream, ParsesEveryForm) {
+  struct Case {
+    const char* text;
+    Upstream::Kind kind;
+    bool tls;
+    const char* address;  // kDirect
+    const char* user;
+    const char* master;
+    std::vector<std::string> sentinels;
+    const char* canonical;
+  } cases[] = {
+      {"10.0.0.1:6379", Upstream::Kind::kDirect, false, "10.0.0.1:6379", "", "", {}, "10.0.0.1:6379"},
+      {"[::1]:7000", Upstream::Kind::kDirect, false, "[::1]:7000", "", "", {}, "[::1]:7000"},
+      {"redis://db.internal:6379", Upstream::Kind::kDirect, false, "db.internal:6379", "", "", {}, "db.internal:6379"},
+      {"redis://app@db.internal:6379",
+       Upstream::Kind::kDirect,
+       false,
+       "db.internal:6379",
+       "app",
+       "",
+       {},
+       "redis://app@db.internal:6379"},
+      {"rediss://cache.example.com:6380",
+       Upstream::Kind::kDirect,
+       true,
+       "cache.example.com:6380",
+       "",
+       "",
+       {},
+       "rediss://cache.example.com:6380"},
+      {"rediss://svc@[::1]:6380",
+       Upstream::Kind::kDirect,
+       true,
+       "[::1]:6380",
+       "svc",
+       "",
+       {},
+       "rediss://svc@[::1]:6380"},
+      {"redis-sentinel://mymaster@s1:26379,s2:26380,[::1]:26381",
+       Upstream::Kind::kSentinel,
+       false,
+       "127.0.0.1:6379",
+       "",
+       "mymaster",
+       {"s1:26379", "s2:26380", "[::1]:26381"},
+       "redis-sentinel://mymaster@s1:26379,s2:26380,[::1]:26381"},
+      {"rediss-sentinel://m@s1:26379",
+       Upstream::Kind::kSentinel,
+       true,
+       "127.0.0.1:6379",
+       "",
+       "m",
+       {"s1:26379"},
+       "rediss-sentinel://m@s1:26379"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    auto u = ParseUpstream(c.text, "upstream");
+    ASSERT_TRUE(u.ok()) << u.status();
+    EXPECT_EQ(u->kind, c.kind);
+    EXPECT_EQ(u->tls, c.tls);
+    EXPECT_EQ(u->address.ToString(), c.address);
+    EXPECT_EQ(u->user, c.user);
+    EXPECT_EQ(u->master, c.master);
+    std::vector<std::string> sentinels;
+    for (const HostPort& s : u->sentinels) sentinels.push_back(s.ToString());
+    EXPECT_EQ(sentinels, c.sentinels);
+    EXPECT_EQ(u->ToString(), c.canonical);
+  }
+}
+
+TEST(Upstream, ErrorsNameTheFieldAndNeverEchoAPassword) {
+  struct Case {
+    const char* text;
+    const char* error;
+  } cases[] = {
+      {"localhost", "--upstream: 'localhost' is not HOST:PORT"},
+      {"http://h:1",
+       "--upstream: unknown scheme 'http://' (use HOST:PORT, redis://, rediss://, redis-sentinel:// or "
+       "rediss-sentinel://)"},
+      {"redis://app:hunter2@h:6379",
+       "--upstream: a password in the URL is refused: put it in the file named by upstream_auth.password_file (or "
+       "sentinel.password_file for the Sentinels)"},
+      {"rediss://:hunter2@h:6379",
+       "--upstream: a password in the URL is refused: put it in the file named by upstream_auth.password_file (or "
+       "sentinel.password_file for the Sentinels)"},
+      {"redis-sentinel://m:hunter2@s:1",
+       "--upstream: a password in the URL is refused: put it in the file named by upstream_auth.password_file (or "
+       "sentinel.password_file for the Sentinels)"},
+      {"redis://@h:1", "--upstream: 'redis://@h:1': empty user before '@'"},
+      {"redis://h:6379/0",
+       "--upstream: 'redis://h:6379/0': nothing may follow HOST:PORT (no database, no options: they belong in the "
+       "config file)"},
+      {"rediss://h", "--upstream: 'h' is not HOST:PORT"},
+      {"redis-sentinel://s1:26379",
+       "--upstream: 'redis-sentinel://s1:26379' names no master: "
+       "redis-sentinel://MASTER@HOST:PORT[,HOST:PORT...]"},
+      {"redis-sentinel://m@s1:26379,,s2:1", "--upstream (Sentinel 2): '' is not HOST:PORT"},
+      {"redis-sentinel://m@s1:26379,s2:99999",
+       "--upstream (Sentinel 2): 's2:99999' is not HOST:PORT with a port in 0..65535"},
+  };
+  for (const Case& c : cases) {
+    auto u = ParseUpstream(c.text, "--upstream");
+    ASSERT_FALSE(u.ok()) << c.text;
+    EXPECT_EQ(u.status().message(), c.error) << c.text;
+    EXPECT_EQ(std::string(u.status().message()).find("hunter2"), std::string::npos);
+  }
+}
+
+TEST(Upstream, TlsAndSentinelSettingsAreCheckedAgainstTheUpstream) {
+  EXPECT_EQ(ParseError("upstream: h:1\nupstream_tls: {ca_file: /ca.pem}\n"),
+            "upstream_tls: set, but upstream 'h:1' is not TLS (rediss:// or rediss-sentinel://)");
+  EXPECT_EQ(ParseError("upstream: rediss://h:1\nupstream_tls: {min_version: '1.1'}\n"),
+            "upstream_tls.min_version: '1.1' is not \"1.2\" or \"1.3\"");
+  EXPECT_EQ(ParseError("upstream: rediss://h:1\nupstream_tls: {cert_file: /c.pem}\n"),
+            "upstream_tls.key_file: cert_file and key_file go together (a client certificate needs its key)");
+  EXPECT_EQ(ParseError("upstream: rediss://h:1\nupstream_tls: {key_file: /k.pem}\n"),
+            "upstream_tls.cert_file: cert_file and key_file go together (a client certificate needs its key)");
+  EXPECT_EQ(ParseError("upstream: h:1\nsentinel: {user: u}\n"), "sentinel.user: given without sentinel.password_file");
+  EXPECT_EQ(ParseError("upstream: redis://app@h:1\n"),
+            "upstream: names user 'app' but no password is set: upstream_auth.password_file");
+
+  auto c = ParseConfig(R"(
+upstream: rediss://redis.example:6380
+upstream_tls:
+  ca_file: /etc/keyguard/ca.pem
+  cert_file: /etc/keyguard/client.pem
+  key_file: /etc/keyguard/client.key
+  server_name: redis.internal
+  min_version: "1.3"
+  ciphers: ECDHE+AESGCM
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->upstream.tls);
+  EXPECT_EQ(c->upstream_tls.ca_file, "/etc/keyguard/ca.pem");
+  EXPECT_EQ(c->upstream_tls.server_name, "redis.internal");
+  EXPECT_EQ(c->upstream_tls.min_version, "1.3");
+  EXPECT_TRUE(c->upstream_tls.verify);
+  const std::string described = DescribeConfig(*c);
+  EXPECT_NE(described.find("upstream: rediss://redis.example:6380\n"), std::string::npos) << described;
+  EXPECT_NE(described.find("upstream_tls:\n  ca: /etc/keyguard/ca.pem\n  client_certificate: "
+                           "/etc/keyguard/client.pem (key /etc/keyguard/client.key)\n  server_name: redis.internal\n"
+                           "  verify: on\n  min_version: 1.3\n  ciphers: ECDHE+AESGCM\n  ciphersuites: default\n"),
+            std::string::npos)
+      << described;
+}
+
+TEST_F(ConfigFileTest, UrlUserAndSentinelPasswordFile) {
+  const std::string pw = Write("pw", "s3cret\n");
+  auto c = ParseConfig("upstream: redis://app@h:1\nupstream_auth: {password_file: " + pw + "}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->UpstreamUser(), "app");
+  EXPECT_EQ(c->upstream_auth.password, "s3cret");
+  EXPECT_EQ(ParseError("upstream: redis://app@h:1\nupstream_auth: {user: other, password_file: " + pw + "}\n"),
+            "upstream_auth.user: 'other' differs from the user 'app' in upstream");
+
+  const std::string sentinel_pw = Write("sentinel-pw", "hunter2\n");
+  c = ParseConfig(
+      "upstream: redis-sentinel://mymaster@127.0.0.1:26379,127.0.0.1:26380\nsentinel: {user: watcher, "
+      "password_file: " +
+      sentinel_pw + "}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sentinel.user, "watcher");
+  EXPECT_EQ(c->sentinel.password, "hunter2");
+  const std::string described = DescribeConfig(*c);
+  EXPECT_NE(
+      described.find("sentinel:\n  master: mymaster\n  sentinels: 2\n  auth: user watcher (" + sentinel_pw + ")\n"),
+      std::string::npos)
+      << described;
+  EXPECT_EQ(described.find("hunter2"), std::string::npos);
+  EXPECT_EQ(described.find("s3cret"), std::string::npos);
+  EXPECT_EQ(ParseError("upstream: redis-sentinel://m@h:1\nsentinel: {password_file: " + Write("e", "\n") + "}\n"),
+            "sentinel.password_file: " + dir_ + "/e is empty");
 }
 
 // What ConfigStore logs for a failed reload: one JSON line on stderr.

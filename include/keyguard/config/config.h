@@ -27,9 +27,51 @@ struct HostPort {
 // Parses "HOST:PORT" or "[v6]:PORT"; `field` names the setting in error messages.
 absl::StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view field);
 
+// Where keyguard forwards to: one server, or the primary of a Sentinel group; over TLS or not.
+struct Upstream {
+  enum class Kind { kDirect, kSentinel };
+  Kind kind = Kind::kDirect;
+  bool tls = false;                     // rediss:// or rediss-sentinel://
+  HostPort address{"127.0.0.1", 6379};  // kDirect: the server
+  std::string user;                     // redis://USER@HOST:PORT: the ACL user keyguard AUTHs as
+  std::string master;                   // kSentinel: the master name the Sentinels know
+  std::vector<HostPort> sentinels;      // kSentinel: every Sentinel, in the order given
+  // The canonical URL ("HOST:PORT" stays as written): no secret is ever part of it.
+  std::string ToString() const;
+};
+
+// Parses "HOST:PORT", "redis://[USER@]HOST:PORT", "rediss://[USER@]HOST:PORT",
+// "redis-sentinel://MASTER@H1:P1,H2:P2" or "rediss-sentinel://...". A password in the URL is
+// refused (it belongs in upstream_auth.password_file); `field` names the setting in errors.
+absl::StatusOr<Upstream> ParseUpstream(std::string_view text, std::string_view field);
+
+// TLS settings of a connection keyguard makes (the upstream's, the Sentinels').
+struct TlsSettings {
+  std::string ca_file;              // PEM bundle of trusted CAs; with ca_dir empty too: the system store
+  std::string ca_dir;               // a c_rehash'ed directory of CAs
+  std::string cert_file;            // client certificate (PEM, chain allowed) for mTLS; with key_file
+  std::string key_file;             // its private key (PEM)
+  std::string server_name;          // SNI and the name the certificate must match; empty: the host
+  bool verify = true;               // verify the chain and the name; off only for tests
+  std::string min_version = "1.2";  // "1.2" or "1.3"
+  std::string ciphers;              // TLS 1.2 cipher list (OpenSSL syntax); empty: OpenSSL's
+  std::string ciphersuites;         // TLS 1.3 cipher suites; empty: OpenSSL's
+  // Whether any field differs from the defaults (set without a TLS upstream is an error).
+  bool customized() const;
+};
+
+// Credentials keyguard uses with the Sentinels of a redis-sentinel:// upstream.
+struct SentinelSettings {
+  std::string user;      // ACL user; empty: one-argument AUTH
+  std::string password;  // read from password_file; empty: no AUTH
+  std::string password_file;
+};
+
 struct ProxyConfig {
   HostPort listen{"127.0.0.1", 6380};
-  HostPort upstream{"127.0.0.1", 6379};
+  Upstream upstream;
+  TlsSettings upstream_tls;   // used when upstream.tls
+  SentinelSettings sentinel;  // used when upstream.kind is kSentinel
   HostPort admin{"127.0.0.1", 9121};
   int threads = 0;  // worker threads; 0 = one per hardware thread
   int upstream_connect_timeout_ms = 2000;
@@ -48,6 +90,8 @@ struct ProxyConfig {
   std::shared_ptr<const tenant::Tenancy> tenancy;
   // keyguard's own credentials for the upstream.
   tenant::UpstreamAuth upstream_auth;
+  // The ACL user keyguard AUTHs as: the URL's (redis://USER@) or upstream_auth.user.
+  const std::string& UpstreamUser() const { return upstream.user.empty() ? upstream_auth.user : upstream.user; }
 };
 
 // Parses a YAML document against the schema in proto/keyguard/config/v1/config.proto; unknown
@@ -58,5 +102,7 @@ absl::StatusOr<ProxyConfig> LoadConfigFile(const std::string& path);
 absl::StatusOr<ProxyConfig> Compile(const v1::Config& proto);
 // Checks cross-field constraints; returns the first problem with its field path.
 absl::Status Validate(const ProxyConfig& config);
+// The part of Validate about the upstream and its TLS, Sentinel and user settings.
+absl::Status ValidateUpstream(const ProxyConfig& config);
 
 }  // namespace keyguard::config

@@ -89,8 +89,8 @@ struct CommandStats {
   Histogram<kReplyElementsBuckets.size()> reply_elements;  // aggregate replies only
 };
 
-enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kCount };
-inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol", "auth"};
+enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kTls, kCount };
+inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol", "auth", "tls"};
 
 // The counters of one labeled family of the table, one per label-value set, created on first use.
 // Callers pass label values as values (one per label name of the family) and keep the Counter&

@@ -1,0 +1,58 @@
+#include "proxy/stream.h"
+
+namespace keyguard::proxy {
+
+awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const std::string& host,
+                                      std::chrono::milliseconds timeout) {
+  // The timer closes the socket if connecting (and the handshake) takes too long. Its state is
+  // shared: a timer that fired just as the connect completed must not touch a later connection.
+  enum { kRunning, kDone, kTimedOut };
+  auto state = std::make_shared<int>(kRunning);
+  Timer timer(socket_.get_executor());
+  timer.expires_after(timeout);
+  timer.async_wait([this, state](error_code e) {
+    if (!e && *state == kRunning) {
+      *state = kTimedOut;
+      Close();
+    }
+  });
+  error_code ec;
+  co_await socket_.async_connect(to, AwaitEc(ec));
+  if (!ec && !socket_.is_open()) ec = asio::error::timed_out;
+  if (!ec) {
+    error_code ignored;
+    socket_.non_blocking(true, ignored);
+    socket_.set_option(tcp::no_delay(true), ignored);
+    socket_.set_option(asio::socket_base::keep_alive(true), ignored);
+  }
+  if (!ec && tls != nullptr) {
+    context_ = tls->Current();
+    tls_ = std::make_unique<asio::ssl::stream<Socket&>>(socket_, context_->context());
+    context_->Prepare(tls_->native_handle(), tls->NameFor(host));
+    co_await tls_->async_handshake(asio::ssl::stream_base::client, AwaitEc(ec));
+    if (ec) {
+      tls_failure_ = *state == kTimedOut ? "handshake timed out" : TlsFailure(tls_->native_handle(), ec);
+    } else {
+      tls->CountHandshake(SSL_session_reused(tls_->native_handle()) == 1);
+    }
+  }
+  if (*state == kTimedOut && !ec) ec = asio::error::timed_out;
+  if (*state == kRunning) *state = kDone;
+  timer.cancel();
+  co_return ec;
+}
+
+awaitable<size_t> Stream::TlsReadSome(asio::mutable_buffer buffer, error_code& ec) {
+  const size_t n = co_await tls_->async_read_some(buffer, AwaitEc(ec));
+  // A server that closes without close_notify (Redis does) has still ended the stream.
+  if (ec == asio::ssl::error::stream_truncated) {
+    ec = asio::error::eof;
+  } else if (ec.category() == asio::error::get_ssl_category()) {
+    // The server refused something after the handshake (TLS 1.3 checks the client's
+    // certificate then: "tlsv13 alert certificate required").
+    tls_failure_ = TlsFailure(nullptr, ec);
+  }
+  co_return n;
+}
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,79 @@
+// A connection keyguard makes to a Redis server: plain TCP, or TLS over it.
+//
+// The plaintext path stays what it was: reads go through AsyncReadSome (the drained-socket fast
+// path), and Outbox writes straight to the socket with TryWrite; the only added cost is one
+// predictable branch per read and per write. With TLS, reads and writes go through an
+// asio::ssl::stream on the same socket (one read and one write may be in flight at once, as
+// with the socket), and Outbox queues what it sends for WriteSome, which encrypts it.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proxy/asio.h"
+#include "proxy/async_read.h"
+#include "proxy/tls.h"
+
+#include <boost/asio/ssl/stream.hpp>
+
+namespace keyguard::proxy {
+
+class Stream {
+ public:
+  explicit Stream(asio::io_context& io) : socket_(io) {}
+  ~Stream() {
+    // A connection that ends without a TLS error ended well (Redis closes without close_notify,
+    // keyguard closes at the socket): OpenSSL would otherwise mark its session not resumable.
+    if (tls_ != nullptr && tls_failure_.empty()) {
+      SSL_set_shutdown(tls_->native_handle(), SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
+    }
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // The TCP layer (endpoints, options, peeking); reading and writing go through the calls below.
+  Socket& socket() { return socket_; }
+  bool tls() const { return tls_ != nullptr; }
+
+  // Connects to `to` within `timeout` and sets the options of a proxy connection (non-blocking,
+  // TCP_NODELAY, keep-alive); with `tls`, then completes a TLS handshake with the server `host`
+  // (the name verified: tls->NameFor(host)). Returns the error, if any: after a TLS failure
+  // (here, or a TLS alert on a later read), tls_failure() says why ("certificate verify failed:
+  // ...").
+  awaitable<error_code> Connect(tcp::endpoint to, TlsClient* tls, const std::string& host,
+                                std::chrono::milliseconds timeout);
+  const std::string& tls_failure() const { return tls_failure_; }
+
+  // Reads at least one byte into `buffer`, completing as Socket::async_read_some does (the end
+  // of a TLS stream, close_notify or not, is eof). `ec` must outlive the co_await.
+  awaitable<size_t> ReadSome(asio::mutable_buffer buffer, error_code& ec) {
+    if (tls_ == nullptr) return AsyncReadSome(socket_, buffer, AwaitEc(ec));
+    return TlsReadSome(buffer, ec);
+  }
+  // Whether socket().write_some may write the caller's bytes as they are (non-blocking): plain
+  // TCP only; TLS bytes go through WriteSome, which encrypts them.
+  bool can_write_now() const { return tls_ == nullptr; }
+  // Writes at least one byte of `buffer`, waiting for the socket as needed.
+  awaitable<size_t> WriteSome(asio::const_buffer buffer, error_code& ec) {
+    if (tls_ == nullptr) return socket_.async_write_some(buffer, AwaitEc(ec));
+    return tls_->async_write_some(buffer, AwaitEc(ec));
+  }
+
+  // Closes the socket: whatever is in flight completes with an error.
+  void Close() {
+    error_code ignored;
+    socket_.close(ignored);
+  }
+
+ private:
+  awaitable<size_t> TlsReadSome(asio::mutable_buffer buffer, error_code& ec);
+
+  Socket socket_;
+  std::shared_ptr<TlsContext> context_;  // kept while the connection lives (a reload makes a new one)
+  std::unique_ptr<asio::ssl::stream<Socket&>> tls_;
+  std::string tls_failure_;
+};
+
+}  // namespace keyguard::proxy

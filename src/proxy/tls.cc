@@ -1,0 +1,179 @@
+#include "proxy/tls.h"
+
+#include <arpa/inet.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include "absl/strings/str_cat.h"
+#include "keyguard/common/field_error.h"
+#include "keyguard/common/json_line.h"
+#include "keyguard/common/views.h"
+
+namespace keyguard::proxy {
+namespace {
+
+// The oldest error OpenSSL queued (the cause, rather than what it led to), and the queue cleared.
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "unknown OpenSSL error";
+  char text[256];
+  ERR_error_string_n(e, text, sizeof text);
+  const char* reason = ERR_reason_error_string(e);
+  return reason != nullptr ? std::string(reason) : std::string(text);
+}
+
+// Where an SSL_CTX keeps its TlsContext (Asio's ssl::context owns the app-data slot).
+int ContextIndex() {
+  static const int index = SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  return index;
+}
+
+bool IsIpAddress(const std::string& name) {
+  in6_addr a6;
+  in_addr a4;
+  return inet_pton(AF_INET, name.c_str(), &a4) == 1 || inet_pton(AF_INET6, name.c_str(), &a6) == 1;
+}
+
+}  // namespace
+
+TlsContext::~TlsContext() {
+  if (session_ != nullptr) SSL_SESSION_free(session_);
+}
+
+int TlsContext::OnNewSession(SSL* ssl, SSL_SESSION* session) {
+  auto* self = static_cast<TlsContext*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), ContextIndex()));
+  std::lock_guard<std::mutex> lock(self->mu_);
+  if (self->session_ != nullptr) SSL_SESSION_free(self->session_);
+  self->session_ = session;
+  return 1;  // the reference is ours now
+}
+
+void TlsContext::Prepare(SSL* ssl, const std::string& name) {
+  if (!IsIpAddress(name)) SSL_set_tlsext_host_name(ssl, name.c_str());
+  if (verify_) {
+    X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+    if (IsIpAddress(name)) {
+      X509_VERIFY_PARAM_set1_ip_asc(param, name.c_str());
+    } else {
+      X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+      X509_VERIFY_PARAM_set1_host(param, name.c_str(), name.size());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session_ != nullptr) SSL_set_session(ssl, session_);
+}
+
+absl::StatusOr<std::shared_ptr<TlsClient>> TlsClient::Create(const config::TlsSettings& settings, std::string field) {
+  std::shared_ptr<TlsClient> c(new TlsClient(settings, std::move(field)));
+  c->stamps_ = c->Stamps();
+  auto built = c->Build();
+  if (!built.ok()) return built.status();
+  c->current_ = *std::move(built);
+  c->next_check_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  return c;
+}
+
+std::vector<TlsClient::Stamp> TlsClient::Stamps() const {
+  std::vector<Stamp> out;
+  for (const std::string* path : {&settings_.ca_file, &settings_.ca_dir, &settings_.cert_file, &settings_.key_file}) {
+    Stamp s;
+    struct stat st;
+    if (!path->empty() && ::stat(path->c_str(), &st) == 0) {
+      s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+      s.size = st.st_size;
+      s.inode = st.st_ino;
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<TlsContext>> TlsClient::Build() const {
+  std::shared_ptr<TlsContext> t(new TlsContext());
+  ERR_clear_error();
+  SSL_CTX* ctx = t->ssl_.native_handle();
+  const config::TlsSettings& s = settings_;
+  t->verify_ = s.verify;
+  SSL_CTX_set_min_proto_version(ctx, s.min_version == "1.3" ? TLS1_3_VERSION : TLS1_2_VERSION);
+  if (!s.ciphers.empty() && SSL_CTX_set_cipher_list(ctx, s.ciphers.c_str()) != 1) {
+    return FieldError(field_ + ".ciphers", absl::StrCat("'", s.ciphers, "': ", OpenSslError()));
+  }
+  if (!s.ciphersuites.empty() && SSL_CTX_set_ciphersuites(ctx, s.ciphersuites.c_str()) != 1) {
+    return FieldError(field_ + ".ciphersuites", absl::StrCat("'", s.ciphersuites, "': ", OpenSslError()));
+  }
+  if (s.ca_file.empty() && s.ca_dir.empty()) {
+    if (SSL_CTX_set_default_verify_paths(ctx) != 1) return FieldError(field_ + ".ca_file", OpenSslError());
+  } else if (SSL_CTX_load_verify_locations(ctx, s.ca_file.empty() ? nullptr : s.ca_file.c_str(),
+                                           s.ca_dir.empty() ? nullptr : s.ca_dir.c_str()) != 1) {
+    return FieldError(field_ + (s.ca_file.empty() ? ".ca_dir" : ".ca_file"),
+                      absl::StrCat(s.ca_file.empty() ? s.ca_dir : s.ca_file, ": ", OpenSslError()));
+  }
+  if (!s.cert_file.empty()) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, s.cert_file.c_str()) != 1) {
+      return FieldError(field_ + ".cert_file", absl::StrCat(s.cert_file, ": ", OpenSslError()));
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, s.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+      return FieldError(field_ + ".key_file", absl::StrCat(s.key_file, ": ", OpenSslError()));
+    }
+    if (SSL_CTX_check_private_key(ctx) != 1) {
+      return FieldError(field_ + ".key_file", absl::StrCat(s.key_file, " does not match ", s.cert_file));
+    }
+  }
+  SSL_CTX_set_verify(ctx, s.verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
+  // Resumption: OpenSSL hands each session the server issues to OnNewSession, the next
+  // connection offers it (Prepare); the internal store is for servers only.
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+  SSL_CTX_sess_set_new_cb(ctx, &TlsContext::OnNewSession);
+  SSL_CTX_set_ex_data(ctx, ContextIndex(), t.get());
+  // An idle connection keeps no read/write buffers (about 34 KB each otherwise).
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+  return t;
+}
+
+std::shared_ptr<TlsContext> TlsClient::Current() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_check_) return current_;
+  next_check_ = now + std::chrono::seconds(1);
+  std::vector<Stamp> stamps = Stamps();
+  if (stamps == stamps_) return current_;
+  stamps_ = std::move(stamps);
+  auto built = Build();
+  if (built.ok()) {
+    current_ = *std::move(built);
+    ++rebuilds_;
+    EventLine("info", "tls_files_reloaded")
+        .Str("settings", field_)
+        .Int("rebuilds", static_cast<int64_t>(rebuilds_))
+        .Write(stderr);
+  } else {
+    // Stamps are kept: the next change of a file (the rest of a rotation) tries again.
+    EventLine("error", "tls_files_reload_failed").Str("error", AsStd(built.status().message())).Write(stderr);
+  }
+  return current_;
+}
+
+uint64_t TlsClient::rebuilds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rebuilds_;
+}
+
+std::string TlsFailure(SSL* ssl, const boost::system::error_code& ec) {
+  if (ssl != nullptr) {
+    const long verify = SSL_get_verify_result(ssl);
+    if (verify != X509_V_OK) return absl::StrCat("certificate verify failed: ", X509_verify_cert_error_string(verify));
+  }
+  std::string text = ec.message();
+  // One line: it goes into an error reply.
+  for (char& c : text) {
+    if (c == '\r' || c == '\n') c = ' ';
+  }
+  return text;
+}
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,95 @@
+// The TLS side of the connections keyguard makes (to the upstream, to the Sentinels): one SSL_CTX
+// built from config::TlsSettings, rebuilt when a certificate, key or CA file changes on disk, and
+// the session each context last got, to resume.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <openssl/ssl.h>
+
+#include <boost/asio/ssl/context.hpp>
+#include <boost/system/error_code.hpp>
+
+#include "absl/status/statusor.h"
+#include "keyguard/config/config.h"
+
+namespace keyguard::proxy {
+
+// One built SSL_CTX and the client session to resume with it. Connections hold it (shared_ptr)
+// for as long as they are open, so a rebuilt context never pulls one from under them.
+class TlsContext {
+ public:
+  ~TlsContext();
+  boost::asio::ssl::context& context() { return ssl_; }
+  // Prepares `ssl` (made from context()) to connect to `name` (a DNS name or an IP address): SNI
+  // for a DNS name, the name or address the certificate must match, the session to resume.
+  void Prepare(SSL* ssl, const std::string& name);
+
+ private:
+  friend class TlsClient;
+  TlsContext() : ssl_(boost::asio::ssl::context::tls_client) {}
+  static int OnNewSession(SSL* ssl, SSL_SESSION* session);
+
+  boost::asio::ssl::context ssl_;
+  bool verify_ = true;
+  std::mutex mu_;
+  SSL_SESSION* session_ = nullptr;  // owned; the last one the server issued
+};
+
+// The current TlsContext for a set of settings, shared by every worker thread.
+class TlsClient {
+ public:
+  // Builds the first context; an unreadable or invalid file is an error naming `field` (e.g.
+  // "upstream_tls.ca_file: ...").
+  static absl::StatusOr<std::shared_ptr<TlsClient>> Create(const config::TlsSettings& settings, std::string field);
+
+  // The context for a new connection. At most once a second it looks at the files (mtime, size,
+  // inode: a Kubernetes Secret's symlink swap changes them) and, when one changed, builds a new
+  // context from them; if that fails (a key that does not match its certificate yet), the old one
+  // stays and the failure is logged.
+  std::shared_ptr<TlsContext> Current();
+  // The name to verify for a server reached as `host`: server_name when set, else `host`.
+  const std::string& NameFor(const std::string& host) const {
+    return settings_.server_name.empty() ? host : settings_.server_name;
+  }
+  // How many times the files changed and a new context was built.
+  uint64_t rebuilds() const;
+  // Handshakes completed, and how many of them resumed a session.
+  void CountHandshake(bool resumed) { (resumed ? resumed_ : full_).fetch_add(1, std::memory_order_relaxed); }
+  uint64_t handshakes(bool resumed) const { return (resumed ? resumed_ : full_).load(std::memory_order_relaxed); }
+
+ private:
+  struct Stamp {
+    int64_t mtime_ns = 0;
+    int64_t size = -1;
+    ino_t inode = 0;
+    bool operator==(const Stamp&) const = default;
+  };
+  TlsClient(config::TlsSettings settings, std::string field)
+      : settings_(std::move(settings)), field_(std::move(field)) {}
+  absl::StatusOr<std::shared_ptr<TlsContext>> Build() const;
+  std::vector<Stamp> Stamps() const;
+
+  const config::TlsSettings settings_;
+  const std::string field_;
+  mutable std::mutex mu_;
+  std::shared_ptr<TlsContext> current_;
+  std::vector<Stamp> stamps_;
+  std::chrono::steady_clock::time_point next_check_;
+  uint64_t rebuilds_ = 0;
+  std::atomic<uint64_t> full_{0};
+  std::atomic<uint64_t> resumed_{0};
+};
+
+// A readable text for the TLS failure of `ssl` after a handshake that failed with `ec`:
+// "certificate verify failed: <why>" when the server's certificate was refused.
+std::string TlsFailure(SSL* ssl, const boost::system::error_code& ec);
+
+}  // namespace keyguard::proxy

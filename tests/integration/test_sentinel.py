@@ -1,0 +1,102 @@
+"""A Sentinel-managed upstream: a real primary, a replica and three Sentinels on loopback; keyguard
+finds the primary through them and follows a failover."""
+import os
+import subprocess
+import tempfile
+
+import redis
+
+from conftest import KEYGUARD, Keyguard, Redis, free_port, wait_port, wait_until
+from resp import RespConn, encode
+
+MASTER = "mymaster"
+
+
+class Sentinel:
+    def __init__(self, primary_port):
+        self.dir = tempfile.mkdtemp(prefix="kg-sentinel-")
+        self.port = free_port()
+        conf = os.path.join(self.dir, "sentinel.conf")
+        with open(conf, "w") as f:
+            f.write("port %d\nbind 127.0.0.1\ndir %s\nsentinel resolve-hostnames yes\n"
+                    "sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s 1000\n"
+                    "sentinel failover-timeout %s 10000\n" % (self.port, self.dir, MASTER, primary_port, MASTER,
+                                                             MASTER))
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(["redis-server", conf, "--sentinel"], stdout=self.log, stderr=subprocess.STDOUT)
+        wait_port(self.port, proc=self.proc)
+        self.client = redis.Redis(port=self.port, decode_responses=True)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+
+
+def role(port):
+    return redis.Redis(port=port).execute_command("ROLE")[0]
+
+
+def client_names(port):
+    return redis.Redis(port=port, decode_responses=True).execute_command("CLIENT", "LIST")
+
+
+def test_keyguard_finds_the_primary_and_follows_a_failover():
+    primary = Redis()
+    replica = Redis("--replicaof", "127.0.0.1", str(primary.port))
+    sentinels = []
+    kg = None
+    try:
+        wait_until(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"] == "up",
+                   "the replica in sync")
+        sentinels = [Sentinel(primary.port) for _ in range(3)]
+        # Every Sentinel knows the replica and the other two (they meet over the primary's hello channel).
+        wait_until(lambda: all(len(s.client.execute_command("SENTINEL", "REPLICAS", MASTER)) == 1 and
+                               len(s.client.execute_command("SENTINEL", "SENTINELS", MASTER)) == 2
+                               for s in sentinels), "the Sentinels to know the group")
+        url = "redis-sentinel://%s@%s" % (MASTER, ",".join("127.0.0.1:%d" % s.port for s in sentinels))
+        kg = Keyguard(primary.port, upstream=url)
+        c = redis.Redis(port=kg.port)
+        assert c.set("before", "1") is True
+        assert redis.Redis(port=primary.port).get("before") == b"1"
+        old = RespConn(kg.port)
+        assert old.exchange(encode("CLIENT", "SETNAME", "kg-old"), replies=1) == b"+OK\r\n"
+        assert "name=kg-old" in client_names(primary.port)
+        assert kg.metric("keyguard_upstream_failovers_total") == 0
+        assert kg.http("/readyz") == (200, "ready\n")
+
+        assert sentinels[0].client.execute_command("SENTINEL", "FAILOVER", MASTER) == "OK"
+        wait_until(lambda: role(replica.port) == b"master", "the replica promoted")
+        wait_until(lambda: kg.metric("keyguard_upstream_failovers_total") == 1, "keyguard to follow the failover")
+        # The open connection is closed (nothing was pending), so its client reconnects.
+        assert old.exchange(b"", closed=True) == b"<closed>"
+        # New connections go to the new primary: their writes are acknowledged by it.
+        new = RespConn(kg.port)
+        assert new.exchange(encode("CLIENT", "SETNAME", "kg-new") + encode("SET", "after", "2"), replies=2) == \
+            b"+OK\r\n+OK\r\n"
+        assert "name=kg-new" in client_names(replica.port)
+        assert redis.Redis(port=replica.port).get("after") == b"2"
+        assert kg.http("/readyz") == (200, "ready\n")
+        assert [e["to"] for e in kg.events("upstream_failover")] == ["127.0.0.1:%d" % replica.port]
+    finally:
+        if kg is not None:
+            kg.stop()
+        for s in sentinels:
+            s.stop()
+        replica.stop()
+        primary.stop()
+
+
+def test_no_sentinel_that_knows_the_master_is_a_startup_error():
+    dead = free_port()
+    primary = Redis()
+    try:
+        out = subprocess.run([KEYGUARD, "--upstream",
+                              "redis-sentinel://nosuch@127.0.0.1:%d,127.0.0.1:%d" % (dead, primary.port)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2
+        assert ("no Sentinel of redis-sentinel://nosuch@127.0.0.1:%d,127.0.0.1:%d gave a verified master: "
+                "127.0.0.1:%d: Connection refused; 127.0.0.1:%d: does not know master 'nosuch'"
+                % (dead, primary.port, dead, primary.port)) in out.stderr
+    finally:
+        primary.stop()

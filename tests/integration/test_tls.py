@@ -1,0 +1,205 @@
+"""Upstream URLs, TLS to a real redis-server started with --tls-port, and its failures."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import redis
+
+from conftest import KEYGUARD, Keyguard, Redis, wait_until
+from resp import RespConn, encode
+
+
+def run(*args, timeout=60):
+    return subprocess.run([KEYGUARD, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_password_in_the_upstream_url_is_refused_and_never_echoed():
+    out = run("--upstream", "redis://app:hunter2@127.0.0.1:6379")
+    assert out.returncode == 2
+    line = json.loads(out.stderr)
+    assert line["event"] == "startup_failed"
+    assert line["error"] == ("--upstream: a password in the URL is refused: put it in the file named by "
+                             "upstream_auth.password_file (or sentinel.password_file for the Sentinels)")
+    assert "hunter2" not in out.stdout + out.stderr
+
+
+def test_check_config_shows_the_upstream_tls_and_sentinel_settings_without_secrets(tmp_path):
+    password = tmp_path / "sentinel-password"
+    password.write_text("hunter2\n")
+    config = tmp_path / "kg.yaml"
+    config.write_text("upstream: rediss-sentinel://mymaster@10.0.0.1:26379,10.0.0.2:26379\n"
+                      "upstream_tls:\n  ca_file: /etc/kg/ca.pem\n  server_name: redis.internal\n"
+                      "sentinel:\n  password_file: %s\n" % password)
+    out = run("check-config", str(config))
+    assert out.returncode == 0, out.stderr
+    assert "upstream: rediss-sentinel://mymaster@10.0.0.1:26379,10.0.0.2:26379\n" in out.stdout
+    assert ("upstream_tls:\n  ca: /etc/kg/ca.pem\n  client_certificate: none\n  server_name: redis.internal\n"
+            "  verify: on\n  min_version: 1.2\n  ciphers: default\n  ciphersuites: default\n") in out.stdout
+    assert "sentinel:\n  master: mymaster\n  sentinels: 2\n  auth: password (%s)\n" % password in out.stdout
+    assert "hunter2" not in out.stdout
+
+    config.write_text("upstream: 127.0.0.1:6379\nupstream_tls:\n  ca_file: /etc/kg/ca.pem\n")
+    out = run("check-config", str(config))
+    assert out.returncode == 2
+    assert out.stderr == ("keyguard: %s: upstream_tls: set, but upstream '127.0.0.1:6379' is not TLS (rediss:// or "
+                          "rediss-sentinel://)\n" % config)
+
+
+# --- TLS to a real redis-server --------------------------------------------------------------
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30",
+            "-keyout", "%s.key" % name, "-out", "%s.crt" % name, "-subj", "/CN=%s" % name, cwd=d)
+
+
+def make_cert(d, name, ca, cn, san=None):
+    """A key and a certificate for `cn` (with subjectAltName `san`) signed by CA `ca`."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "%s.key" % name,
+            "-out", "%s.csr" % name, "-subj", "/CN=%s" % cn, cwd=d)
+    ext = os.path.join(d, "%s.ext" % name)
+    with open(ext, "w") as f:
+        f.write("basicConstraints=CA:FALSE\n" + ("subjectAltName=%s\n" % san if san else ""))
+    openssl("x509", "-req", "-in", "%s.csr" % name, "-CA", "%s.crt" % ca, "-CAkey", "%s.key" % ca, "-CAcreateserial",
+            "-days", "30", "-out", "%s.crt" % name, "-extfile", ext, cwd=d)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA and the server and client certificates it signed, and a second CA nobody trusts."""
+    d = str(tmp_path_factory.mktemp("pki"))
+    make_ca(d, "ca")
+    make_ca(d, "other-ca")
+    make_cert(d, "server", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
+    make_cert(d, "client", "ca", "keyguard")
+    make_cert(d, "stranger", "other-ca", "keyguard")
+    return lambda name: os.path.join(d, name)
+
+
+def tls_redis(pki, *extra):
+    return Redis(*extra, tls={"cert": pki("server.crt"), "key": pki("server.key"), "ca": pki("ca.crt")})
+
+
+def direct(r, pki):
+    """A redis-py client of the TLS redis-server itself, as a client with the CA's certificate."""
+    return redis.Redis(host="localhost", port=r.port, ssl=True, ssl_ca_certs=pki("ca.crt"),
+                       ssl_certfile=pki("client.crt"), ssl_keyfile=pki("client.key"))
+
+
+def tls_keyguard(r, pki, tls_yaml, host="localhost"):
+    return Keyguard(r.port, config="upstream_tls:\n" + tls_yaml, upstream="rediss://%s:%d" % (host, r.port))
+
+
+def test_commands_go_over_tls_and_sessions_resume(pki):
+    r = tls_redis(pki, "--tls-auth-clients", "no")
+    kg = tls_keyguard(r, pki, "  ca_file: %s\n" % pki("ca.crt"))
+    try:
+        c = redis.Redis(port=kg.port)
+        assert c.set("tls:k", "v") is True
+        assert c.get("tls:k") == b"v"
+        big = os.urandom(3 << 20)  # many TLS records each way, and writes the socket does not take at once
+        assert c.set("tls:big", big) is True
+        assert c.get("tls:big") == big
+        p = c.pipeline(transaction=False)
+        for i in range(2000):
+            p.incr("tls:n")
+        assert p.execute() == list(range(1, 2001))
+        assert direct(r, pki).get("tls:n") == b"2000"
+        assert direct(r, pki).strlen("tls:big") == 3 << 20
+        # Once every connection so far has closed, a new one resumes the session the server gave.
+        c.connection_pool.disconnect()
+        wait_until(lambda: kg.metric("keyguard_upstream_connections") == 0, "the upstream connections closed")
+        resumed = kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}')
+        c2 = redis.Redis(port=kg.port)
+        assert c2.ping() is True
+        assert kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}') == resumed + 1
+        assert kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 0
+        assert kg.http("/readyz") == (200, "ready\n")
+        # The IP address is verified against the certificate's IP SAN.
+        kg_ip = tls_keyguard(r, pki, "  ca_file: %s\n" % pki("ca.crt"), host="127.0.0.1")
+        assert redis.Redis(port=kg_ip.port).echo("by address") == b"by address"
+        kg_ip.stop()
+    finally:
+        kg.stop()
+        r.stop()
+
+
+def ping_reply(kg):
+    """What a new connection through `kg` gets for PING: the reply, and b"<closed>" after an error."""
+    c = RespConn(kg.port)
+    try:
+        reply = c.exchange(encode("PING"), replies=1)
+        if reply.startswith(b"+"):
+            return reply
+        # After an error keyguard closes: read to the close (the first read may have seen it).
+        return reply.replace(b"<closed>", b"") + c.exchange(b"", closed=True)
+    finally:
+        c.close()
+
+
+def tls_refusal(kg, reason):
+    """Asserts a client through `kg` gets the TLS error with `reason`, and the counter says tls."""
+    assert ping_reply(kg) == b"-ERR keyguard: upstream TLS: %s\r\n<closed>" % reason.encode()
+
+
+@pytest.mark.parametrize("tls_yaml,reason", [
+    ("  ca_file: {other_ca}\n", "certificate verify failed: self-signed certificate in certificate chain"),
+    ("  ca_file: {ca}\n  server_name: redis.example.com\n", "certificate verify failed: hostname mismatch"),
+])
+def test_an_untrusted_or_misnamed_server_is_refused_with_the_reason(pki, tls_yaml, reason):
+    r = tls_redis(pki, "--tls-auth-clients", "no")
+    kg = tls_keyguard(r, pki, tls_yaml.format(other_ca=pki("other-ca.crt"), ca=pki("ca.crt")))
+    try:
+        tls_refusal(kg, reason)
+        # The fixture's wait for the port made a connection too: two handshakes failed, no more.
+        wait_until(lambda: kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 2, "two TLS errors")
+        assert kg.metric('keyguard_upstream_errors_total{reason="connect"}') == 0
+        status, body = kg.http("/readyz")
+        assert (status, body) == (503, "upstream rediss://localhost:%d: TLS: %s\n" % (r.port, reason))
+        assert kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 2
+    finally:
+        kg.stop()
+        r.stop()
+
+
+def test_client_certificates_for_a_server_that_requires_them_and_their_rotation(pki, tmp_path):
+    r = tls_redis(pki, "--tls-auth-clients", "yes")
+    cert, key = str(tmp_path / "client.crt"), str(tmp_path / "client.key")
+
+    def install(name):
+        # As a Secret update: new files renamed into place, the old ones still open elsewhere.
+        for src, dst in ((pki(name + ".crt"), cert), (pki(name + ".key"), key)):
+            shutil.copy(src, dst + ".new")
+            os.rename(dst + ".new", dst)
+
+    install("client")
+    kg = tls_keyguard(r, pki, "  ca_file: %s\n  cert_file: %s\n  key_file: %s\n" % (pki("ca.crt"), cert, key))
+    try:
+        old = redis.Redis(port=kg.port)
+        assert old.set("mtls:k", "1") is True
+        # A certificate the server does not trust: new connections fail, the open one keeps going.
+        install("stranger")
+        # The files are looked at (at most once a second) when a connection is made.
+        refused = b"-ERR keyguard: upstream TLS: tlsv1 alert unknown ca\r\n<closed>"
+        wait_until(lambda: ping_reply(kg) == refused, "a new connection with the new certificate")
+        assert kg.metric("keyguard_upstream_tls_reloads_total") == 1
+        assert old.incr("mtls:k") == 2
+        # The trusted one again: new connections work.
+        install("client")
+        wait_until(lambda: ping_reply(kg) == b"+PONG\r\n", "a new connection with the trusted certificate")
+        assert kg.metric("keyguard_upstream_tls_reloads_total") == 2
+        assert redis.Redis(port=kg.port).incr("mtls:k") == 3
+        assert old.incr("mtls:k") == 4
+        assert direct(r, pki).get("mtls:k") == b"4"
+        # Without a client certificate at all the server refuses (TLS 1.3 says so after the handshake).
+        kg_bare = tls_keyguard(r, pki, "  ca_file: %s\n" % pki("ca.crt"))
+        assert ping_reply(kg_bare) == b"-ERR keyguard: upstream TLS: tlsv13 alert certificate required\r\n<closed>"
+        kg_bare.stop()
+    finally:
+        kg.stop()
+        r.stop()
