@@ -277,6 +277,16 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     auto scope = CompileScope(u.scope(), path + ".scope");
     if (!scope.ok()) return scope.status();
     rule.scope = *std::move(scope);
+    if (!rule.scope.commands.empty() || rule.scope.flags != 0 || rule.scope.acl != 0) {
+      // A scoped rule sends only some commands to the new name: a move by one of them would hide
+      // the key from the others. Scoped rules leave old keys where they are.
+      if (rule.move_legacy && u.legacy_keys() == pb::MOVE) {
+        return FieldError(path + ".legacy_keys",
+                          "move needs a rule without a scope (a scoped rule sends only some commands to the new "
+                          "name, and a move by one of them would hide the key from the others)");
+      }
+      rule.move_legacy = false;
+    }
     policy->rules_.push_back(std::move(rule));
   }
 

@@ -559,9 +559,13 @@ size_t Connection::OnUpstreamBytes(const char* data, size_t len, int64_t now, si
           int64_t moved = 0;
           if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
             shard_.legacy_keys_moved.Add(static_cast<uint64_t>(moved));
-          } else if (type == '-' || type == '!') {
+          } else if ((type == '-' || type == '!') && !kind.starts_with("NOAUTH")) {
+            // (NOAUTH: the client's own command gets the same answer; nothing about the move.)
             shard_.legacy_move_errors.Add();
-            EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
+            if (!move_error_logged_) {  // once per connection: the metric counts the rest
+              move_error_logged_ = true;
+              EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
+            }
           }
         } else if (type == '-' || type == '!') {
           // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.

@@ -235,6 +235,7 @@ class Connection {
   Output out_;
   std::string upstream_failure_;  // set_upstream_failure
   bool readonly_seen_ = false;
+  bool move_error_logged_ = false;  // legacy_move_failed is logged once per connection
   // The error reply for an upstream that is gone.
   std::string UpstreamUnavailable() const;
   std::deque<std::string> held_;          // keyguard's replies, and rewritten replies

@@ -317,13 +317,24 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
           }
           break;
         case policy::Action::kRewrite:
-          if (!rewritten && !v.suggestion.empty()) {
+          if (!rewritten && !v.suggestion.empty() && v.suggestion != key) {
+            if (v.rule->move_legacy && RewrittenAgain(policy, c, spec, v)) {
+              return Refuse(Refusal::kKeyPolicy,
+                            absl::StrCat("ERR keyguard: rule '", v.rule->name, "' rewrites key '", KeyInError(key),
+                                         "' to '", KeyInError(v.suggestion),
+                                         "', which another rewrite rule rewrites again: a chain of rewrite rules "
+                                         "would move one client's keys onto another's (fix key_policy.rules)"));
+            }
             rewritten = true;
             if (!rewritten_any) policy_args_.assign(args.begin(), args.end());
             rewritten_any = true;
             policy_args_[ref.pos] = edit_.Own(v.suggestion);
             shared_.KeysRewritten(*v.rule).Add();
-            if (v.rule->move_legacy) legacy_.emplace_back(ref.pos, key);
+            if (v.rule->move_legacy) {
+              constexpr uint32_t kWrites = commands::kKeyRw | commands::kKeyOw | commands::kKeyRm |
+                                           commands::kKeyUpdate | commands::kKeyInsert | commands::kKeyDelete;
+              legacy_.push_back({ref.pos, key, (ref.flags & kWrites) != 0});
+            }
           }
           break;
         case policy::Action::kObserve: break;
@@ -378,13 +389,23 @@ bool CommandPipeline::Tenant(const CommandContext& c, const commands::CommandSpe
   return true;
 }
 
+bool CommandPipeline::RewrittenAgain(const policy::KeyPolicy& policy, const CommandContext& c,
+                                     const commands::CommandSpec& spec, const policy::Violation& v) {
+  std::vector<policy::Violation> again;
+  policy.Check(v.suggestion, c.id, spec, &again);
+  return std::any_of(again.begin(), again.end(), [](const policy::Violation& w) {
+    return w.rule->kind == policy::Rule::Kind::kUser && !w.rule->rewrite.empty() &&
+           w.rule->action == policy::Action::kRewrite;
+  });
+}
+
 bool CommandPipeline::MoveLegacy(const CommandContext& c) {
   if (v_.walk != tenant::Walk::kNone) return true;  // keyless: nothing was rewritten
   if (c.state->in_multi() && c.mode.silent) {
     // The move would be queued in the transaction, and its element of EXEC's reply could not be
     // told from the client's own under CLIENT REPLY OFF/SKIP.
     return Refuse(Refusal::kKeyPolicy,
-                  absl::StrCat("ERR keyguard: key '", KeyInError(legacy_.front().second),
+                  absl::StrCat("ERR keyguard: key '", KeyInError(legacy_.front().old),
                                "' is an old name keyguard moves to its new one; inside MULTI under CLIENT REPLY "
                                "OFF/SKIP that is not supported"));
   }
@@ -393,7 +414,7 @@ bool CommandPipeline::MoveLegacy(const CommandContext& c) {
   // arguments, a tenant's move stays inside its own keys.
   const std::string_view prefix = c.tenant != nullptr ? std::string_view(c.tenant->prefix) : std::string_view();
   size_t total = 0;
-  for (const auto& [pos, old] : legacy_) total += 2 * prefix.size() + old.size() + policy_args_[pos].size();
+  for (const Legacy& l : legacy_) total += 2 * prefix.size() + l.old.size() + policy_args_[l.pos].size();
   if (legacy_space_.size() < total) legacy_space_.resize(std::max(total, 2 * legacy_space_.size()));
   char* w = legacy_space_.data();
   const auto stored = [&](std::string_view name) {
@@ -406,10 +427,11 @@ bool CommandPipeline::MoveLegacy(const CommandContext& c) {
   };
   legacy_count_ = std::to_string(2 * legacy_.size());
   prelude_.assign({"EVAL", kMoveLegacyScript, legacy_count_});
-  for (const auto& [pos, old] : legacy_) {
-    prelude_.push_back(stored(old));
-    prelude_.push_back(stored(policy_args_[pos]));
+  for (const Legacy& l : legacy_) {
+    prelude_.push_back(stored(l.old));
+    prelude_.push_back(stored(policy_args_[l.pos]));
   }
+  for (const Legacy& l : legacy_) prelude_.push_back(l.write ? "w" : "r");
   v_.prelude = prelude_;
   return true;
 }

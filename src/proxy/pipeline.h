@@ -116,12 +116,15 @@ struct Verdict {
   uint8_t renamed_shape = 0;
 };
 
-// The script of a Verdict's prelude: for each pair of keys (old name, new name), RENAME the old
-// key onto the new one when the old one exists (atomic; the TTL moves with it). Returns how many
-// it moved.
+// The script of a Verdict's prelude: for each pair of keys (old name, new name) with its ARGV
+// ("w" when the command writes the key, else "r"): when the old key exists and the new one does
+// not, RENAME the old onto the new (atomic; the TTL moves with it). When both exist the new key
+// wins: a write removes the old copy, which it makes stale; a read leaves both. Returns how many
+// keys it moved.
 inline constexpr std::string_view kMoveLegacyScript =
     "local n=0 for i=1,#KEYS,2 do if redis.call('EXISTS',KEYS[i])==1 then "
-    "redis.call('RENAME',KEYS[i],KEYS[i+1]) n=n+1 end end return n";
+    "if redis.call('EXISTS',KEYS[i+1])==0 then redis.call('RENAME',KEYS[i],KEYS[i+1]) n=n+1 "
+    "elseif ARGV[(i+1)/2]=='w' then redis.call('UNLINK',KEYS[i]) end end end return n";
 
 class CommandPipeline {
  public:
@@ -141,6 +144,10 @@ class CommandPipeline {
   bool KeyPolicy(const CommandContext& c, const commands::CommandSpec& spec);
   bool Tenant(const CommandContext& c, const commands::CommandSpec* spec, bool keys_ok);
   bool Hygiene(const CommandContext& c);
+  // Whether the name rule violation `v` rewrites a key to is itself rewritten by a rewrite rule
+  // (a chain or a cycle of rules, which would move one client's keys onto another's).
+  bool RewrittenAgain(const policy::KeyPolicy& policy, const CommandContext& c, const commands::CommandSpec& spec,
+                      const policy::Violation& v);
   // Encodes the prelude that moves the legacy keys the key policy rewrote.
   bool MoveLegacy(const CommandContext& c);
   // Ends the run with a refusal.
@@ -155,8 +162,14 @@ class CommandPipeline {
   std::vector<std::string_view> policy_args_;  // the key policy's rewrites (strings owned by edit_)
   std::vector<std::string_view> tenant_args_;  // the tenant's (strings owned by shared_.rewriter)
   std::vector<std::string_view> hello_args_;   // HELLO without its AUTH
-  // Rewritten keys whose rule moves legacy keys: the position and the client's (old) name.
-  std::vector<std::pair<uint32_t, std::string_view>> legacy_;
+  // Rewritten keys whose rule moves legacy keys: the position, the client's (old) name, and
+  // whether the command writes the key.
+  struct Legacy {
+    uint32_t pos;
+    std::string_view old;
+    bool write;
+  };
+  std::vector<Legacy> legacy_;
   std::vector<std::string_view> prelude_;  // EVAL, the script, the key count, then the keys
   std::vector<std::pair<std::string_view, std::string_view>> renamed_;
   std::string legacy_count_;  // the key count

@@ -63,11 +63,71 @@ def test_a_write_leaves_no_stale_old_copy(kg, r):
     assert c.set("User_2_Profile", "new") is True
     assert sorted(r.keys("*")) == ["user:2:profile"]
     assert r.get("user:2:profile") == "new"
-    # An old key written again outside keyguard (an app instance without the sidecar) is the
-    # latest write: the next command through keyguard moves it over the new one.
-    r.set("User_2_Profile", "newer")
-    assert c.get("User_2_Profile") == "newer"
-    assert sorted(r.keys("*")) == ["user:2:profile"]
+
+
+def test_an_existing_new_key_wins(kg, r):
+    """Both names exist (an app already writes the new name, or `keyguard migrate copy` ran): the
+    new key is never overwritten. Reads, EXISTS, TYPE, TTL and COPY leave both; a write through
+    keyguard removes the old copy it makes stale, so a DEL never brings the old key back."""
+    r.set("User_3_Profile", "v1-old")
+    r.set("user:3:profile", "v2-newest")
+    c = redis.Redis(port=kg.port, decode_responses=True)
+    assert c.exists("User_3_Profile") == 1
+    assert c.type("User_3_Profile") == "string"
+    assert c.ttl("User_3_Profile") == -1
+    assert c.get("User_3_Profile") == "v2-newest"
+    assert r.get("User_3_Profile") == "v1-old" and r.get("user:3:profile") == "v2-newest"
+    assert c.append("User_3_Profile", "!") == len("v2-newest!")
+    assert sorted(r.keys("*")) == ["user:3:profile"]
+    assert r.get("user:3:profile") == "v2-newest!"
+    r.set("User_4_Profile", "old")
+    r.set("user:4:profile", "new")
+    assert c.delete("User_4_Profile") == 1
+    assert r.keys("*4*") == []
+    assert c.get("User_4_Profile") is None
+    r.hset("User_5_Profile", mapping={"name": "ada"})
+    r.hset("user:5:profile", mapping={"name": "ada", "plan": "pro"})
+    assert c.hgetall("User_5_Profile") == {"name": "ada", "plan": "pro"}
+    assert c.hset("User_5_Profile", "plan", "free") == 0
+    assert sorted(r.keys("*5*")) == ["user:5:profile"]
+    assert r.hgetall("user:5:profile") == {"name": "ada", "plan": "free"}
+
+
+def test_a_chain_of_rewrite_rules_is_refused_and_a_scoped_rule_leaves_old_keys(redis_server, r):
+    chain = """key_policy:
+  default_action: observe
+  rules:
+    - {name: a-to-b, pattern: '^a_(\\d+)$', rewrite: 'b_$1', action: rewrite}
+    - {name: b-to-a, pattern: '^b_(\\d+)$', rewrite: 'a_$1', action: rewrite}
+"""
+    k = Keyguard(redis_server.port, config=chain)
+    try:
+        c = RespConn(k.port)
+        c.send("SET", "a_1", "A")
+        assert c.read()[1] == (b"-ERR keyguard: rule 'a-to-b' rewrites key 'a_1' to 'b_1', which another rewrite "
+                               b"rule rewrites again: a chain of rewrite rules would move one client's keys onto "
+                               b"another's (fix key_policy.rules)\r\n")
+        c.close()
+        assert r.keys("*") == []
+    finally:
+        k.stop()
+    scoped = REWRITE.replace("      action: rewrite", "      action: rewrite\n      scope: {categories: [write]}")
+    fd, path = tempfile.mkstemp(suffix=".yaml", prefix="kg-scoped-")
+    with os.fdopen(fd, "w") as f:
+        f.write(scoped + "      legacy_keys: move\n")
+    out = subprocess.run([KEYGUARD, "check-config", path], capture_output=True, text=True)
+    os.unlink(path)
+    assert out.returncode != 0
+    assert "key_policy.rules[0].legacy_keys: move needs a rule without a scope" in out.stdout + out.stderr
+    k = Keyguard(redis_server.port, config=scoped)
+    try:
+        r.hset("User_6_Profile", mapping={"a": "1"})
+        c = redis.Redis(port=k.port, decode_responses=True)
+        assert c.hset("User_6_Profile", "b", "2") == 1  # in scope: the new name, nothing moved
+        assert c.hgetall("User_6_Profile") == {"a": "1"}  # out of scope: the old name, still there
+        assert sorted(r.keys("*")) == ["User_6_Profile", "user:6:profile"]
+    finally:
+        k.stop()
 
 
 def test_delete_exists_and_multi_key_commands(kg, r):

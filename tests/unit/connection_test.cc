@@ -343,9 +343,9 @@ TEST_F(ConnectionTest, AnOldNameMovesFirstAndOnlyTheClientsRepliesReachIt) {
       "key_policy:\n  default_action: observe\n  rules:\n    - {name: legacy-profile, pattern: "
       "'^User_(\\d+)_Profile$', "
       "rewrite: 'user:$1:profile', action: rewrite}\n");
-  const std::string move = "*5\r\n$4\r\nEVAL\r\n$" + std::to_string(kMoveLegacyScript.size()) + "\r\n" +
+  const std::string move = "*6\r\n$4\r\nEVAL\r\n$" + std::to_string(kMoveLegacyScript.size()) + "\r\n" +
                            std::string(kMoveLegacyScript) +
-                           "\r\n$1\r\n2\r\n$14\r\nUser_7_Profile\r\n$14\r\nuser:7:profile\r\n";
+                           "\r\n$1\r\n2\r\n$14\r\nUser_7_Profile\r\n$14\r\nuser:7:profile\r\n$1\r\nr\r\n";
   Client("*2\r\n$3\r\nGET\r\n$14\r\nUser_7_Profile\r\n");
   EXPECT_EQ(TakeUpstream(), move + "*2\r\n$3\r\nGET\r\n$14\r\nuser:7:profile\r\n");
   EXPECT_EQ(conn_->pending(), 2u);

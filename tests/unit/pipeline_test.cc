@@ -159,7 +159,7 @@ TEST(PipelineTest, KeyPolicyRewriteChangesOnlyTheKeyAndCountsIt) {
   EXPECT_EQ(c.upstream, "MSET user:7:profile a other b");
   EXPECT_EQ(c.Count(c.shard_.keys_rewritten, {"legacy-profile"}), 1u);
   // A key stored under the old name moves to the new one first (legacy_keys: move, the default).
-  EXPECT_EQ(c.prelude, Move("2 User_7_Profile user:7:profile"));
+  EXPECT_EQ(c.prelude, Move("2 User_7_Profile user:7:profile w"));
   // The next command starts from its own arguments.
   const Verdict& next = c.Run("GET other");
   EXPECT_FALSE(next.modified);
@@ -174,7 +174,7 @@ TEST(PipelineTest, KeyPolicyRewriteChangesOnlyTheKeyAndCountsIt) {
   EXPECT_TRUE(c.Run("MGET User_1_Profile").renamed.empty());  // its reply names no key
   c.Run("MGET User_1_Profile user:2:profile User_3_Profile");
   EXPECT_EQ(c.upstream, "MGET user:1:profile user:2:profile user:3:profile");
-  EXPECT_EQ(c.prelude, Move("4 User_1_Profile user:1:profile User_3_Profile user:3:profile"));
+  EXPECT_EQ(c.prelude, Move("4 User_1_Profile user:1:profile User_3_Profile user:3:profile r r"));
 }
 
 TEST(PipelineTest, LegacyKeysLeaveSendsNoMoveAndAMoveInsideMultiUnderReplyOffIsRefused) {
@@ -279,7 +279,7 @@ TEST(PipelineTest, PolicyRewriteTenantPrefixAndHygieneRewriteCompose) {
   EXPECT_EQ(set.action, Action::kForward);
   EXPECT_EQ(c.upstream, "SET tenant:s:user:3:profile v EX 600");
   // The old name moves inside the tenant's own keys.
-  EXPECT_EQ(c.prelude, Move("2 tenant:s:User_3_Profile tenant:s:user:3:profile"));
+  EXPECT_EQ(c.prelude, Move("2 tenant:s:User_3_Profile tenant:s:user:3:profile w"));
   const Verdict& keys = c.Run("KEYS *");
   EXPECT_EQ(keys.action, Action::kRefuse);
   EXPECT_EQ(keys.reason, Refusal::kHygiene);
