@@ -215,11 +215,11 @@ class ConnectionDetectors {
   // whose rule rejects fired (the command must not be forwarded).
   uint8_t OnRequest(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit, bool watching,
                     bool tenant, std::string* refusal);
-  // OnRequest in one lookup, for a command of `argc` arguments that has nothing to check before
-  // it is forwarded under the settings (most commands): returns true with what OnRequest would
-  // return in `*check`; false when OnRequest must run.
-  // A string write of one value with nothing after it (SET k v, SETNX, GETSET, APPEND) passes
-  // when it shows nothing (QuickWrite).
+  // OnRequest in one lookup, for a command that has nothing to check before it is forwarded
+  // under the settings (most commands): returns true with what OnRequest would return in
+  // `*check`; false when OnRequest must run. A string write of one value with nothing after it
+  // (SET k v, SETNX, GETSET, APPEND) passes when it shows nothing (QuickWrite). Reads the
+  // settings on every call, like OnRequest.
   bool Quick(commands::CommandId id, std::span<const std::string_view> args, uint8_t* check) const {
     const SharedDetectors::CommandPlan p = w_.shared.PlanOf(id);
     const uint8_t plan = p.plan;
