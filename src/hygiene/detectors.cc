@@ -175,21 +175,6 @@ void RmwTracker::OnWriteHashed(uint64_t key_hash, uint64_t session, std::string_
   if (e.readers.empty()) entries_.erase(it);
 }
 
-bool AttributeTracker::ParentOf(std::string_view key, std::string_view* parent) {
-  // One pass from the end: digits first (an id, as in `order:1001`, is not an attribute: the
-  // common case stops at its colon), then the rest of the attribute up to its colon.
-  size_t i = key.size();
-  while (i > 0 && static_cast<unsigned char>(key[i - 1] - '0') < 10) --i;
-  if (i == 0 || (key[i - 1] == ':')) return false;  // all digits (or a trailing colon)
-  while (i > 0 && key[i - 1] != ':') --i;
-  if (i == 0) return false;  // no colon
-  const size_t colon = i - 1;
-  // Only `parent:attribute` keys with a short attribute name.
-  if (colon == 0 || key.size() - colon - 1 > 32) return false;
-  *parent = key.substr(0, colon);
-  return true;
-}
-
 bool AttributeTracker::OnParentWrite(std::string_view key, std::string_view parent_name, uint64_t parent_hash,
                                      int64_t now_ms, std::string* parent, std::vector<std::string>* attributes) {
   const size_t colon = parent_name.size();

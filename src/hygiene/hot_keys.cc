@@ -1,6 +1,7 @@
 #include "keyguard/hygiene/hot_keys.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -14,15 +15,63 @@ namespace keyguard::hygiene {
 // ---------------------------------------------------------------------------------------------
 // SpaceSaving
 
-SpaceSaving::SpaceSaving(size_t capacity) : capacity_(capacity) {
+SpaceSaving::SpaceSaving(size_t capacity, size_t filter_buckets) : capacity_(capacity) {
   slots_.reserve(capacity);
   heap_.reserve(capacity);
   size_t buckets = 2;
   while (buckets < 2 * capacity) buckets *= 2;
   index_.assign(buckets, 0);
+  if (filter_buckets > 0 && capacity > 0) {
+    size_t n = 2;
+    filter_shift_ = 63;
+    while (n < filter_buckets) {
+      n *= 2;
+      --filter_shift_;
+    }
+    filter_.assign(n, 0);
+    held_.assign(n, 0);
+  }
 }
 
-uint64_t SpaceSaving::Hash(absl::string_view item) { return absl::Hash<absl::string_view>{}(item); }
+namespace {
+
+// 64x64 -> 128-bit multiply, folded: the mixing step of wyhash.
+uint64_t Mum(uint64_t a, uint64_t b) {
+  const unsigned __int128 r = static_cast<unsigned __int128>(a) * b;
+  return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
+}
+
+uint64_t Load8(const char* p) {
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  return x;
+}
+
+// Random per process, so that which keys collide in the index cannot be chosen by clients.
+const uint64_t kHashSeed = absl::Hash<const void*>{}(&kHashSeed) | 1;
+
+}  // namespace
+
+uint64_t SpaceSaving::Hash(absl::string_view item) {
+  // wyhash-style: 8 bytes at a time, the tail as the last 8 bytes (overlapping) or fewer.
+  constexpr uint64_t k0 = 0xa0761d6478bd642full, k1 = 0xe7037ed1a0b428dbull;
+  const char* p = item.data();
+  size_t n = item.size();
+  uint64_t h = kHashSeed ^ Mum(n ^ k0, k1);
+  if (n >= 8) {
+    while (n > 8) {
+      h = Mum(h ^ Load8(p), k1);
+      p += 8;
+      n -= 8;
+    }
+    h = Mum(h ^ Load8(item.data() + item.size() - 8), k0);
+  } else {
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; ++i) x |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+    h = Mum(h ^ x, k0);
+  }
+  return Mum(h, k1 ^ kHashSeed);
+}
 
 // Hole-based sifts: the moving counter is written once, where it ends. They compare exactly as a
 // sift by swaps does, so ties are broken the same way.
@@ -66,6 +115,7 @@ void SpaceSaving::Index(uint32_t slot) {
   size_t i = slots_[slot].hash & mask;
   while (index_[i] != 0) i = (i + 1) & mask;
   index_[i] = slot + 1;
+  if (!held_.empty()) ++held_[slots_[slot].hash >> filter_shift_];
 }
 
 void SpaceSaving::Unindex(uint32_t slot) {
@@ -82,12 +132,15 @@ void SpaceSaving::Unindex(uint32_t slot) {
     hole = j;
   }
   index_[hole] = 0;
+  if (!held_.empty()) --held_[slots_[slot].hash >> filter_shift_];
 }
 
 void SpaceSaving::Add(absl::string_view item, uint64_t hash, uint64_t weight) {
   if (capacity_ == 0) return;
   total_ += weight;
-  if (const int64_t found = Find(item, hash); found >= 0) {
+  // Filtered: a bucket that holds no counter's item tells at once that the item is absent.
+  const bool absent = !held_.empty() && held_[hash >> filter_shift_] == 0;
+  if (const int64_t found = absent ? -1 : Find(item, hash); found >= 0) {
     const uint32_t pos = slots_[static_cast<size_t>(found)].heap;
     heap_[pos].count += weight;
     SiftDown(pos);
@@ -102,20 +155,36 @@ void SpaceSaving::Add(absl::string_view item, uint64_t hash, uint64_t weight) {
     Index(idx);
     return;
   }
-  // Full: the new item takes over the smallest counter, whose count becomes its error.
+  // Full: the new item takes over the smallest counter. Plain: that counter's count becomes its
+  // error. Filtered: it enters only once its bucket's charge plus its weight exceed that count,
+  // with the charge as its error; the item it replaces leaves its count in its own bucket.
+  const uint64_t min = heap_[0].count;
   const uint32_t idx = heap_[0].slot;
   Slot& s = slots_[idx];
+  uint64_t prior = min;  // what the new item may have had while it was absent
+  if (!filter_.empty()) {
+    uint64_t& charge = filter_[hash >> filter_shift_];
+    if (charge + weight <= min) {
+      charge += weight;
+      return;
+    }
+    prior = charge;
+    uint64_t& left = filter_[s.hash >> filter_shift_];
+    left = std::max(left, min);
+  }
   Unindex(idx);
   s.item.assign(item.data(), item.size());
   s.hash = hash;
-  s.error = heap_[0].count;
-  heap_[0].count += weight;
+  s.error = prior;
+  heap_[0].count = prior + weight;
   Index(idx);
   SiftDown(0);
 }
 
 void SpaceSaving::Clear() {
   std::fill(index_.begin(), index_.end(), 0);
+  std::fill(filter_.begin(), filter_.end(), 0);
+  std::fill(held_.begin(), held_.end(), 0);
   heap_.clear();
   slots_.clear();
   total_ = 0;
@@ -130,7 +199,15 @@ std::vector<SpaceSaving::Entry> SpaceSaving::Entries() const {
   return out;
 }
 
-SketchSnapshot Snapshot(const SpaceSaving& s) { return SketchSnapshot{s.Entries(), s.min_count(), s.total()}; }
+std::vector<SpaceSaving::Entry> SpaceSaving::Counters() const {
+  std::vector<Entry> out;
+  out.reserve(slots_.size());
+  for (const Slot& s : slots_) out.push_back(Entry{s.item, heap_[s.heap].count, s.error});
+  return out;
+}
+
+// Unsorted: MergeTop and the metric read every entry, in any order.
+SketchSnapshot Snapshot(const SpaceSaving& s) { return SketchSnapshot{s.Counters(), s.min_count(), s.total()}; }
 
 std::vector<SpaceSaving::Entry> MergeTop(const std::vector<const SketchSnapshot*>& parts, size_t n) {
   absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> merged;
@@ -184,8 +261,8 @@ void LargestKeys::Observe(absl::string_view item, uint64_t size, std::string_vie
     index_.emplace(entries_[smallest].item, static_cast<uint32_t>(smallest));
   }
   if (entries_.size() == capacity_) {
-    min_ = entries_[0].size;
-    for (const Entry& e : entries_) min_ = std::min(min_, e.size);
+    admit_above_ = entries_[0].size;
+    for (const Entry& e : entries_) admit_above_ = std::min(admit_above_, e.size);
   }
 }
 
@@ -194,10 +271,11 @@ void LargestKeys::Observe(absl::string_view item, uint64_t size, std::string_vie
 
 void HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* out) {
   const size_t t = std::min<size_t>(tenant.size(), 255);
-  out->clear();
-  out->push_back(static_cast<char>(t));
-  out->append(tenant.data(), t);
-  out->append(key.data(), key.size());
+  out->resize(1 + t + key.size());
+  char* w = out->data();
+  w[0] = static_cast<char>(t);
+  if (t > 0) std::memcpy(w + 1, tenant.data(), t);
+  if (!key.empty()) std::memcpy(w + 1 + t, key.data(), key.size());
 }
 
 TenantKey SplitHotKeyItem(absl::string_view item) {
@@ -209,12 +287,14 @@ TenantKey SplitHotKeyItem(absl::string_view item) {
 // ---------------------------------------------------------------------------------------------
 // HotKeys
 
+size_t HotKeys::FilterBuckets(size_t capacity) { return std::min<size_t>(32 * capacity, 65536); }
+
 HotKeys::HotKeys(const Settings& s)
     : capacity_(s.enabled ? s.hot_keys_capacity : 0),
       sample_(s.hot_keys_sample > 0 ? s.hot_keys_sample : 1),
       interval_ns_(s.hot_keys_interval_s * 1000000000),
-      by_count_(capacity_),
-      by_bytes_(capacity_),
+      by_count_(capacity_, FilterBuckets(capacity_)),
+      by_bytes_(capacity_, FilterBuckets(capacity_)),
       big_bytes_(capacity_ > 0 ? kLargestKept : 0),
       big_elements_(capacity_ > 0 ? kLargestKept : 0) {}
 

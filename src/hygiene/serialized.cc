@@ -1,5 +1,7 @@
 #include "keyguard/hygiene/serialized.h"
 
+#include <array>
+
 namespace keyguard::hygiene {
 namespace {
 
@@ -64,7 +66,21 @@ const char* FormatName(Format f) {
   return "none";
 }
 
-Format DetectFormat(std::string_view value) {
+namespace detail {
+
+// The first bytes DetectFormatSlow can answer anything but kNone for (whitespace: JSON after it).
+constexpr std::array<bool, 256> MayStartSerialized() {
+  std::array<bool, 256> t{};
+  for (int b :
+       {0xAC, 0x80, 0xDE, 0xDF, int{'a'}, int{'O'}, int{'{'}, int{'['}, int{' '}, int{'\t'}, int{'\n'}, int{'\r'}}) {
+    t[static_cast<size_t>(b)] = true;
+  }
+  for (size_t b = 0x81; b <= 0x8F; ++b) t[b] = true;
+  return t;
+}
+constinit const std::array<bool, 256> kMayStartSerialized = MayStartSerialized();
+
+Format DetectFormatSlow(std::string_view value) {
   if (value.size() < 2) return Format::kNone;
   const unsigned char b0 = value[0], b1 = value[1];
   if (b0 == 0xAC && b1 == 0xED) return Format::kJavaSerialized;  // STREAM_MAGIC
@@ -80,6 +96,8 @@ Format DetectFormat(std::string_view value) {
   if (t.size() >= 2 && t.front() == '[' && t.back() == ']') return Format::kJsonArray;
   return Format::kNone;
 }
+
+}  // namespace detail
 
 bool JsonTopLevelFields(std::string_view json, std::vector<std::pair<uint64_t, uint64_t>>* out) {
   const std::string_view s = Trim(json);

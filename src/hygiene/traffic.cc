@@ -117,10 +117,12 @@ uint8_t ConnectionDetectors::OnRequest(commands::CommandId id, std::span<const s
       sizes.Erase(SizeKey(key));
     }
     if (!info.rmw_write) return;
-    if (value.size() < 256 && DetectFormat(value) == Format::kNone) {
+    // Plain small values under a `parent:attribute` name (an id as the last segment is none).
+    if (std::string_view parent_name;
+        value.size() < 256 && DetectFormat(value) == Format::kNone && AttributeTracker::ParentOf(key, &parent_name)) {
       std::string parent;
       std::vector<std::string> names;
-      if (w_.shared.OnAttributeWrite(key, &parent, &names, scope_)) {
+      if (w_.shared.OnAttributeWrite(key, parent_name, &parent, &names, scope_)) {
         Finding f{Kind::kHashCandidate};
         f.elements = static_cast<int64_t>(names.size());
         f.suggestion = absl::StrCat("one attribute per key: keep them in one Hash, HSET ", parent);
@@ -424,8 +426,8 @@ void ConnectionDetectors::FlushPendingTtlFront() {
   FlushPendingTtl(false);
 }
 
-void ConnectionDetectors::OnReply(commands::CommandId id, uint8_t check, std::string_view key, char type, int64_t size,
-                                  std::string_view bulk, uint64_t scope) {
+void ConnectionDetectors::OnReplyFull(commands::CommandId id, uint8_t check, std::string_view key, char type,
+                                      int64_t size, std::string_view bulk, uint64_t scope) {
   const Settings& settings = settings_;
   if (check == kCollectionWrite) {
     // Whether the write created the key: if not, the key keeps whatever TTL it had.
@@ -508,6 +510,28 @@ void SharedSizeCache::Erase(uint64_t key) {
 
 SharedDetectors::SharedDetectors(const Settings& s) : sizes(s) {
   for (auto& shard : shards_) shard = std::make_unique<Shard>(s);
+  plans_ = std::make_unique<std::array<CommandPlan, size_t{1} << (8 * sizeof(commands::CommandId))>>();
+  plans_->fill(CommandPlan{0xff, 0});
+  for (size_t id = 0; id < commands::CommandCount(); ++id) {
+    const commands::Traits& t = commands::TraitsOf(static_cast<commands::CommandId>(id));
+    const uint8_t check = kReplyCheckOf[static_cast<uint8_t>(t.reply)];
+    uint8_t plan = check;
+    if (t.value_pos > 0 || t.pairs) plan |= kPlanWrite;
+    if (t.hygiene != HygieneRole::kNone) plan |= kPlanRole;
+    if (t.ttl_unit != TtlUnit::kNone || t.options_from > 0) plan |= kPlanTtl;
+    if (t.needs_ttl || t.creates != commands::CreatesKey::kNo) plan |= kPlanTtlPattern;
+    if (t.probe) plan |= kPlanProbe;
+    if (check == kCollectionRead) plan |= kPlanCollectionRead;
+    // One value, then nothing the detectors read: no TTL argument, and options (SET's) only after
+    // the value, so that `args.size() == value_pos + 1` means none were given.
+    uint8_t write = 0;
+    if (t.value_pos > 0 && t.value_pos < kWriteReplaces && !t.pairs && t.ttl_unit == TtlUnit::kNone &&
+        t.hygiene == HygieneRole::kNone && t.creates == commands::CreatesKey::kNo &&
+        (t.options_from == 0 || t.options_from > t.value_pos)) {
+      write = static_cast<uint8_t>(t.value_pos | (t.rmw_write ? kWriteReplaces : 0));
+    }
+    (*plans_)[id] = CommandPlan{plan, write};
+  }
 }
 
 void SharedDetectors::OnRead(std::string_view key, uint64_t connection, std::string_view value, int64_t now_ms,
@@ -530,10 +554,8 @@ void SharedDetectors::OnWrite(std::string_view key, uint64_t connection, std::st
   Recount(&rmw_tracked_, before, shard.rmw.tracked());
 }
 
-bool SharedDetectors::OnAttributeWrite(std::string_view key, std::string* parent, std::vector<std::string>* attributes,
-                                       uint64_t scope) {
-  std::string_view parent_name;
-  if (!AttributeTracker::ParentOf(key, &parent_name)) return false;  // no lock for an id-like key
+bool SharedDetectors::OnAttributeWrite(std::string_view key, std::string_view parent_name, std::string* parent,
+                                       std::vector<std::string>* attributes, uint64_t scope) {
   const uint64_t h = Fingerprint(parent_name, scope);
   Shard& shard = ShardOf(h);
   std::lock_guard<std::mutex> lock(shard.mu);
@@ -551,41 +573,27 @@ uint64_t NewConnectionId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
-                   std::string_view tenant, size_t request_len, uint32_t* request_bytes) {
-  if (!hot.enabled() || args.size() < 2) return false;
-  const commands::Traits& info = commands::TraitsOf(id);
-  if (info.sized_write) {
-    auto write = [&](std::string_view key, std::string_view value) {
-      if (value.empty() || !hot.Admits(false, value.size())) return;
-      hot.ObserveSize(AsAbsl(tenant), AsAbsl(key), false, value.size(), commands::CommandName(id),
-                      commands::KeyTypeName(info.type));
-    };
-    if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
-      write(args[1], args[info.value_pos]);
-    } else if (info.pairs) {
-      for (size_t i = 1; i + 1 < args.size(); i += 2) write(args[i], args[i + 1]);
-    }
-  }
-  if (!info.first_key) return false;
-  // Sampled commands count as accesses; the replies of sizing commands are always looked at.
-  if (hot.Sample()) *request_bytes = static_cast<uint32_t>(std::min<size_t>(request_len, UINT32_MAX));
-  return *request_bytes != 0 || (info.reply != ReplyShows::kNothing && info.reply != ReplyShows::kComputedMembers);
+void HotKeySize(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key, bool elements,
+                uint64_t size) {
+  hot.ObserveSize(AsAbsl(tenant), AsAbsl(key), elements, size, commands::CommandName(id),
+                  commands::KeyTypeName(commands::TraitsOf(id).type));
 }
 
-void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant_name, std::string_view key_name,
-                 uint32_t request_bytes, char type, int64_t size, std::string_view bulk, size_t frame_len) {
-  const absl::string_view key(key_name.data(), key_name.size());
-  const absl::string_view tenant(tenant_name.data(), tenant_name.size());
-  if (request_bytes != 0) hot.Access(tenant, key, request_bytes + frame_len);
+void HotKeyPairs(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
+                 std::string_view tenant) {
+  for (size_t i = 1; i + 1 < args.size(); i += 2) {
+    if (!args[i + 1].empty() && hot.Admits(false, args[i + 1].size())) {
+      HotKeySize(hot, id, tenant, args[i], false, args[i + 1].size());
+    }
+  }
+}
+
+void HotKeyReplySize(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key, char type,
+                     int64_t size, std::string_view bulk) {
   const commands::Traits& info = commands::TraitsOf(id);
   int64_t n = -1;
   bool elements = true;
   switch (info.reply) {
-    case ReplyShows::kValue:
-      if (type == '$') n = static_cast<int64_t>(bulk.size());
-      elements = false;
-      break;
     case ReplyShows::kLength:
     case ReplyShows::kCount:
       if (type == ':' && !resp::ParseRedisInt(bulk, &n)) n = -1;
@@ -594,12 +602,12 @@ void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant_n
     case ReplyShows::kMembers:
       if (type == '*' || type == '~' || type == '%') n = (type == '*' && info.field_value_pairs) ? size / 2 : size;
       break;
+    case ReplyShows::kValue:
     case ReplyShows::kNothing:
-    case ReplyShows::kComputedMembers: return;  // the set operations: not one key's size
+    case ReplyShows::kComputedMembers: return;  // HotKeyReply's own
   }
   if (n <= 0 || !hot.Admits(elements, static_cast<uint64_t>(n))) return;
-  hot.ObserveSize(tenant, key, elements, static_cast<uint64_t>(n), commands::CommandName(id),
-                  commands::KeyTypeName(info.type));
+  HotKeySize(hot, id, tenant, key, elements, static_cast<uint64_t>(n));
 }
 
 }  // namespace keyguard::hygiene

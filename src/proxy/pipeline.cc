@@ -110,7 +110,8 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
     if (c.tenant != nullptr && !Tenant(c, spec, keys_ok)) return v_;
     if (!legacy_.empty() && !MoveLegacy(c)) return v_;
   }
-  if (shared_.config.hygiene.enabled && !Hygiene(c)) return v_;
+  // Most commands have nothing for the detectors to check before they go (GET: only its reply).
+  if (shared_.config.hygiene.enabled && !detectors_.Quick(c.id, c.args, &v_.reply_check) && !Hygiene(c)) return v_;
   if (v_.walk != tenant::Walk::kNone) v_.action = Verdict::Action::kWalk;
   return v_;
 }

@@ -326,6 +326,22 @@ def test_expiry_clustering_found_once_and_jitter_spreads_ttls(fresh, direct):
         absolute = expire_times(direct, ["a:%d" % i for i in range(40)])
         assert all(at <= t <= at + 501 for t in absolute), (at, absolute)
         assert len(set(absolute)) > 5
+        # PXAT, EXPIREAT and PEXPIREAT the same, each in its own unit: the stored expiry (to the
+        # millisecond) is the one asked or later, by at most half of what was left.
+        at_ms = int(server_time(direct) * 1000) + 1000000
+        at = at_ms // 1000
+        for i in range(40):
+            r.set("px:%d" % i, "v", pxat=at_ms)
+            r.set("ea:%d" % i, "v")
+            assert r.expireat("ea:%d" % i, at) is True
+            r.set("pa:%d" % i, "v")
+            assert r.pexpireat("pa:%d" % i, at_ms) is True
+        for prefix, asked in (("px", at_ms / 1000), ("ea", at), ("pa", at_ms / 1000)):
+            stored = expire_times(direct, ["%s:%d" % (prefix, i) for i in range(40)])
+            assert all(asked <= t <= asked + 501 for t in stored), (prefix, asked, stored)
+            assert len(set(stored)) > 5, (prefix, stored)
+        # EXPIREAT in whole seconds: the jitter keeps the unit, so every expiry is a whole second.
+        assert all(t == int(t) for t in expire_times(direct, ["ea:%d" % i for i in range(40)]))
     finally:
         assert kg.stop() == 0
 

@@ -20,6 +20,23 @@ std::map<std::string, SpaceSaving::Entry> ByItem(const std::vector<SpaceSaving::
   return out;
 }
 
+// 200000 weighted additions: "hot:a" 20% of them, "hot:b" 10%, the rest drawn from `tail_keys`
+// cold items. Adds every item's true weight to `truth`; returns the total.
+uint64_t AddSkewedStream(SpaceSaving& s, int tail_keys, std::map<std::string, uint64_t>* truth) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tail(0, tail_keys - 1);
+  uint64_t n = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const int r = i % 10;
+    const std::string item = r < 2 ? "hot:a" : r < 3 ? "hot:b" : absl::StrCat("cold:", tail(rng));
+    const uint64_t w = 1 + static_cast<uint64_t>(i % 3);
+    s.Add(item, w);
+    (*truth)[item] += w;
+    n += w;
+  }
+  return n;
+}
+
 TEST(SpaceSavingTest, ExactWhileDistinctItemsFit) {
   SpaceSaving s(8);
   for (int round = 0; round < 3; ++round) {
@@ -42,24 +59,7 @@ TEST(SpaceSavingTest, BoundsHoldAndHeavyHittersStayWhenItemsOverflow) {
   constexpr size_t kCapacity = 64;
   SpaceSaving s(kCapacity);
   std::map<std::string, uint64_t> truth;
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int> tail(0, 9999);
-  uint64_t n = 0;
-  for (int i = 0; i < 200000; ++i) {
-    std::string item;
-    const int r = i % 10;
-    if (r < 2) {
-      item = "hot:a";  // 20% of the stream
-    } else if (r < 3) {
-      item = "hot:b";  // 10%
-    } else {
-      item = absl::StrCat("cold:", tail(rng));
-    }
-    const uint64_t w = 1 + static_cast<uint64_t>(i % 3);
-    s.Add(item, w);
-    truth[item] += w;
-    n += w;
-  }
+  const uint64_t n = AddSkewedStream(s, 10000, &truth);
   EXPECT_EQ(s.total(), n);
   EXPECT_EQ(s.size(), kCapacity);
   EXPECT_LE(s.min_count(), n / kCapacity);
@@ -108,6 +108,43 @@ TEST(SpaceSavingTest, EveryHeldItemStaysFoundThroughEvictions) {
   size_t kept = 0;
   for (const auto& [item, e] : before) kept += last.count(item);
   EXPECT_EQ(kept, 15u);
+}
+
+// Filtered (what HotKeys uses): the same bounds, exact while the items fit, and on a long tail
+// most additions stay in their bucket.
+TEST(SpaceSavingTest, FilteredKeepsTheBoundsAndTheHeavyHitters) {
+  constexpr size_t kCapacity = 64;
+  SpaceSaving exact(kCapacity, 16 * kCapacity);
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 64; ++i) exact.Add(absl::StrCat("k", i), static_cast<uint64_t>(i + 1));
+  }
+  for (const auto& e : exact.Entries()) {
+    EXPECT_EQ(e.count, 3u * static_cast<uint64_t>(std::stoi(e.item.substr(1)) + 1)) << e.item;
+    EXPECT_EQ(e.error, 0u) << e.item;
+  }
+  SpaceSaving s(kCapacity, 16 * kCapacity);
+  std::map<std::string, uint64_t> truth;
+  const uint64_t n = AddSkewedStream(s, 100000, &truth);
+  EXPECT_EQ(s.total(), n);
+  EXPECT_EQ(s.size(), kCapacity);
+  EXPECT_LE(s.min_count(), n / kCapacity);
+  const auto entries = ByItem(s.Entries());
+  uint64_t sum = 0;
+  for (const auto& [item, e] : entries) {
+    EXPECT_LE(e.count - e.error, truth[item]) << item;
+    EXPECT_GE(e.count, truth[item]) << item;
+    EXPECT_LE(e.error, s.min_count()) << item;
+    sum += e.count;
+  }
+  EXPECT_LE(sum, n);
+  // Every item above the smallest counter is present (an absent one had at most that much).
+  for (const auto& [item, t] : truth) {
+    if (t > s.min_count()) EXPECT_TRUE(entries.count(item)) << item << " " << t;
+  }
+  const auto top = s.Entries();
+  EXPECT_EQ(top[0].item, "hot:a");
+  EXPECT_EQ(top[1].item, "hot:b");
+  EXPECT_EQ(top[0].count, truth["hot:a"]);  // present since its first additions: exact
 }
 
 TEST(SpaceSavingTest, ClearStartsAfresh) {

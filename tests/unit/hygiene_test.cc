@@ -133,24 +133,46 @@ TEST(RmwTracker, TenantsNeverShareState) {
   EXPECT_TRUE(out.empty());
 }
 
+// The parent ParentOf finds, or "-".
+std::string ParentName(std::string_view key) {
+  std::string_view p;
+  return AttributeTracker::ParentOf(key, &p) ? std::string(p) : std::string("-");
+}
+
 TEST(AttributeTracker, OnlyShortNonIdAttributesHaveAParent) {
-  auto parent = [](std::string_view key) {
-    std::string_view p;
-    return AttributeTracker::ParentOf(key, &p) ? std::string(p) : std::string("-");
-  };
-  EXPECT_EQ(parent("user:7:name"), "user:7");
-  EXPECT_EQ(parent("user:ab12"), "user");
-  EXPECT_EQ(parent("user:12ab"), "user");
-  EXPECT_EQ(parent("order:1001"), "-");  // an id
-  EXPECT_EQ(parent("key:000000012345"), "-");
-  EXPECT_EQ(parent("12345"), "-");
-  EXPECT_EQ(parent("plain"), "-");
-  EXPECT_EQ(parent("user:"), "-");  // no attribute
-  EXPECT_EQ(parent(":name"), "-");  // no parent
-  EXPECT_EQ(parent("a:b:"), "-");
-  EXPECT_EQ(parent("p:" + std::string(32, 'x')), "p");
-  EXPECT_EQ(parent("p:" + std::string(33, 'x')), "-");  // too long for an attribute name
-  EXPECT_EQ(parent(""), "-");
+  EXPECT_EQ(ParentName("user:7:name"), "user:7");
+  EXPECT_EQ(ParentName("user:ab12"), "user");
+  EXPECT_EQ(ParentName("user:12ab"), "user");
+  EXPECT_EQ(ParentName("order:1001"), "-");  // an id
+  EXPECT_EQ(ParentName("key:000000012345"), "-");
+  EXPECT_EQ(ParentName("12345"), "-");
+  EXPECT_EQ(ParentName("plain"), "-");
+  EXPECT_EQ(ParentName("user:"), "-");  // no attribute
+  EXPECT_EQ(ParentName(":name"), "-");  // no parent
+  EXPECT_EQ(ParentName("a:b:"), "-");
+  EXPECT_EQ(ParentName("p:" + std::string(32, 'x')), "p");
+  EXPECT_EQ(ParentName("p:" + std::string(33, 'x')), "-");  // too long for an attribute name
+  EXPECT_EQ(ParentName(""), "-");
+}
+
+// ParentOf reads trailing digits 8 bytes at a time: ids and attributes around that width, and
+// bytes a digit test could confuse (above 0x7f, just below '0' and just above '9').
+TEST(AttributeTracker, ParentOfAcrossEightByteWords) {
+  EXPECT_EQ(ParentName("a:12345678"), "-");
+  EXPECT_EQ(ParentName("a:1234567812345678"), "-");
+  EXPECT_EQ(ParentName("12345678"), "-");
+  EXPECT_EQ(ParentName("1234567812345678"), "-");
+  EXPECT_EQ(ParentName("user:x12345678"), "user");
+  EXPECT_EQ(ParentName("user:x1234567812345678"), "user");
+  EXPECT_EQ(ParentName("user:12345678x"), "user");
+  EXPECT_EQ(ParentName("k:\xb0"
+                       "12345678"),
+            "k");                             // 0xb0: '0' with the top bit set
+  EXPECT_EQ(ParentName("k:/12345678"), "k");  // '/' is just below '0'
+  EXPECT_EQ(ParentName("k::12345678"), "-");  // an id after an empty attribute
+  EXPECT_EQ(ParentName("k:;12345678"), "k");  // ';' is just above ':' and '9'
+  EXPECT_EQ(ParentName("k:" + std::string(31, 'x') + "1"), "k");
+  EXPECT_EQ(ParentName("k:" + std::string(32, 'x') + "12345678"), "-");  // attribute too long
 }
 
 TEST(AttributeTracker, TenantsNeverShareAParent) {

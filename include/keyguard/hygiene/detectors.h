@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -196,6 +197,16 @@ class RmwTracker {
   absl::flat_hash_map<uint64_t, Entry> entries_;
 };
 
+// The top bit of every byte of `x` that is not an ASCII digit. Each byte is tested on its own
+// (its low 7 bits plus a constant stay below 0x100: no carry crosses into the next byte).
+inline uint64_t NonDigits(uint64_t x) {
+  constexpr uint64_t kHigh = 0x8080808080808080ull, kLow = 0x7f7f7f7f7f7f7f7full;
+  const uint64_t low = x & kLow;
+  const uint64_t at_least_0 = low + 0x5050505050505050ull;  // top bit: low >= '0'
+  const uint64_t above_9 = low + 0x4646464646464646ull;     // top bit: low > '9'
+  return ~(at_least_0 & ~above_9 & ~x) & kHigh;
+}
+
 // Plain string keys written under one parent (`user:1:name`, `user:1:age`, ...), to
 // spot one-attribute-per-key models that want a Hash. Bounded by Settings::tracked_keys parents.
 class AttributeTracker {
@@ -217,8 +228,31 @@ class AttributeTracker {
   bool OnParentWrite(std::string_view key, std::string_view parent_name, uint64_t parent_hash, int64_t now_ms,
                      std::string* parent, std::vector<std::string>* attributes);
   // Whether `key` is `parent:attribute` with a short attribute that is not an id (only those
-  // count), and its parent.
-  static bool ParentOf(std::string_view key, std::string_view* parent);
+  // count), and its parent. Inline: every plain small string write asks.
+  static bool ParentOf(std::string_view key, std::string_view* parent) {
+    // One pass from the end: digits first (an id, as in `order:1001`, is not an attribute: the
+    // common case stops at its colon), 8 at a time, then the rest of the attribute up to its colon.
+    size_t i = key.size();
+    while (i >= 8) {
+      uint64_t x;
+      std::memcpy(&x, key.data() + i - 8, 8);
+      if (const uint64_t other = NonDigits(x); other != 0) {
+        // The last byte that is no digit: little-endian, the highest one flagged.
+        i = i - 8 + static_cast<size_t>(63 - __builtin_clzll(other)) / 8 + 1;
+        break;
+      }
+      i -= 8;
+    }
+    while (i > 0 && static_cast<unsigned char>(key[i - 1] - '0') < 10) --i;
+    if (i == 0 || (key[i - 1] == ':')) return false;  // all digits (or a trailing colon)
+    while (i > 0 && key[i - 1] != ':') --i;
+    if (i == 0) return false;  // no colon
+    const size_t colon = i - 1;
+    // Only `parent:attribute` keys with a short attribute name.
+    if (colon == 0 || key.size() - colon - 1 > 32) return false;
+    *parent = key.substr(0, colon);
+    return true;
+  }
   size_t tracked() const { return parents_.size(); }
 
  private:

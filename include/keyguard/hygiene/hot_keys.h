@@ -29,6 +29,16 @@ namespace keyguard::hygiene {
 // keyed by the item's hash (computed once by the caller for several sketches of one stream) and
 // a heap sift of log2(capacity) steps; in steady state it allocates only for items longer than
 // the string's inline buffer or its previous capacity.
+//
+// With `filter_buckets` it is the filtered space-saving of Homem and Carvalho ("Finding top-k
+// elements in data streams", 2010): an item absent from a full summary is charged to one of
+// `filter_buckets` counters chosen by its hash, and takes over the smallest counter only when
+// its bucket's charge plus its weight exceeds that counter; it then enters with that sum as its
+// count and its bucket's charge as its error, and the item it replaced leaves its count in its
+// own bucket. A bucket never exceeds the smallest counter and always covers what every absent
+// item of its bucket had, so the bounds above hold (the counters' sum is then at most N, not
+// equal to it), and while at most `capacity` distinct items were added every count is exact. On a
+// long tail of distinct items most additions only touch their bucket: no eviction, no sift.
 class SpaceSaving {
  public:
   struct Entry {
@@ -37,14 +47,15 @@ class SpaceSaving {
     uint64_t error = 0;  // how much of `count` may belong to items this counter replaced
   };
 
-  explicit SpaceSaving(size_t capacity);
+  // `filter_buckets`: 0 for the plain summary, else rounded up to a power of two.
+  explicit SpaceSaving(size_t capacity, size_t filter_buckets = 0);
   SpaceSaving(const SpaceSaving&) = delete;
   SpaceSaving& operator=(const SpaceSaving&) = delete;
 
   void Add(absl::string_view item, uint64_t weight = 1) { Add(item, Hash(item), weight); }
   // The same with the item's Hash(), for callers that add one item to several sketches.
   void Add(absl::string_view item, uint64_t hash, uint64_t weight);
-  // An item's hash (absl's, seeded per process: items are keys that clients choose).
+  // An item's hash (wyhash-style, seeded per process: items are keys that clients choose).
   static uint64_t Hash(absl::string_view item);
   // Forgets everything (a new interval); keeps the reserved memory.
   void Clear();
@@ -58,6 +69,8 @@ class SpaceSaving {
   uint64_t min_count() const { return full() && capacity_ > 0 ? heap_[0].count : 0; }
   // Every counter, largest count first.
   std::vector<Entry> Entries() const;
+  // Every counter, in no order.
+  std::vector<Entry> Counters() const;
 
  private:
   struct Slot {
@@ -89,9 +102,13 @@ class SpaceSaving {
   // Open addressing with linear probing on the items' hashes: slot index + 1, 0 when empty. A
   // power of two at least twice the capacity, so probes stay short.
   std::vector<uint32_t> index_;
+  // Filtered: what absent items may have had, by the top bits of their hash (empty: plain).
+  std::vector<uint64_t> filter_;
+  std::vector<uint32_t> held_;  // counters whose item falls in each bucket: 0 means absent, no probe
+  int filter_shift_ = 64;
 };
 
-// A sketch as published: its counters and what a merge needs to bound absent items.
+// A sketch as published: its counters (in no order) and what a merge needs to bound absent items.
 struct SketchSnapshot {
   std::vector<SpaceSaving::Entry> entries;
   uint64_t min_count = 0;  // 0 unless the sketch was full
@@ -116,18 +133,18 @@ class LargestKeys {
     int64_t seen_ms = 0;       // wall clock, last time this size was seen
   };
 
-  explicit LargestKeys(size_t capacity) : capacity_(capacity) {}
-  // Whether a size could enter or grow an entry: cheap, so callers skip the clock and the lookup.
-  // When full, only a size above the smallest held can change anything (an equal one neither
-  // enters nor grows an entry), so a workload of same-sized values costs one compare per reply.
-  bool Admits(uint64_t size) const { return capacity_ > 0 && (entries_.size() < capacity_ || size > min_); }
+  explicit LargestKeys(size_t capacity) : capacity_(capacity), admit_above_(capacity > 0 ? 0 : UINT64_MAX) {}
+  // Whether a size could enter or grow an entry: one compare, so callers skip the clock and the
+  // lookup. A size of 0 never enters; when full, only a size above the smallest held can change
+  // anything (an equal one neither enters nor grows an entry).
+  bool Admits(uint64_t size) const { return size > admit_above_; }
   void Observe(absl::string_view item, uint64_t size, std::string_view command, std::string_view type, int64_t now_ms);
   const std::vector<Entry>& entries() const { return entries_; }
   size_t capacity() const { return capacity_; }
 
  private:
   size_t capacity_;
-  uint64_t min_ = 0;  // smallest size held, while full
+  uint64_t admit_above_;  // 0 while not full, then the smallest size held (UINT64_MAX: no capacity)
   std::vector<Entry> entries_;
   absl::flat_hash_map<std::string, uint32_t> index_;
 };
@@ -149,6 +166,9 @@ class HotKeys {
   static constexpr size_t kLargestKept = 128;  // per worker, per unit (bytes, elements)
 
   explicit HotKeys(const Settings& s);
+  // The sketches are filtered (SpaceSaving): 32 buckets per counter, at most 65536 (768 KiB per
+  // sketch; 96 KiB at the default capacity), so a long tail of keys seldom evicts.
+  static size_t FilterBuckets(size_t capacity);
   bool enabled() const { return capacity_ > 0; }
   // Whether to count this command: about one in Settings::hot_keys_sample, at random gaps (a
   // xorshift draw per sampled command, so periodic traffic cannot alias with the sampling).

@@ -2,6 +2,7 @@
 // top-level fields (hashes, never copies of values) to tell how many fields an update changed.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
 #include <utility>
@@ -14,8 +15,18 @@ namespace keyguard::hygiene {
 enum class Format : uint8_t { kNone, kJsonObject, kJsonArray, kMessagePack, kJavaSerialized, kPickle, kPhpSerialize };
 const char* FormatName(Format f);
 
+namespace detail {
+extern const std::array<bool, 256> kMayStartSerialized;  // by first byte: whether any Format may follow
+Format DetectFormatSlow(std::string_view value);
+}  // namespace detail
+
 // What kind of serialized object `value` holds, from its first bytes (and, for JSON, its last).
-Format DetectFormat(std::string_view value);
+// Most values are told apart by their first byte alone, inline (every GET reply and SET value
+// goes through here).
+inline Format DetectFormat(std::string_view value) {
+  if (value.size() < 2 || !detail::kMayStartSerialized[static_cast<unsigned char>(value[0])]) return Format::kNone;
+  return detail::DetectFormatSlow(value);
+}
 
 // For a JSON object: appends (hash of field name, hash of the field's raw value text) per
 // top-level field. Returns false when `json` is not a well-formed top-level object.

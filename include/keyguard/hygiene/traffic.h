@@ -10,6 +10,7 @@
 // another's findings.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -54,6 +55,19 @@ class SharedSizeCache {
   std::atomic<int64_t> count_{0};
 };
 
+// What the detectors may do with a command, from its traits alone (SharedDetectors::PlanOf):
+// decided once per command id, so that a command with nothing to check before it is forwarded
+// (GET, INCR, HSET without ttl_patterns, ...) costs one lookup (ConnectionDetectors::Quick).
+enum Plan : uint8_t {
+  kPlanCheck = 3,                // the ReplyCheck for its reply: none, kStringRead or kCollectionRead
+  kPlanWrite = 1 << 2,           // a string write (Traits::value_pos, pairs)
+  kPlanRole = 1 << 3,            // KEYS, FLUSHALL/FLUSHDB, DEL, UNLINK
+  kPlanTtl = 1 << 4,             // gives a TTL (ttl_unit), or may among its options (options_from)
+  kPlanTtlPattern = 1 << 5,      // should have one (needs_ttl, creates): only with ttl_patterns
+  kPlanProbe = 1 << 6,           // its reply does not show the key's size: only with the probe
+  kPlanCollectionRead = 1 << 7,  // reads a collection whole: only when whole_collection_read rejects
+};
+
 // What every connection of the process shares, whichever worker accepted it: a read-modify-write
 // race between two connections is seen the same when the kernel put them on different workers.
 // Sharded by the fingerprint of the key (of its parent, of its pattern); each shard has its own
@@ -72,11 +86,22 @@ class SharedDetectors {
                std::vector<RmwTracker::Result>* out, uint64_t scope);
   // No serialized key tracked anywhere: writes cannot find anything.
   bool rmw_idle() const { return rmw_tracked_.load(std::memory_order_relaxed) == 0; }
-  // AttributeTracker's, in the shard of the key's parent.
-  bool OnAttributeWrite(std::string_view key, std::string* parent, std::vector<std::string>* attributes,
-                        uint64_t scope);
+  // AttributeTracker's, in the shard of the key's parent (`parent_name`, as ParentOf found it).
+  bool OnAttributeWrite(std::string_view key, std::string_view parent_name, std::string* parent,
+                        std::vector<std::string>* attributes, uint64_t scope);
   // ExpiryClusters::Add, in the pattern's shard.
   int64_t AddExpiry(uint64_t pattern, int64_t second, int64_t now_ms);
+  // What the detectors may do with a command: its Plan bits, and for a string write of one value
+  // that nothing may follow (SET k v, SETNX, GETSET, APPEND, SETRANGE: no TTL argument, no other
+  // role) the value's position, with kWriteReplaces when it replaces the whole value (0: none).
+  struct CommandPlan {
+    uint8_t plan;
+    uint8_t write;
+  };
+  static constexpr uint8_t kWriteReplaces = 0x80;
+  // Every id of the command table as it was when this was made; a later id gets every Plan bit
+  // (the full path).
+  CommandPlan PlanOf(commands::CommandId id) const { return (*plans_)[id]; }
 
  private:
   struct Shard {
@@ -91,6 +116,8 @@ class SharedDetectors {
 
   std::array<std::unique_ptr<Shard>, kShards> shards_;
   std::atomic<int64_t> rmw_tracked_{0};  // keys in every shard's RmwTracker
+  // By command id, every id a CommandId can hold: no bounds check.
+  std::unique_ptr<std::array<CommandPlan, size_t{1} << (8 * sizeof(commands::CommandId))>> plans_;
 
  public:
   SharedSizeCache sizes;  // key sizes seen lately, by any connection
@@ -188,15 +215,57 @@ class ConnectionDetectors {
   // whose rule rejects fired (the command must not be forwarded).
   uint8_t OnRequest(commands::CommandId id, std::span<const std::string_view> args, ArgEditor& edit, bool watching,
                     bool tenant, std::string* refusal);
+  // OnRequest in one lookup, for a command that has nothing to check before it is forwarded
+  // under the settings (most commands): returns true with what OnRequest would return in
+  // `*check`; false when OnRequest must run. A string write of one value with nothing after it
+  // (SET k v, SETNX, GETSET, APPEND) passes when it shows nothing (QuickWrite). Reads the
+  // settings on every call, like OnRequest.
+  bool Quick(commands::CommandId id, std::span<const std::string_view> args, uint8_t* check) const {
+    const SharedDetectors::CommandPlan p = w_.shared.PlanOf(id);
+    const uint8_t plan = p.plan;
+    if (!pending_ttl_.empty() || (plan & kPlanRole) != 0) return false;
+    if ((plan & (kPlanWrite | kPlanTtl)) != 0 && !QuickWrite(p.write, args)) return false;
+    if ((plan & kPlanTtlPattern) != 0 && !settings_.ttl_patterns.empty()) return false;
+    if ((plan & kPlanProbe) != 0 && settings_.probe) return false;
+    if ((plan & kPlanCollectionRead) != 0 && settings_.action(Kind::kWholeCollectionRead) == Action::kReject) {
+      return false;
+    }
+    *check = args.size() > 1 ? plan & kPlanCheck : kNoReplyCheck;
+    return true;
+  }
   // The reply (not an error) to a command OnRequest asked to see: `key` is its first key (the
   // client's name), `scope` the scope of the connection when the reply arrived.
   void OnReply(commands::CommandId id, uint8_t check, std::string_view key, char type, int64_t size,
-               std::string_view bulk, uint64_t scope);
+               std::string_view bulk, uint64_t scope) {
+    // The common read: a small value that is no serialized object, while no such key is tracked.
+    if (check == kStringRead && (type != '$' || (bulk.size() < settings_.big_string_bytes && w_.shared.rmw_idle() &&
+                                                 DetectFormat(bulk) == Format::kNone))) {
+      return;
+    }
+    OnReplyFull(id, check, key, type, size, bulk, scope);
+  }
   // Writes without a TTL whose window for an EXPIRE passed (all of them when the connection ends).
   void FlushPendingTtl(bool all);
   bool has_pending_ttl() const { return !pending_ttl_.empty(); }
 
  private:
+  // Whether a string write of one value (`write`: SharedDetectors::CommandPlan::write) has
+  // nothing after its value and shows nothing: small, no size known for any key, and no hash
+  // candidate (the last segment of its name is an id) or serialized key to follow.
+  bool QuickWrite(uint8_t write, std::span<const std::string_view> args) const {
+    const size_t pos = write & ~SharedDetectors::kWriteReplaces;
+    if (pos == 0 || args.size() != pos + 1) return false;
+    const std::string_view value = args[pos];
+    if (value.size() >= settings_.big_string_bytes || !w_.sizes.empty()) return false;
+    if ((write & SharedDetectors::kWriteReplaces) == 0) return true;
+    std::string_view parent;
+    if (value.size() < 256 && DetectFormat(value) == Format::kNone && AttributeTracker::ParentOf(args[1], &parent)) {
+      return false;
+    }
+    return w_.shared.rmw_idle();
+  }
+  void OnReplyFull(commands::CommandId id, uint8_t check, std::string_view key, char type, int64_t size,
+                   std::string_view bulk, uint64_t scope);
   // `can_act`: false when the command is not the one in hand (or cannot carry the fix): a reject
   // or rewrite rule then reports a warn.
   void Emit(Finding f, std::string_view key, commands::CommandId id, bool can_act = true);
@@ -240,12 +309,67 @@ class ConnectionDetectors {
 // when its reply must come to HotKeyReply with args[1]: an access to count (sampled, about one in
 // Settings::hot_keys_sample: `*request_bytes` set to `request_len`, capped, else left as it is)
 // or a size to read from the reply.
-bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
-                   std::string_view tenant, size_t request_len, uint32_t* request_bytes);
+//
+// Inline: most commands only take the sampling decision here; sizes that could enter the largest
+// keys go to HotKeySize.
+inline bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
+                          std::string_view tenant, size_t request_len, uint32_t* request_bytes);
 // The reply (an error too) to a command HotKeyRequest asked to see: `key` is its args[1],
 // `request_bytes` what HotKeyRequest left there; the reply's `type` (its RESP type byte), `size`
 // (an aggregate's length), `bulk` (a bulk string's or an integer's text) and `frame_len` (its bytes).
-void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key,
-                 uint32_t request_bytes, char type, int64_t size, std::string_view bulk, size_t frame_len);
+inline void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key,
+                        uint32_t request_bytes, char type, int64_t size, std::string_view bulk, size_t frame_len);
+
+// A size seen for `key` (collection members when `elements`, else string bytes) that the largest
+// keys admit.
+void HotKeySize(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key, bool elements,
+                uint64_t size);
+// HotKeyRequest's string writes of several values (MSET).
+void HotKeyPairs(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args, std::string_view tenant);
+// HotKeyReply's integer and aggregate replies (STRLEN, HLEN, HGETALL, ...).
+void HotKeyReplySize(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key, char type,
+                     int64_t size, std::string_view bulk);
+
+inline bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
+                          std::string_view tenant, size_t request_len, uint32_t* request_bytes) {
+  if (!hot.enabled() || args.size() < 2) return false;
+  const commands::Traits& info = commands::TraitsOf(id);
+  if (info.sized_write) {
+    if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
+      const std::string_view value = args[info.value_pos];
+      if (!value.empty() && hot.Admits(false, value.size())) HotKeySize(hot, id, tenant, args[1], false, value.size());
+    } else if (info.pairs) {
+      HotKeyPairs(hot, id, args, tenant);
+    }
+  }
+  if (!info.first_key) return false;
+  // Sampled commands count as accesses; the replies of sizing commands are always looked at.
+  if (hot.Sample()) {
+    *request_bytes = static_cast<uint32_t>(std::min<size_t>(request_len, UINT32_MAX));
+    return true;
+  }
+  return *request_bytes != 0 ||
+         (info.reply != commands::ReplyShows::kNothing && info.reply != commands::ReplyShows::kComputedMembers);
+}
+
+inline void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key,
+                        uint32_t request_bytes, char type, int64_t size, std::string_view bulk, size_t frame_len) {
+  if (request_bytes != 0) {
+    hot.Access(absl::string_view(tenant.data(), tenant.size()), absl::string_view(key.data(), key.size()),
+               request_bytes + frame_len);
+  }
+  switch (commands::TraitsOf(id).reply) {
+    case commands::ReplyShows::kValue:
+      if (type == '$' && !bulk.empty() && hot.Admits(false, bulk.size())) {
+        HotKeySize(hot, id, tenant, key, false, bulk.size());
+      }
+      return;
+    case commands::ReplyShows::kNothing:
+    case commands::ReplyShows::kComputedMembers: return;  // the set operations: not one key's size
+    case commands::ReplyShows::kLength:
+    case commands::ReplyShows::kCount:
+    case commands::ReplyShows::kMembers: HotKeyReplySize(hot, id, tenant, key, type, size, bulk); return;
+  }
+}
 
 }  // namespace keyguard::hygiene
