@@ -310,10 +310,9 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
           }
           if (key == reject_key) {
             absl::StrAppend(&reject_rules, reject_rules.empty() ? "" : ", ", "'", v.rule->name, "'");
-            if (reject_suggestion.empty() && !v.suggestion.empty()) {
-              std::vector<policy::Violation> again;
-              policy.Check(v.suggestion, c.id, spec, &again);
-              if (again.empty()) reject_suggestion = v.suggestion;
+            if (reject_suggestion.empty() && !v.suggestion.empty() &&
+                SuggestionBreaks(policy, c, spec, v.suggestion).empty()) {
+              reject_suggestion = v.suggestion;
             }
           }
           break;
@@ -390,10 +389,18 @@ bool CommandPipeline::Tenant(const CommandContext& c, const commands::CommandSpe
   return true;
 }
 
+const std::vector<policy::Violation>& CommandPipeline::SuggestionBreaks(const policy::KeyPolicy& policy,
+                                                                        const CommandContext& c,
+                                                                        const commands::CommandSpec& spec,
+                                                                        std::string_view suggestion) {
+  suggestion_violations_.clear();
+  policy.Check(suggestion, c.id, spec, &suggestion_violations_);
+  return suggestion_violations_;
+}
+
 bool CommandPipeline::RewrittenAgain(const policy::KeyPolicy& policy, const CommandContext& c,
                                      const commands::CommandSpec& spec, const policy::Violation& v) {
-  std::vector<policy::Violation> again;
-  policy.Check(v.suggestion, c.id, spec, &again);
+  const std::vector<policy::Violation>& again = SuggestionBreaks(policy, c, spec, v.suggestion);
   return std::any_of(again.begin(), again.end(), [](const policy::Violation& w) {
     return w.rule->kind == policy::Rule::Kind::kUser && !w.rule->rewrite.empty() &&
            w.rule->action == policy::Action::kRewrite;

@@ -144,6 +144,11 @@ class CommandPipeline {
   bool KeyPolicy(const CommandContext& c, const commands::CommandSpec& spec);
   bool Tenant(const CommandContext& c, const commands::CommandSpec* spec, bool keys_ok);
   bool Hygiene(const CommandContext& c);
+  // The rules `suggestion` (a rule's suggested name for a key) breaks under the command, in a
+  // buffer reused by every call (the caller's own violation list stays as it is).
+  const std::vector<policy::Violation>& SuggestionBreaks(const policy::KeyPolicy& policy, const CommandContext& c,
+                                                         const commands::CommandSpec& spec,
+                                                         std::string_view suggestion);
   // Whether the name rule violation `v` rewrites a key to is itself rewritten by a rewrite rule
   // (a chain or a cycle of rules, which would move one client's keys onto another's).
   bool RewrittenAgain(const policy::KeyPolicy& policy, const CommandContext& c, const commands::CommandSpec& spec,
@@ -159,9 +164,10 @@ class CommandPipeline {
   Verdict v_;
   std::vector<commands::KeyRef> key_refs_;
   std::vector<policy::Violation> violations_;
-  std::vector<std::string_view> policy_args_;  // the key policy's rewrites (strings owned by edit_)
-  std::vector<std::string_view> tenant_args_;  // the tenant's (strings owned by shared_.rewriter)
-  std::vector<std::string_view> hello_args_;   // HELLO without its AUTH
+  std::vector<policy::Violation> suggestion_violations_;  // SuggestionBreaks
+  std::vector<std::string_view> policy_args_;             // the key policy's rewrites (strings owned by edit_)
+  std::vector<std::string_view> tenant_args_;             // the tenant's (strings owned by shared_.rewriter)
+  std::vector<std::string_view> hello_args_;              // HELLO without its AUTH
   // Rewritten keys whose rule moves legacy keys: the position, the client's (old) name, and
   // whether the command writes the key.
   struct Legacy {

@@ -35,10 +35,6 @@ def free_port():
             return port
 
 
-class PortTaken(Exception):
-    """The process could not listen: another socket took the port between free_port() and bind."""
-
-
 def wait_until(predicate, what="the condition", timeout=PATIENCE, interval=0.02):
     """Polls predicate() until it returns something truthy and returns that; fails after `timeout`
     (generous: a passing run returns as soon as the condition holds, however slow the machine).
@@ -82,12 +78,38 @@ def wait_port(port, timeout=PATIENCE, proc=None):
     raise RuntimeError("port %d did not open" % port)
 
 
+def start_listening(what, start):
+    """Calls start(), which picks ports with free_port() and starts a process listening on them,
+    returning (process, a function that gives its output so far, its ports), and waits for the
+    ports. Another socket can take a port before the process binds it: then, and only then, it
+    starts again on new ports (5 attempts)."""
+    for attempt in range(5):
+        proc, output, ports = start()
+        try:
+            for port in ports:
+                wait_port(port, proc=proc)
+            return
+        except RuntimeError:
+            out = output()
+            if proc.poll() is None or "Address already in use" not in out or attempt == 4:
+                raise RuntimeError("%s did not start: %s" % (what, out[-2000:]))
+
+
+def file_output(f):
+    """What the process writing to the file `f` has written so far."""
+    def output():
+        f.seek(0)
+        return f.read().decode(errors="replace")
+    return output
+
+
 class Redis:
     def __init__(self, *extra, tls=None):
         """`tls`: {"cert": PATH, "key": PATH, "ca": PATH} to serve TLS only on self.port (as
         redis-server --tls-port, with --port 0); extra arguments follow (e.g. --tls-auth-clients)."""
         self.dir = tempfile.mkdtemp(prefix="kg-redis-")
-        for attempt in range(5):
+
+        def start():
             self.port = free_port()
             log = tempfile.TemporaryFile()
             ports = ["--port", str(self.port)]
@@ -98,16 +120,9 @@ class Redis:
                 ["redis-server", *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--dir", self.dir, "--enable-debug-command", "yes", *extra],
                 stdout=log, stderr=subprocess.STDOUT)
-            try:
-                wait_port(self.port, proc=self.proc)
-                break
-            except RuntimeError:
-                log.seek(0)
-                out = log.read().decode(errors="replace")
-                if self.proc.poll() is None or "Address already in use" not in out or attempt == 4:
-                    raise RuntimeError("redis-server did not start: %s" % out[-2000:])
-            finally:
-                log.close()
+            return self.proc, file_output(log), [self.port]
+
+        start_listening("redis-server", start)
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
@@ -122,8 +137,6 @@ _started = []
 class Keyguard:
     def __init__(self, upstream_port, config=None, threads=2, extra=(), upstream=None):
         """`upstream`: the --upstream URL, when not 127.0.0.1:`upstream_port`."""
-        self.port = free_port()
-        self.admin_port = free_port()
         self.upstream_port = upstream_port
         args = [KEYGUARD]
         self.config_path = None
@@ -133,20 +146,17 @@ class Keyguard:
                 f.write(config)
             args += ["--config", path]
             self.config_path = path
-        for attempt in range(5):
+
+        def start():
+            self.port, self.admin_port = free_port(), free_port()
             listen = ["--listen", "127.0.0.1:%d" % self.port,
                       "--upstream", upstream if upstream is not None else "127.0.0.1:%d" % upstream_port,
                       "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
             self.log = tempfile.TemporaryFile()
             self.proc = subprocess.Popen(args + listen, stdout=self.log, stderr=subprocess.STDOUT)
-            try:
-                wait_port(self.port, proc=self.proc)
-                wait_port(self.admin_port, proc=self.proc)
-                break
-            except RuntimeError:
-                if self.proc.poll() is None or "Address already in use" not in self.output() or attempt == 4:
-                    raise RuntimeError("keyguard did not start: %s" % self.output()[-2000:])
-                self.port, self.admin_port = free_port(), free_port()
+            return self.proc, self.output, [self.port, self.admin_port]
+
+        start_listening("keyguard", start)
         _started.append(self)
 
     def http(self, path):
@@ -170,8 +180,7 @@ class Keyguard:
         return 0.0
 
     def output(self):
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
+        return file_output(self.log)()
 
     def log_lines(self):
         """Every line keyguard wrote (stdout and stderr), each parsed as a JSON object; fails the

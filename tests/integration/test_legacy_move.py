@@ -31,11 +31,6 @@ def kg(redis_server):
 
 
 @pytest.fixture
-def server(redis_server):
-    return redis_server
-
-
-@pytest.fixture
 def r(redis_server):
     c = redis.Redis(port=redis_server.port, decode_responses=True)
     c.flushall()
@@ -240,8 +235,8 @@ def test_tracking_invalidates_the_old_name_the_client_read(kg, r):
     sub.close()
 
 
-def test_legacy_keys_leave_keeps_the_old_behaviour(server, r):
-    k = Keyguard(server.port, config=LEAVE)
+def test_legacy_keys_leave_keeps_the_old_behaviour(redis_server, r):
+    k = Keyguard(redis_server.port, config=LEAVE)
     try:
         r.set("User_20_Profile", "old")
         c = redis.Redis(port=k.port, decode_responses=True)
@@ -252,8 +247,8 @@ def test_legacy_keys_leave_keeps_the_old_behaviour(server, r):
         k.stop()
 
 
-def test_a_tenant_moves_only_its_own_old_key(server, r):
-    k = Keyguard(server.port, config=TENANTS)
+def test_a_tenant_moves_only_its_own_old_key(redis_server, r):
+    k = Keyguard(redis_server.port, config=TENANTS)
     try:
         r.set("tenant:a:User_30_Profile", "alice's")
         r.set("tenant:b:User_30_Profile", "bob's")
@@ -275,7 +270,7 @@ def test_a_tenant_moves_only_its_own_old_key(server, r):
         k.stop()
 
 
-def test_an_upstream_refusal_of_the_move_is_counted_and_the_command_goes_on(server, r):
+def test_an_upstream_refusal_of_the_move_is_counted_and_the_command_goes_on(redis_server, r):
     """An ACL user that may GET but not EVAL: the move fails, the read still answers (the new
     name), and the failure is counted and logged."""
     r.execute_command("ACL", "SETUSER", "app", "on", ">app-secret", "~*", "+@all", "-eval")
@@ -283,7 +278,7 @@ def test_an_upstream_refusal_of_the_move_is_counted_and_the_command_goes_on(serv
     fd, path = tempfile.mkstemp(prefix="kg-pass-")
     with os.fdopen(fd, "w") as f:
         f.write("app-secret")
-    k = Keyguard(server.port, config=config % path)
+    k = Keyguard(redis_server.port, config=config % path)
     try:
         r.set("User_40_Profile", "old")
         c = redis.Redis(port=k.port, decode_responses=True)
@@ -303,14 +298,14 @@ migrations:
 """
 
 
-def test_live_switch_with_a_writer_a_reader_and_migrate_at_once(server, r):
+def test_live_switch_with_a_writer_a_reader_and_migrate_at_once(redis_server, r):
     """100k old keys; a writer and a reader through keyguard while `keyguard migrate` copies,
     verifies and cleans up. Every read returns the latest value the writer had written when the
     read began (or later); afterwards only new names exist, each with its latest value."""
     fd, path = tempfile.mkstemp(suffix=".yaml", prefix="kg-live-")
     with os.fdopen(fd, "w") as f:
         f.write(MIGRATE)
-    k = Keyguard(server.port, config=REWRITE, threads=2)
+    k = Keyguard(redis_server.port, config=REWRITE, threads=2)
     try:
         pipe = r.pipeline(transaction=False)
         for i in range(LIVE_KEYS):
@@ -357,7 +352,7 @@ def test_live_switch_with_a_writer_a_reader_and_migrate_at_once(server, r):
             t.start()
         try:
             def step(name, *args):
-                return subprocess.run([KEYGUARD, "migrate", "--config", path, "--upstream", "127.0.0.1:%d" % server.port,
+                return subprocess.run([KEYGUARD, "migrate", "--config", path, "--upstream", "127.0.0.1:%d" % redis_server.port,
                                        "--migration", "profiles", name, "--no-progress", *args],
                                       capture_output=True, text=True, timeout=600)
             copy = step("copy")
