@@ -3,7 +3,8 @@
 # warm-up) under the same redis-benchmark load, for its variants: deterministic where CPU time on
 # a shared 2-core machine is not. Prints each variant's instructions per command and its ratio to
 # keyguard with its defaults. Kernel work (the syscalls, equal for all variants) is not counted.
-# usage: bench/instructions.sh [KEYGUARD_BIN]   env: N (requests per test, 50000), P (pipeline, 16)
+# usage: bench/instructions.sh [KEYGUARD_BIN]   env: N (requests per test, 50000), P (pipeline, 16),
+#        VARIANTS (default: bare nodetect defaults tenant shared)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KG=${1:-build/keyguard}
@@ -19,9 +20,11 @@ declare -A CONF=(
   [nodetect]='hygiene: {enabled: false}\n'
   [defaults]=''
   [tenant]='tenancy: {prefix: "tenant:bench:"}\n'
+  [shared]='upstream_connections: shared\n'
+  [shared-bare]='key_policy: {enabled: false}\nhygiene: {enabled: false}\nupstream_connections: shared\n'
 )
 printf "%-10s %10s\n" variant "instr/cmd"
-for v in bare nodetect defaults tenant; do
+for v in ${VARIANTS:-bare nodetect defaults tenant shared}; do
   KP=$(port); KA=$(port)
   printf "${CONF[$v]}" > "$D/$v.yaml"
   valgrind --tool=callgrind --callgrind-out-file="$D/$v.cg" "$KG" --config "$D/$v.yaml" --threads 1 \
@@ -39,4 +42,6 @@ for v in bare nodetect defaults tenant; do
   echo "$v $per" >> "$D/results"
 done
 awk '{v[NR]=$1; p[NR]=$2; if ($1=="defaults") b=$2} END{for (i=1;i<=NR;i++) printf "  %-10s %.3fx keyguard defaults\n", v[i], p[i]/b}' "$D/results"
-awk '{p[$1]=$2} END{printf "  detectors on/off: %.3fx   tenant prefixing on/off: %.3fx\n", p["defaults"]/p["nodetect"], p["tenant"]/p["defaults"]}' "$D/results"
+awk '{p[$1]=$2} END{if (p["defaults"] && p["nodetect"] && p["tenant"] && p["shared"])
+  printf "  detectors on/off: %.3fx   tenant prefixing on/off: %.3fx   shared/dedicated connections: %.3fx\n",
+    p["defaults"]/p["nodetect"], p["tenant"]/p["defaults"], p["shared"]/p["defaults"]}' "$D/results"

@@ -4,8 +4,11 @@
 # microseconds per command from /proc, with keyguard's ratios to haproxy and twemproxy, and keyguard
 # with its defaults (key policy and hygiene detectors, observe-only) against keyguard with both off,
 # keyguard with the hygiene detectors against keyguard without them, and keyguard with a static
-# tenant prefix against keyguard without tenancy.
-# usage: bench/side_by_side.sh [KEYGUARD_BIN]   env: N (requests, 200000), C (clients, 50), ROUNDS (2)
+# tenant prefix against keyguard without tenancy; keyguard with shared upstream connections
+# (kg-shared) against the best multiplexing peer measured: predixy when PREDIXY names a build of
+# it (from a fetched checkout, never committed; one worker thread), else twemproxy.
+# usage: bench/side_by_side.sh [KEYGUARD_BIN]   env: N (requests, 200000), C (clients, 50), ROUNDS (2),
+#        PREDIXY (path to a predixy binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KG=${1:-build/keyguard}
@@ -17,7 +20,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RP=$(port); HP=$(port); TP=$(port); TS=$(port); KP=$(port); KA=$(port); NP=$(port); NA=$(port); XP=$(port); XA=$(port)
-DP=$(port); DA=$(port)
+DP=$(port); DA=$(port); SP=$(port); SA=$(port); PXP=$(port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$D/redis.log" &
 pids+=($!)
 cat > "$D/haproxy.cfg" <<CFG
@@ -58,6 +61,36 @@ printf 'hygiene: {enabled: false}\n' > "$D/nodetect.yaml"
 printf 'tenancy: {prefix: "tenant:bench:"}\n' > "$D/tenant.yaml"
 "$KG" --config "$D/tenant.yaml" --listen "127.0.0.1:$XP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$XA" \
   >"$D/kg-tenant.log" 2>&1 & pids+=($!); XPP=$!
+# Shared upstream connections: many clients' commands per write to Redis.
+"$KG" --listen "127.0.0.1:$SP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$SA" --upstream-connections shared \
+  >"$D/kg-shared.log" 2>&1 & pids+=($!); SPP=$!
+PEERS=""
+if [ -n "${PREDIXY:-}" ]; then
+  cat > "$D/predixy.conf" <<CFG
+Name bench
+Bind 127.0.0.1:$PXP
+WorkerThreads 1
+ClientTimeout 300
+Log $D/predixy.log
+LogInfoSample 0
+LogNoticeSample 0
+Authority {
+    Auth {
+        Mode write
+    }
+}
+StandaloneServerPool {
+    Hash crc16
+    Distribution modula
+    RefreshMethod fixed
+    Group shard001 {
+        + 127.0.0.1:$RP
+    }
+}
+CFG
+  "$PREDIXY" "$D/predixy.conf" >"$D/predixy.out" 2>&1 & pids+=($!)
+  PEERS="predixy:$PXP:$!"
+fi
 sleep 1
 hz=$(getconf CLK_TCK)
 cpu() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
@@ -65,7 +98,8 @@ printf "%-10s %-4s %12s %12s\n" target pipe "ops/s" "proxy_us/op"
 declare -A US OPS
 for r in $(seq "$ROUNDS"); do
   for P in 1 16; do
-    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" "keyguard:$KP:$KGP" "kg-bare:$NP:$NPP" "kg-nodetect:$DP:$DPP" "kg-tenant:$XP:$XPP"; do
+    for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" $PEERS "keyguard:$KP:$KGP" "kg-bare:$NP:$NPP" "kg-nodetect:$DP:$DPP" "kg-tenant:$XP:$XPP" \
+      "kg-shared:$SP:$SPP"; do
       IFS=: read -r name p pid <<<"$t"
       c0=$(cpu "$pid")
       out=$(redis-benchmark -h 127.0.0.1 -p "$p" -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv 2>/dev/null)
@@ -84,5 +118,8 @@ for r in $(seq "$ROUNDS"); do
       'BEGIN{printf "  pipeline %s: hygiene detectors on = %.2fx the throughput of detectors off, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
     awk -v a="${OPS[$r.$P.kg-tenant]}" -v b="${OPS[$r.$P.keyguard]}" -v c="${US[$r.$P.kg-tenant]}" -v d="${US[$r.$P.keyguard]}" -v p="$P" \
       'BEGIN{printf "  pipeline %s: tenant prefixing = %.2fx the throughput of keyguard without tenancy, %.2fx its CPU/cmd\n", p, (b>0?a/b:0), (d>0?c/d:0)}'
+    peer=twemproxy; [ -n "$PEERS" ] && peer=predixy
+    awk -v s="${US[$r.$P.kg-shared]}" -v k="${US[$r.$P.keyguard]}" -v m="${US[$r.$P.$peer]}" -v peer="$peer" -v p="$P" \
+      'BEGIN{printf "  pipeline %s: kg-shared CPU/cmd = %.2fx %s, %.2fx keyguard with dedicated connections\n", p, (m>0?s/m:0), peer, (k>0?s/k:0)}'
   done
 done

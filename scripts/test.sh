@@ -29,6 +29,14 @@ step "unit + hiredis client tests"
 step "integration tests (release)"
 KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration
 
+step "integration tests with shared upstream connections (release)"
+# Every test of the proxy's data path again, each keyguard with upstream_connections: shared; the
+# tests whose results must differ are marked dedicated_only, with the reason.
+KEYGUARD_UPSTREAM_CONNECTIONS=shared KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration \
+  --ignore=tests/integration/test_audit.py --ignore=tests/integration/test_migrate.py \
+  --ignore=tests/integration/test_admin_cli.py --ignore=tests/integration/test_detector_memory.py \
+  --ignore=tests/integration/test_shared_upstream.py
+
 step "packaging e2e: Prometheus + dashboards + alerts, Helm render, image and compose (release)"
 KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/e2e
 

@@ -35,6 +35,9 @@ constexpr char kUsage[] =
     "                        redis-sentinel://MASTER@HOST:PORT,... or rediss-sentinel://...\n"
     "  --admin HOST:PORT     HTTP /metrics, /healthz, /readyz (default 127.0.0.1:9121)\n"
     "  --threads N           worker threads (default: one per hardware thread)\n"
+    "  --upstream-connections dedicated|shared\n"
+    "                        one upstream connection per client (default), or each worker's\n"
+    "                        shared pipelined connections, pinning clients with connection state\n"
     "  --help, --version\n";
 
 // The subcommands (check-config, audit, migrate) write for people: "keyguard: PATH: field: what".
@@ -69,8 +72,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  auto parsed = keyguard::maintenance::ParseArgs(args, {"--config", "--listen", "--upstream", "--admin", "--threads"},
-                                                 {"--help", "--version"});
+  auto parsed = keyguard::maintenance::ParseArgs(
+      args, {"--config", "--listen", "--upstream", "--admin", "--threads", "--upstream-connections"},
+      {"--help", "--version"});
   if (!parsed.ok()) {
     std::string message(parsed.status().message());
     if (message.rfind("unknown flag", 0) == 0) message += " (keyguard --help lists them)";
@@ -108,6 +112,13 @@ int main(int argc, char** argv) {
     auto n = flags.Int("--threads", 0, 0, 256);
     if (!n.ok()) return FailToStart(std::string(n.status().message()));
     config.threads = static_cast<int>(*n);
+  }
+  if (flags.Has("--upstream-connections")) {
+    const std::string mode = flags.Str("--upstream-connections");
+    if (mode != "dedicated" && mode != "shared") {
+      return FailToStart(absl::StrCat("--upstream-connections: '", mode, "' is not one of dedicated, shared"));
+    }
+    config.shared_upstream = mode == "shared";
   }
   if (auto s = keyguard::config::Validate(config); !s.ok()) return FailToStart(std::string(s.message()));
   auto status = keyguard::proxy::RunServer(config, flags.Str("--config"));

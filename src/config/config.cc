@@ -202,6 +202,15 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("upstream_connect_timeout_ms", p.upstream_connect_timeout_ms(), 1, 600000); !s.ok()) return s;
     c.upstream_connect_timeout_ms = static_cast<int>(p.upstream_connect_timeout_ms());
   }
+  c.shared_upstream = p.upstream_connections() == v1::Config::SHARED;
+  if (p.has_shared_connections()) {
+    if (auto s = range("shared_connections", p.shared_connections(), 1, 64); !s.ok()) return s;
+    c.shared_connections = static_cast<int>(p.shared_connections());
+  }
+  if (p.has_pinned_idle_connections()) {
+    if (auto s = range("pinned_idle_connections", p.pinned_idle_connections(), 0, 1024); !s.ok()) return s;
+    c.pinned_idle_connections = static_cast<int>(p.pinned_idle_connections());
+  }
   if (p.has_drain_timeout_ms()) {
     if (auto s = range("drain_timeout_ms", p.drain_timeout_ms(), 0, 3600000); !s.ok()) return s;
     c.drain_timeout_ms = static_cast<int>(p.drain_timeout_ms());

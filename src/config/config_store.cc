@@ -78,6 +78,10 @@ std::string DescribeConfig(const ProxyConfig& c) {
   std::string out = absl::StrCat(
       "listen: ", c.listen.ToString(), "\nupstream: ", c.upstream.ToString(), "\nadmin: ", c.admin.ToString(),
       "\nthreads: ", c.threads, "\nupstream_connect_timeout_ms: ", c.upstream_connect_timeout_ms,
+      "\nupstream_connections: ", c.shared_upstream ? "shared" : "dedicated",
+      c.shared_upstream ? absl::StrCat("\nshared_connections: ", c.shared_connections,
+                                       "\npinned_idle_connections: ", c.pinned_idle_connections)
+                        : std::string(),
       "\ndrain_timeout_ms: ", c.drain_timeout_ms, "\ndeny_commands: [", absl::StrJoin(c.deny_commands, ", "),
       "]\nlimits:\n  max_bulk_len: ", c.limits.max_bulk_len, "\n  max_multibulk_len: ", c.limits.max_multibulk_len,
       "\n  max_inline_len: ", c.limits.max_inline_len, "\n  max_pending_commands: ", c.max_pending_commands,

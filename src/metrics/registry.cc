@@ -75,6 +75,21 @@ std::string Registry::Render() const {
              Sum(shards_, [&](const WorkerShard& s) { return s.upstream_errors[r].Get(); }));
   }
 
+  const Family& kinds = Of(FamilyId::kUpstreamConnectionsByKind);
+  w.Header(kinds);
+  for (size_t k = 0; k < static_cast<size_t>(UpstreamKind::kCount); ++k) {
+    int64_t total = 0;
+    for (const WorkerShard& s : shards_) total += s.upstream_kinds[k].Get();
+    w.Sample(kinds, {kUpstreamKindNames[k]}, total);
+  }
+  const Family& pins = Of(FamilyId::kUpstreamPins);
+  w.Header(pins);
+  for (size_t r = 1; r < kPinReasons; ++r) {
+    w.Sample(pins, {kPinReasonNames[r]}, Sum(shards_, [&](const WorkerShard& s) { return s.upstream_pins[r].Get(); }));
+  }
+  counter(FamilyId::kSharedWrites, &WorkerShard::shared_writes);
+  counter(FamilyId::kSharedCommands, &WorkerShard::shared_commands);
+
   // Series summed over the shards and ordered by their label text.
   auto labeled = [&](auto WorkerShard::*field) {
     using Counters = std::remove_cvref_t<decltype(shards_.front().*field)>;
@@ -118,28 +133,41 @@ std::string Registry::Render() const {
     }
   }
 
-  // Per-command histograms, only for commands seen. `sum_scale` converts the stored sum (0: an
-  // integer sum, printed as it is).
+  // One histogram series summed over the shards, `of(shard)` its Histogram there, written when it
+  // has observations. `sum_scale` converts the stored sum (0: an integer sum, printed as it is).
+  auto histogram_series = [&](const Family& f, LabelValues labels, const auto& bounds, auto of, double sum_scale) {
+    const uint64_t count = Sum(shards_, [&](const WorkerShard& s) { return of(s).count.Get(); });
+    if (count == 0) return;
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < bounds.size(); ++b) {
+      cumulative += Sum(shards_, [&](const WorkerShard& s) { return of(s).buckets[b].Get(); });
+      w.Bucket(f, labels, FormatSeconds(bounds[b]), cumulative);
+    }
+    cumulative += Sum(shards_, [&](const WorkerShard& s) { return of(s).buckets.back().Get(); });
+    // Buckets and count are read one after the other while workers write; keep +Inf == count.
+    const uint64_t total = cumulative > count ? cumulative : count;
+    w.Bucket(f, labels, "+Inf", total);
+    const uint64_t sum = Sum(shards_, [&](const WorkerShard& s) { return of(s).sum.Get(); });
+    w.HistogramSum(f, labels, sum_scale == 0 ? absl::StrCat(sum) : FormatSeconds(static_cast<double>(sum) * sum_scale));
+    w.HistogramCount(f, labels, total);
+  };
+  const Family& pin_duration = Of(FamilyId::kUpstreamPinDuration);
+  w.Header(pin_duration);
+  for (size_t r = 1; r < kPinReasons; ++r) {
+    const std::string_view reason[] = {kPinReasonNames[r]};
+    histogram_series(
+        pin_duration, reason, kLatencyBuckets, [r](const WorkerShard& s) -> const auto& { return s.pin_duration[r]; },
+        1e-9);
+  }
+  // Per-command histograms, only for commands seen.
   auto histogram = [&](FamilyId family, const auto& bounds, auto field, double sum_scale) {
     const Family& f = Of(family);
     w.Header(f);
     for (size_t id = 0; id < ncommands; ++id) {
-      const uint64_t count = Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).count.Get(); });
-      if (count == 0) continue;
       const std::string_view command[] = {commands::CommandName(static_cast<commands::CommandId>(id))};
-      uint64_t cumulative = 0;
-      for (size_t b = 0; b < bounds.size(); ++b) {
-        cumulative += Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).buckets[b].Get(); });
-        w.Bucket(f, command, FormatSeconds(bounds[b]), cumulative);
-      }
-      cumulative += Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).buckets.back().Get(); });
-      // Buckets and count are read one after the other while workers write; keep +Inf == count.
-      const uint64_t total = cumulative > count ? cumulative : count;
-      w.Bucket(f, command, "+Inf", total);
-      const uint64_t sum = Sum(shards_, [&](const WorkerShard& s) { return (s.commands_[id].*field).sum.Get(); });
-      w.HistogramSum(f, command,
-                     sum_scale == 0 ? absl::StrCat(sum) : FormatSeconds(static_cast<double>(sum) * sum_scale));
-      w.HistogramCount(f, command, total);
+      histogram_series(
+          f, command, bounds, [ id, field ](const WorkerShard& s) -> const auto& { return s.commands_[id].*field; },
+          sum_scale);
     }
   };
   histogram(FamilyId::kCommandDuration, kLatencyBuckets, &CommandStats::latency, 1e-9);

@@ -91,7 +91,7 @@ void Connection::CountSent() {
 void Connection::OnUpstreamConnected() {
   BeginCall();
   upstream_ready_ = true;
-  shard_.upstream_connections.Add(1);
+  CountUpstream(1);
   SendUpstreamAuth();
   // The server's id of this connection, for the registry of the tenants' connections.
   if (shared_.stages.connections != nullptr) SendInternal(kClientId, commands::Known().client);
@@ -102,10 +102,8 @@ void Connection::OnUpstreamClosed() {
     shared_.stages.connections->Set(upstream_client_id_, nullptr);
     upstream_client_id_ = 0;
   }
-  if (upstream_ready_) {
-    upstream_ready_ = false;
-    shard_.upstream_connections.Add(-1);
-  }
+  if (owns_upstream_) CountUpstream(-1);
+  upstream_ready_ = false;
 }
 
 void Connection::OnClose() {
@@ -139,7 +137,14 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
     }
     const size_t n = request_framer_.consumed();
     const auto args = request_framer_.args();
-    if (!args.empty()) HandleCommand(args, data + pos, n, now);
+    if (!args.empty()) {
+      const commands::CommandId id = commands::LookupCommand(args[0]);
+      // Shared upstream: a command that needs a connection of the client's own is left unread.
+      if (pin_check_ && NeedsPin(id, args)) [[unlikely]] {
+        break;
+      }
+      HandleCommand(id, args, data + pos, n, now);
+    }
     pos += n;
   }
   return pos;
@@ -210,9 +215,70 @@ std::string_view Connection::Encode(std::span<const std::string_view> args) {
   return std::string_view(start, n);
 }
 
-void Connection::HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now) {
+bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_view> args) {
+  const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
+  if (r == PinReason::kNone) return false;
+  if (pinned_) {
+    // Already on a connection of its own: state that lasts keeps it there for good.
+    if (!PinEnds(r)) {
+      sticky_ = true;
+      pin_check_ = false;
+    }
+    return false;
+  }
+  pin_wanted_ = r;
+  return true;
+}
+
+PinReason Connection::OnPinned(bool fresh) {
+  BeginCall();
+  const PinReason r = pin_wanted_;
+  pin_wanted_ = PinReason::kNone;
+  pinned_ = true;
+  sticky_ = !PinEnds(r);
+  pin_check_ = !sticky_;
+  upstream_ready_ = true;
+  CountUpstream(1);
+  if (fresh) SendUpstreamAuth();
+  if (shared_.stages.connections != nullptr) SendInternal(kClientId, commands::Known().client);
+  return r;
+}
+
+void Connection::OnUnpinned() {
+  OnUpstreamClosed();  // unregistered, counted gone
+  pinned_ = sticky_ = false;
+  pin_check_ = true;
+}
+
+void Connection::CountUpstream(int n) {
+  owns_upstream_ = n > 0;
+  shard_.upstream_connections.Add(n);
+  shard_.UpstreamOf(multiplexed_ ? metrics::UpstreamKind::kPinned : metrics::UpstreamKind::kDedicated).Add(n);
+}
+
+std::string Connection::OnSharedFailed() {
+  std::vector<commands::CommandId> failed;
+  std::string owed = queue_.Abort(UpstreamUnavailable(), &failed);
+  for (commands::CommandId id : failed) shard_.CountCommand(id, metrics::Outcome::kFailed);
+  if (walk_.active() || holding_) {
+    // The walk's step was in flight: its command got the error.
+    walk_.Finish();
+    holding_ = false;
+    resume_ = true;
+  }
+  upstream_ready_ = false;
+  return owed;
+}
+
+void Connection::QuitLocally(commands::CommandId id) {
+  shard_.CountCommand(id, metrics::Outcome::kOk);
+  Reply("+OK\r\n", id, /*close_after=*/true);
+}
+
+void Connection::HandleCommand(commands::CommandId id, std::span<const std::string_view> args, const char* raw,
+                               size_t raw_len, int64_t now) {
   CommandContext c;
-  c.id = commands::LookupCommand(args[0]);
+  c.id = id;
   c.args = args;
   // Whether this command's reply is suppressed by CLIENT REPLY OFF/SKIP or a replication stream.
   c.mode = state_.TakeReplyMode();
@@ -232,8 +298,9 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
     case Verdict::Action::kLogin: Login(c, v, now); return;
     case Verdict::Action::kUnavailable:
       shard_.CountCommand(c.id, metrics::Outcome::kFailed);
-      Reply(UpstreamUnavailable(), c.id, /*close_after=*/true);
-      stop_reading_ = true;
+      // A shared connection comes back by itself: the client stays for its next command.
+      Reply(UpstreamUnavailable(), c.id, /*close_after=*/!multiplexed_);
+      if (!multiplexed_) stop_reading_ = true;
       return;
     case Verdict::Action::kWalk:
       pipeline_.Release();
@@ -260,8 +327,14 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
                    hygiene::HotKeyRequest(shared_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
   if (p.reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
   const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);
-  if (e.stop_reading) stop_reading_ = true;
-  if (e.ping_first) ForwardRaw(kPing);
+  if (e.stop_reading) [[unlikely]] {
+    stop_reading_ = true;
+    if (multiplexed_ && !pinned_) {
+      QuitLocally(c.id);
+      return;
+    }
+  }
+  if (e.ping_first) ForwardCommand(kPing);
   if (e.logout && shared_.stages.config.tenancy != nullptr && shared_.stages.config.tenancy->requires_auth()) {
     // keyguard's own upstream credentials are sent again right after the RESET (below).
     BindTenant(nullptr);
@@ -272,8 +345,9 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
   }
   if (!splice_.empty()) {
     for (std::string_view b : splice_) ForwardRaw(b);
+    ++out_.commands;
   } else {
-    ForwardRaw(bytes);
+    ForwardCommand(bytes);
   }
   if (e.silent) {
     if (!v.renamed.empty()) queue_.UnstageRenames();
@@ -292,11 +366,11 @@ void Connection::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode
   if (!v.renamed.empty()) queue_.StageRenames(v.renamed_shape, v.renamed);
   if (v.prelude.empty()) return;
   // keyguard's own command goes first, encoded while the views it takes are valid.
-  ForwardRaw(Encode(v.prelude));
+  ForwardCommand(Encode(v.prelude));
   if (mode.silent) {
     // No reply comes for it: under CLIENT REPLY OFF none does; under SKIP it took the skip, and
     // the client's command, which comes next, must not answer either.
-    if (mode.skipped) ForwardRaw(kClientReplySkip);
+    if (mode.skipped) ForwardCommand(kClientReplySkip);
     return;
   }
   Pending p;
@@ -330,7 +404,7 @@ void Connection::SendUpstreamAuth() {
 }
 
 void Connection::SendInternal(std::string_view command, commands::CommandId id) {
-  ForwardRaw(command);
+  ForwardCommand(command);
   Pending p;
   p.kind = Kind::kInternal;
   p.command = id;
@@ -341,12 +415,12 @@ void Connection::Login(const CommandContext& c, const Verdict& v, int64_t now) {
   if (v.bind) BindTenant(v.login);
   if (c.id != commands::Known().hello) {
     shard_.CountCommand(c.id, metrics::Outcome::kOk);
-    if (c.mode.skipped) ForwardRaw(kPing);  // the upstream still owes the skip
+    if (c.mode.skipped) ForwardCommand(kPing);  // the upstream still owes the skip
     if (!c.mode.silent) Reply("+OK\r\n", c.id, false);
     return;
   }
   // HELLO goes upstream without its AUTH (keyguard's credentials are the connection's).
-  ForwardRaw(Encode(v.args));
+  ForwardCommand(Encode(v.args));
   if (c.mode.silent) {
     shard_.CountCommand(c.id, metrics::Outcome::kNoReply);
     return;
@@ -373,7 +447,7 @@ void Connection::Refuse(const CommandContext& c, Refusal reason, std::string_vie
   state_.OnRefused();  // Redis fails EXEC after a refused queued command
   // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would
   // swallow the reply of the next command we forward.
-  if (c.mode.skipped) ForwardRaw(kPing);
+  if (c.mode.skipped) ForwardCommand(kPing);
   if (c.mode.silent) return;
   std::string text;
   resp::AppendError(&text, message);
@@ -415,7 +489,7 @@ void Connection::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t no
   // The first step takes a token like every other: a pipeline of walks of one step each stays
   // within the tenant's rate.
   if (WaitForWalkToken(now)) return;  // the timer sends it, after this batch
-  ForwardRaw(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));  // with this batch
+  ForwardCommand(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));  // with this batch
 }
 
 bool Connection::WaitForWalkToken(int64_t now) {
@@ -435,7 +509,7 @@ void Connection::OnWalkTimer(int64_t now) {
 
 void Connection::SendWalkStep(int64_t now) {
   if (WaitForWalkToken(now)) return;
-  ForwardRaw(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));
+  ForwardCommand(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));
 }
 
 void Connection::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now) {

@@ -28,6 +28,7 @@
 #include "keyguard/tenant/rewrite.h"
 #include "keyguard/tenant/walk.h"
 #include "proxy/connection_state.h"
+#include "proxy/pinning.h"
 #include "proxy/pipeline.h"
 #include "proxy/refusal.h"
 #include "proxy/reply_queue.h"
@@ -72,6 +73,9 @@ class Connection {
   struct Output {
     std::vector<std::string_view> upstream;
     std::vector<std::string_view> client;
+    // The commands in `upstream`. On a shared upstream connection each is answered by exactly one
+    // reply frame (nothing that answers otherwise goes there: it pins).
+    uint32_t commands = 0;
   };
   const Output& output() const { return out_; }
 
@@ -118,6 +122,38 @@ class Connection {
   // The walk timer fired: the step goes out when the walk still runs.
   void OnWalkTimer(int64_t now_ns);
 
+  // Shared upstream connections (upstream_connections: shared). The transport carries the output
+  // to a shared connection, and hands back the reply frames of this client's commands, whole, in
+  // order. A command a shared connection cannot serve exactly (pinning.h) stops OnClientBytes
+  // before it, unread: the transport waits until nothing is pending (every earlier command
+  // answered, so none overtakes another), gives the client an upstream connection of its own and
+  // calls OnPinned, then OnClientBytes again.
+  void set_multiplexed() {
+    multiplexed_ = true;
+    pin_check_ = true;
+    upstream_ready_ = false;
+  }
+  bool multiplexed() const { return multiplexed_; }
+  bool pinned() const { return pinned_; }
+  // Why the client waits to be pinned (kNone: it does not).
+  PinReason pin_wanted() const { return pin_wanted_; }
+  // Whether the shared connection is up (read before each OnClientBytes while not pinned).
+  void set_shared_ready(bool up) { upstream_ready_ = up; }
+  // The client has a connection of its own now: `fresh` (just made: keyguard's AUTH goes first)
+  // or from the idle pool (authenticated). Returns the reason it was pinned for.
+  PinReason OnPinned(bool fresh);
+  // Whether its own connection can go back to the pool: pinned for a transaction or a blocking
+  // command that ended, nothing pending, and nothing since that pins for good.
+  bool CanUnpin() const {
+    return pinned_ && !sticky_ && queue_.empty() && !holding_ && !resume_ && !state_.in_multi() && !state_.watching() &&
+           !stop_reading_;
+  }
+  // The client is back on the shared connection (its own went to the pool, or closed).
+  void OnUnpinned();
+  // The shared connection failed: every command in flight on it gets the error (returned, in order
+  // with keyguard's own replies); the client stays connected.
+  std::string OnSharedFailed();
+
   // Whether client bytes are no longer read (protocol error, QUIT, upstream gone, draining).
   bool stop_reading() const { return stop_reading_; }
   void StopReading() { stop_reading_ = true; }
@@ -155,6 +191,7 @@ class Connection {
   void BeginCall() {
     out_.upstream.clear();
     out_.client.clear();
+    out_.commands = 0;
     if (!held_.empty()) ClearHeld();
   }
   // Out of line: the deque's clear would put its register saves on every call's path.
@@ -163,8 +200,18 @@ class Connection {
   void CountSent();
 
   // Client side.
-  void HandleCommand(std::span<const std::string_view> args, const char* raw, size_t raw_len, int64_t now);
+  void HandleCommand(commands::CommandId id, std::span<const std::string_view> args, const char* raw, size_t raw_len,
+                     int64_t now);
+  // Shared upstream: whether command `id` must wait to be pinned (pin_wanted_ set).
+  [[gnu::noinline]] bool NeedsPin(commands::CommandId id, std::span<const std::string_view> args);
+  // QUIT on a shared connection: keyguard answers, the shared connection stays.
+  void QuitLocally(commands::CommandId id);
   void ForwardRaw(std::string_view bytes);
+  // A whole command (one reply) for the upstream.
+  void ForwardCommand(std::string_view bytes) {
+    ForwardRaw(bytes);
+    ++out_.commands;
+  }
   // Encodes a rewritten command into the batch's scratch chunks (valid until the next call).
   std::string_view Encode(std::span<const std::string_view> args);
   // A rewritten command from the client's own bytes with only the changed arguments encoded
@@ -271,6 +318,16 @@ class Connection {
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;
+
+  // Shared upstream connections.
+  bool multiplexed_ = false;
+  bool pin_check_ = false;  // multiplexed_, and not pinned for good: each command is looked at
+  bool pinned_ = false;
+  bool sticky_ = false;         // pinned until the client closes
+  bool owns_upstream_ = false;  // a connection of its own is up (counted in the gauges)
+  // The gauges of upstream connections, by kind: +1 when one of its own comes up, -1 when it goes.
+  void CountUpstream(int n);
+  PinReason pin_wanted_ = PinReason::kNone;
 };
 
 }  // namespace keyguard::proxy

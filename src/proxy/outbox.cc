@@ -6,10 +6,10 @@
 namespace keyguard::proxy {
 
 Outbox::Outbox(Socket& socket, metrics::Counter* bytes_sent)
-    : socket_(socket), bytes_sent_(bytes_sent), event_(socket.get_executor()) {}
+    : socket_(&socket), bytes_sent_(bytes_sent), event_(socket.get_executor()) {}
 
 Outbox::Outbox(Stream& stream, metrics::Counter* bytes_sent)
-    : socket_(stream.socket()), stream_(&stream), bytes_sent_(bytes_sent), event_(stream.socket().get_executor()) {}
+    : socket_(&stream.socket()), stream_(&stream), bytes_sent_(bytes_sent), event_(stream.socket().get_executor()) {}
 
 namespace {
 
@@ -52,7 +52,7 @@ bool Outbox::Send(std::span<const std::string_view> pieces) {
   size_t skip = 0;
   if (!draining_ && pending_.empty() && (stream_ == nullptr || stream_->can_write_now())) {
     error_code ec;
-    skip = socket_.write_some(Pieces(pieces), ec);  // the socket is non-blocking
+    skip = socket_->write_some(Pieces(pieces), ec);  // the socket is non-blocking
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
       Fail(ec);
       return false;
@@ -77,7 +77,7 @@ bool Outbox::Send(std::span<const std::string_view> pieces) {
 void Outbox::StartDrain() {
   if (draining_ || failed_) return;
   draining_ = true;
-  asio::co_spawn(socket_.get_executor(), Drain(owner_.lock()), asio::detached);
+  asio::co_spawn(socket_->get_executor(), Drain(owner_.lock()), asio::detached);
 }
 
 awaitable<void> Outbox::Drain(std::shared_ptr<void> keep_alive) {
@@ -89,7 +89,7 @@ awaitable<void> Outbox::Drain(std::shared_ptr<void> keep_alive) {
       error_code ec;
       const auto rest = asio::buffer(writing_.data() + written_, writing_.size() - written_);
       const size_t n = stream_ != nullptr ? co_await stream_->WriteSome(rest, ec)
-                                          : co_await socket_.async_write_some(rest, AwaitEc(ec));
+                                          : co_await socket_->async_write_some(rest, AwaitEc(ec));
       if (ec) {
         Fail(ec);
         break;

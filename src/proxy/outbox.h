@@ -26,6 +26,12 @@ class Outbox {
   Outbox(Stream& stream, metrics::Counter* bytes_sent);
 
   void set_owner(std::weak_ptr<void> owner) { owner_ = std::move(owner); }
+  // Writes to `stream` from now on; only while nothing is queued or being written.
+  void Bind(Stream& stream) {
+    socket_ = &stream.socket();
+    stream_ = &stream;
+    failed_ = false;
+  }
   void set_on_error(std::function<void(error_code)> f) { on_error_ = std::move(f); }
 
   // Queues `pieces` for writing, in order after everything sent before (one writev of them when
@@ -47,8 +53,8 @@ class Outbox {
   awaitable<void> Drain(std::shared_ptr<void> keep_alive);
   void Fail(error_code ec);
 
-  Socket& socket_;
-  Stream* stream_ = nullptr;  // nullptr: socket_ itself
+  Socket* socket_;
+  Stream* stream_ = nullptr;  // nullptr: *socket_ itself
   metrics::Counter* bytes_sent_;
   std::weak_ptr<void> owner_;
   std::function<void(error_code)> on_error_;

@@ -216,6 +216,12 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
       workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());
     }
     workers.back()->hot.Attach(&hot_keys, hot_keys.AddWorker());
+    if (config.shared_upstream) {
+      for (int j = 0; j < config.shared_connections; ++j) {
+        workers.back()->links.push_back(std::make_shared<SharedLink>(*workers.back()));
+      }
+      workers.back()->pins = std::make_unique<PinPool>(*workers.back());
+    }
     auto acceptor = std::make_unique<Acceptor>(workers.back()->io);
     error_code ec;
     acceptor->open(bound.protocol(), ec);
@@ -254,6 +260,8 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   for (int i = 0; i < nthreads; ++i) {
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
     if (workers[i]->probe != nullptr) workers[i]->probe->Start();
+    for (auto& link : workers[i]->links) link->Start();
+    if (workers[i]->pins != nullptr) workers[i]->pins->Fill();
     if (workers[i]->hot.enabled()) {
       TickHotKeys(*workers[i],
                   std::chrono::milliseconds(std::min<int64_t>(1000, config.hygiene.hot_keys_interval_s * 1000)));
@@ -270,6 +278,9 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
           worker->upstream_host = p.host;
           std::vector<std::shared_ptr<Session>> sessions(worker->sessions.begin(), worker->sessions.end());
           for (auto& s : sessions) s->Drain();
+          // Shared connections connect again, to the new primary (what was in flight fails).
+          for (auto& link : worker->links) link->Restart();
+          if (worker->pins != nullptr) worker->pins->Stop(/*for_good=*/false);
         });
       }
     });
@@ -349,6 +360,8 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     for (auto& s : sessions) s->Close();
     sessions.clear();
     if (w->probe != nullptr) w->probe->Stop();
+    for (auto& link : w->links) link->Stop();
+    if (w->pins != nullptr) w->pins->Stop();
     w->io.restart();
     w->io.poll();
   }

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "keyguard/common/json_line.h"
 #include "keyguard/hygiene/detectors.h"
 #include "proxy/async_read.h"
 #include "proxy/size_probe.h"
@@ -27,9 +28,9 @@ ConnectionShared SharedOf(Worker& w) {
 Session::Session(Worker& worker, Socket client)
     : worker_(worker),
       client_(std::move(client)),
-      upstream_(worker.io),
+      upstream_(std::make_unique<Stream>(worker.io)),
       client_out_(client_, &worker.shard->client_bytes_sent),
-      upstream_out_(upstream_, &worker.shard->upstream_bytes_sent),
+      upstream_out_(*upstream_, &worker.shard->upstream_bytes_sent),
       client_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       upstream_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       conn_(SharedOf(worker), *this),
@@ -67,15 +68,24 @@ awaitable<void> Session::Run() {
   const tcp::endpoint peer = client_.remote_endpoint(ec);
   if (!ec) conn_.set_client_address(absl::StrCat(peer.address().to_string(), ":", peer.port()));
 
+  if (!worker_.links.empty()) {
+    // Shared upstream connections: the client's commands go to one of the worker's links (all of
+    // them to the same one, so they stay in order) until it is pinned.
+    conn_.set_multiplexed();
+    link_ = worker_.PickLink();
+    co_await ClientPump();
+    co_return;
+  }
+
   // Connect upstream (and the TLS handshake), bounded by the connect timeout.
-  ec = co_await upstream_.Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
-                                  std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
+  ec = co_await upstream_->Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
+                                   std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
   if (closed_) co_return;
   if (ec) {
-    const bool tls = !upstream_.tls_failure().empty();
+    const bool tls = !upstream_->tls_failure().empty();
     worker_.shard->CountUpstreamError(tls ? metrics::UpstreamError::kTls : metrics::UpstreamError::kConnect);
-    if (tls) conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_.tls_failure()));
-    upstream_.Close();
+    if (tls) conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_->tls_failure()));
+    upstream_->Close();
     if (worker_.upstream_failed) worker_.upstream_failed();
   } else {
     conn_.OnUpstreamConnected();  // keyguard's AUTH and CLIENT ID, ahead of every client command
@@ -96,14 +106,26 @@ awaitable<void> Session::ClientPump() {
   size_t hint = 0;
   while (!closed_ && !conn_.stop_reading()) {
     // Backpressure: a slow upstream or a client that does not read its replies stops our reads.
-    while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
-    while (!closed_ && (conn_.pending() >= max_pending || conn_.holding())) {
+    if (on_link()) {
+      while (!closed_ && on_link() && link_->backlog() > max_out) co_await link_->WaitBelow(max_out / 2);
+    } else {
+      while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
+    }
+    // A command that pins waits until every earlier one is answered.
+    while (!closed_ && (conn_.pending() >= max_pending || conn_.holding() ||
+                        (conn_.pin_wanted() != PinReason::kNone && conn_.pending() != 0))) {
       queue_waiter_ = true;
       queue_event_.expires_at(Timer::time_point::max());
       error_code ignored;
       co_await queue_event_.async_wait(AwaitEc(ignored));
     }
     if (closed_) break;
+    if (conn_.pin_wanted() != PinReason::kNone) [[unlikely]] {
+      co_await Pin();
+      if (closed_ || closing_) co_return;
+      ProcessClientBytes(&hint);  // the command that waited, and those after it
+      continue;
+    }
     if (conn_.resume()) {
       // A walk ended: the commands read while it ran are next.
       ProcessClientBytes(&hint);
@@ -137,6 +159,10 @@ awaitable<void> Session::ClientPump() {
 }
 
 void Session::ProcessClientBytes(size_t* hint) {
+  if (link_ != nullptr && !conn_.pinned()) {
+    conn_.set_shared_ready(link_->up());
+    if (!link_->up()) conn_.set_upstream_failure(link_->failure());  // the TLS reason, if that is why
+  }
   const size_t used = conn_.OnClientBytes(client_buf_.data(), client_buf_.size(), NowNs(), hint);
   Flush();
   client_buf_.Consume(used);
@@ -147,7 +173,14 @@ void Session::Flush() {
   // The client's side first: should the upstream write fail at once, the errors owed for the
   // forwarded commands come after keyguard's replies to earlier ones.
   if (!out.client.empty()) client_out_.Send(out.client);
-  if (!out.upstream.empty()) upstream_out_.Send(out.upstream);
+  if (!out.upstream.empty()) {
+    if (!on_link()) {
+      upstream_out_.Send(out.upstream);
+    } else if (!link_->Submit(this, out.upstream, out.commands)) [[unlikely]] {
+      // The link failed since this batch began: its commands fail as those in flight do.
+      OnLinkFailed(metrics::UpstreamError::kClosed);
+    }
+  }
   if (const int64_t wait = conn_.TakeWalkWait(); wait != 0) ArmWalkTimer(wait);
 }
 
@@ -201,15 +234,15 @@ awaitable<void> Session::UpstreamPump() {
     if (closed_) break;
     upstream_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await upstream_.ReadSome(upstream_buf_.free_space(), ec);
+    const size_t n = co_await upstream_->ReadSome(upstream_buf_.free_space(), ec);
     if (closed_) break;
     if (ec) {
-      if (!upstream_.tls_failure().empty()) {
-        conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_.tls_failure()));
+      if (!upstream_->tls_failure().empty()) {
+        conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_->tls_failure()));
       }
-      FailUpstream(ec == asio::error::eof            ? metrics::UpstreamError::kClosed
-                   : upstream_.tls_failure().empty() ? metrics::UpstreamError::kReset
-                                                     : metrics::UpstreamError::kTls);
+      FailUpstream(ec == asio::error::eof             ? metrics::UpstreamError::kClosed
+                   : upstream_->tls_failure().empty() ? metrics::UpstreamError::kReset
+                                                      : metrics::UpstreamError::kTls);
       co_return;
     }
     upstream_buf_.Commit(n);
@@ -223,6 +256,11 @@ awaitable<void> Session::UpstreamPump() {
     if (conn_.TakeReadOnlySeen() && worker_.upstream_failed) worker_.upstream_failed();
     if (!ok) {
       FailUpstream(conn_.read_error());
+      co_return;
+    }
+    if (link_ != nullptr && conn_.CanUnpin() && upstream_buf_.size() == 0 && upstream_out_.backlog() == 0) {
+      // The transaction or blocking command ended: back to the shared connection.
+      Unpin();
       co_return;
     }
     if (worker_.draining && conn_.idle() && !closing_) {
@@ -256,7 +294,118 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
 
 void Session::CloseUpstream() {
   conn_.OnUpstreamClosed();
-  upstream_.Close();
+  upstream_->Close();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared upstream connections
+
+awaitable<void> Session::Pin() {
+  auto self = shared_from_this();
+  std::unique_ptr<Stream> stream = worker_.pins->Take();
+  const bool fresh = stream == nullptr;
+  if (fresh) {
+    stream = std::make_unique<Stream>(worker_.io);
+    const error_code ec =
+        co_await stream->Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
+                                 std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
+    if (closed_) co_return;
+    if (ec) {
+      // As a dedicated connection that cannot connect: the command gets the error (nothing is
+      // pending before it), then the connection closes.
+      const std::string& tls = stream->tls_failure();
+      worker_.shard->CountUpstreamError(tls.empty() ? metrics::UpstreamError::kConnect : metrics::UpstreamError::kTls);
+      if (worker_.upstream_failed) worker_.upstream_failed();
+      client_out_.Send(tls.empty() ? std::string("-ERR keyguard: upstream unavailable\r\n")
+                                   : absl::StrCat("-ERR keyguard: upstream TLS: ", tls, "\r\n"));
+      conn_.StopReading();
+      co_await FlushAndClose();
+      co_return;
+    }
+  }
+  upstream_ = std::move(stream);
+  upstream_out_.Bind(*upstream_);
+  pin_reason_ = conn_.OnPinned(fresh);  // keyguard's AUTH (a fresh connection) and CLIENT ID (tenancy)
+  pinned_at_ns_ = NowNs();
+  worker_.shard->upstream_pins[static_cast<size_t>(pin_reason_)].Add();
+  Flush();
+  asio::co_spawn(
+      worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
+}
+
+void Session::Unpin() {
+  ObservePin();
+  conn_.OnUnpinned();
+  worker_.pins->Return(std::move(upstream_));
+  upstream_ = std::make_unique<Stream>(worker_.io);  // not connected: written to only once pinned again
+  upstream_out_.Bind(*upstream_);
+  NotifyQueue();
+}
+
+void Session::ObservePin() {
+  const auto ns = static_cast<uint64_t>(NowNs() - pinned_at_ns_);
+  worker_.shard->pin_duration[static_cast<size_t>(pin_reason_)].Observe(metrics::kLatencyBuckets,
+                                                                        static_cast<double>(ns) * 1e-9, ns);
+}
+
+bool Session::OnLinkReplies(const char* data, size_t len) {
+  if (closed_) return false;
+  size_t hint = 0;
+  bool ok = true;
+  conn_.OnUpstreamBytes(data, len, NowNs(), &hint, &ok);
+  Flush();
+  NotifyQueue();
+  if (!ok) {
+    // A reply the tenant filter cannot place: this client's connection closes, the link stays.
+    std::string owed = conn_.OnSharedFailed();
+    if (!owed.empty()) client_out_.Send(owed);
+    conn_.StopReading();
+    if (!closing_) {
+      auto self = shared_from_this();
+      asio::co_spawn(
+          worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
+    }
+    return false;
+  }
+  // Draining, QUIT or a protocol error: once the last reply is out, the connection closes.
+  if ((worker_.draining || conn_.stop_reading()) && conn_.idle() && !closing_) {
+    auto self = shared_from_this();
+    asio::co_spawn(
+        worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
+  }
+  return client_out_.backlog() > static_cast<size_t>(worker_.config.max_output_buffer);
+}
+
+awaitable<void> Session::WaitForClient() {
+  auto self = shared_from_this();
+  const size_t low = static_cast<size_t>(worker_.config.max_output_buffer) / 2;
+  // The other clients of the link wait meanwhile: one that reads nothing for a second is cut off.
+  while (!closed_ && !client_out_.failed() && client_out_.backlog() > low) {
+    const size_t before = client_out_.backlog();
+    auto expired = std::make_shared<bool>(false);
+    Timer timer(worker_.io, std::chrono::seconds(1));
+    std::weak_ptr<Session> weak = self;
+    timer.async_wait([weak, expired](error_code e) {
+      if (e) return;
+      *expired = true;
+      if (auto s = weak.lock()) s->client_out_.Wake();
+    });
+    co_await client_out_.WaitBelow(low);
+    timer.cancel();
+    if (*expired && client_out_.backlog() >= before) {
+      EventLine("warn", "slow_client_closed")
+          .Int("unsent_bytes", static_cast<int64_t>(client_out_.backlog()))
+          .Write(stderr);
+      Close();
+    }
+  }
+}
+
+void Session::OnLinkFailed(metrics::UpstreamError /*reason: counted by the link*/) {
+  if (closed_) return;
+  const std::string owed = conn_.OnSharedFailed();
+  if (!owed.empty()) client_out_.Send(owed);
+  NotifyQueue();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,6 +449,10 @@ void Session::Close() {
   error_code ignored;
   client_.shutdown(Socket::shutdown_both, ignored);
   client_.close(ignored);
+  if (link_ != nullptr) {
+    link_->Forget(this);
+    if (conn_.pinned()) ObservePin();
+  }
   CloseUpstream();
   queue_event_.cancel();
   client_out_.Wake();

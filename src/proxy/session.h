@@ -16,11 +16,12 @@
 #include "proxy/outbox.h"
 #include "proxy/stream.h"
 #include "proxy/read_buffer.h"
+#include "proxy/shared_upstream.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
 
-class Session : public std::enable_shared_from_this<Session>, private ConnectionHost {
+class Session : public std::enable_shared_from_this<Session>, private ConnectionHost, private LinkClient {
  public:
   Session(Worker& worker, Socket client);
   ~Session();
@@ -46,6 +47,14 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   [[gnu::always_inline]] inline void Flush();
   void ArmWalkTimer(int64_t wait_ns);
   void FailUpstream(metrics::UpstreamError reason);
+  // Shared upstream: the client gets a connection of its own (the idle pool's, or a new one) for
+  // the command that waits unread, and its replies come from UpstreamPump until Unpin.
+  awaitable<void> Pin();
+  void Unpin();
+  // The pinned time, observed by reason (at Unpin, or when the client closes pinned).
+  void ObservePin();
+  // Where the client's commands go now: a shared link (not pinned), or upstream_.
+  bool on_link() const { return link_ != nullptr && !conn_.pinned(); }
   // Closes the upstream connection (and counts it gone, if it was up).
   void CloseUpstream();
   void NotifyQueue();
@@ -54,10 +63,17 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   bool ClientGone() override;
   void Report(hygiene::Finding f) override;
   void WakeProbe() override;
+  // LinkClient.
+  bool OnLinkReplies(const char* data, size_t len) override;
+  awaitable<void> WaitForClient() override;
+  void OnLinkFailed(metrics::UpstreamError reason) override;
 
   Worker& worker_;
   Socket client_;
-  Stream upstream_;
+  std::unique_ptr<Stream> upstream_;  // dedicated, or pinned (shared: nullptr while not pinned)
+  SharedLink* link_ = nullptr;        // upstream_connections: shared
+  int64_t pinned_at_ns_ = 0;
+  PinReason pin_reason_ = PinReason::kNone;
   Outbox client_out_;
   Outbox upstream_out_;
   ReadBuffer client_buf_;

@@ -25,6 +25,7 @@
 #include "proxy/asio.h"
 #include "proxy/pipeline.h"
 #include "proxy/refusal.h"
+#include "proxy/shared_upstream.h"
 #include "proxy/tls.h"
 
 namespace keyguard::proxy {
@@ -65,6 +66,12 @@ struct Worker {
   std::function<void()> upstream_failed;
   std::shared_ptr<TlsClient> upstream_tls;  // with a TLS upstream (shared by every worker)
   std::unordered_set<std::shared_ptr<Session>> sessions;
+  // upstream_connections: shared. The pipelined connections new sessions are spread over, and
+  // the idle connections pinned clients take.
+  std::vector<std::shared_ptr<SharedLink>> links;
+  std::unique_ptr<PinPool> pins;
+  size_t next_link = 0;
+  SharedLink* PickLink() { return links[next_link++ % links.size()].get(); }
   std::atomic<int> session_count{0};
   bool draining = false;
   hygiene::WorkerDetectors hygiene;  // the detectors' state shared by this worker's sessions (and the process's)

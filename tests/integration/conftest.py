@@ -133,6 +133,27 @@ class Redis:
 # Every keyguard a test started; after the test, each one's output must be JSON lines only.
 _started = []
 
+# KEYGUARD_UPSTREAM_CONNECTIONS=shared runs every keyguard a test starts with shared upstream
+# connections (scripts/test.sh runs the proxy core's suites that way too).
+UPSTREAM_CONNECTIONS = os.environ.get("KEYGUARD_UPSTREAM_CONNECTIONS", "")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "dedicated_only(reason): asserts what only a connection per client does; with shared "
+        "upstream connections the result differs for `reason` (test_shared_upstream.py asserts that)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests whose results must differ with shared upstream connections, each with the reason:
+    `grep -rn dedicated_only tests/integration` lists them."""
+    if UPSTREAM_CONNECTIONS != "shared":
+        return
+    for item in items:
+        m = item.get_closest_marker("dedicated_only")
+        if m is not None:
+            item.add_marker(pytest.mark.skip(reason="shared upstream connections: " + m.kwargs["reason"]))
+
 
 class Keyguard:
     def __init__(self, upstream_port, config=None, threads=2, extra=(), upstream=None):
@@ -152,6 +173,8 @@ class Keyguard:
             listen = ["--listen", "127.0.0.1:%d" % self.port,
                       "--upstream", upstream if upstream is not None else "127.0.0.1:%d" % upstream_port,
                       "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
+            if UPSTREAM_CONNECTIONS and "--upstream-connections" not in extra:
+                listen += ["--upstream-connections", UPSTREAM_CONNECTIONS]
             self.log = tempfile.TemporaryFile()
             self.proc = subprocess.Popen(args + listen, stdout=self.log, stderr=subprocess.STDOUT)
             return self.proc, self.output, [self.port, self.admin_port]

@@ -401,7 +401,10 @@ def test_static_tenant_and_upstream_credentials():
             assert c.call("GET", "k") == b"v"  # keyguard authenticated its connection again
         finally:
             assert k.stop() == 0, k.output()
-        bad = Keyguard(r.port, config='upstream_auth: {password: "wrong"}\n')
+        # A connection per client: with shared connections the client would stay connected (the
+        # shared connection retries; test_shared_upstream.py covers that).
+        bad = Keyguard(r.port, config='upstream_auth: {password: "wrong"}\n',
+                       extra=("--upstream-connections", "dedicated"))
         try:
             # The fixture's readiness probe was a connection too, whose upstream AUTH may or may not
             # have failed before it closed: count from when it is gone.

@@ -95,22 +95,28 @@ def tls_keyguard(r, pki, tls_yaml, host="localhost"):
     return Keyguard(r.port, config="upstream_tls:\n" + tls_yaml, upstream="rediss://%s:%d" % (host, r.port))
 
 
+def exercise(c, r, pki):
+    """Commands through keyguard `c` to TLS server `r`: a big value, a pipeline, all stored."""
+    assert c.set("tls:k", "v") is True
+    assert c.get("tls:k") == b"v"
+    big = os.urandom(3 << 20)  # many TLS records each way, and writes the socket does not take at once
+    assert c.set("tls:big", big) is True
+    assert c.get("tls:big") == big
+    p = c.pipeline(transaction=False)
+    for i in range(2000):
+        p.incr("tls:n")
+    assert p.execute() == list(range(1, 2001))
+    assert direct(r, pki).get("tls:n") == b"2000"
+    assert direct(r, pki).strlen("tls:big") == 3 << 20
+
+
+@pytest.mark.dedicated_only(reason="the shared connections stay open; test_tls_over_shared_connections covers TLS there")
 def test_commands_go_over_tls_and_sessions_resume(pki):
     r = tls_redis(pki, "--tls-auth-clients", "no")
     kg = tls_keyguard(r, pki, "  ca_file: %s\n" % pki("ca.crt"))
     try:
         c = redis.Redis(port=kg.port)
-        assert c.set("tls:k", "v") is True
-        assert c.get("tls:k") == b"v"
-        big = os.urandom(3 << 20)  # many TLS records each way, and writes the socket does not take at once
-        assert c.set("tls:big", big) is True
-        assert c.get("tls:big") == big
-        p = c.pipeline(transaction=False)
-        for i in range(2000):
-            p.incr("tls:n")
-        assert p.execute() == list(range(1, 2001))
-        assert direct(r, pki).get("tls:n") == b"2000"
-        assert direct(r, pki).strlen("tls:big") == 3 << 20
+        exercise(c, r, pki)
         # Once every connection so far has closed, a new one resumes the session the server gave.
         c.connection_pool.disconnect()
         wait_until(lambda: kg.metric("keyguard_upstream_connections") == 0, "the upstream connections closed")
@@ -147,6 +153,7 @@ def tls_refusal(kg, reason):
     assert ping_reply(kg) == b"-ERR keyguard: upstream TLS: %s\r\n<closed>" % reason.encode()
 
 
+@pytest.mark.dedicated_only(reason="the client stays connected, and the shared connections count a TLS error at each retry")
 @pytest.mark.parametrize("tls_yaml,reason", [
     ("  ca_file: {other_ca}\n", "certificate verify failed: self-signed certificate in certificate chain"),
     ("  ca_file: {ca}\n  server_name: redis.example.com\n", "certificate verify failed: hostname mismatch"),
@@ -167,6 +174,7 @@ def test_an_untrusted_or_misnamed_server_is_refused_with_the_reason(pki, tls_yam
         r.stop()
 
 
+@pytest.mark.dedicated_only(reason="a shared connection keeps its certificate while it lives; new ones (reconnects, pins) take the new files")
 def test_client_certificates_for_a_server_that_requires_them_and_their_rotation(pki, tmp_path):
     r = tls_redis(pki, "--tls-auth-clients", "yes")
     cert, key = str(tmp_path / "client.crt"), str(tmp_path / "client.key")
@@ -202,4 +210,36 @@ def test_client_certificates_for_a_server_that_requires_them_and_their_rotation(
         kg_bare.stop()
     finally:
         kg.stop()
+        r.stop()
+
+
+def test_tls_over_shared_connections(pki):
+    """Shared upstream connections over TLS: commands (a big value, a pipeline) and a pinned
+    transaction; a server with the wrong name gets each command the TLS reason, the client stays."""
+    r = tls_redis(pki, "--tls-auth-clients", "no")
+    kg = Keyguard(r.port, config="upstream_connections: shared\nupstream_tls:\n  ca_file: %s\n" % pki("ca.crt"),
+                  upstream="rediss://localhost:%d" % r.port, extra=("--upstream-connections", "shared"))
+    try:
+        c = redis.Redis(port=kg.port)
+        exercise(c, r, pki)
+        t = c.pipeline(transaction=True)
+        t.incr("tls:n").get("tls:n")
+        assert t.execute() == [2001, b"2001"]
+        assert direct(r, pki).get("tls:n") == b"2001"
+        wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="pinned"}') == 0, "the pin ended")
+        assert kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 2
+    finally:
+        kg.stop()
+    bad = Keyguard(r.port, config="upstream_tls:\n  ca_file: %s\n  server_name: redis.example.com\n" % pki("ca.crt"),
+                   upstream="rediss://localhost:%d" % r.port, extra=("--upstream-connections", "shared"))
+    try:
+        conn = RespConn(bad.port)
+        reason = "ERR keyguard: upstream TLS: certificate verify failed: hostname mismatch"
+        # Until the first handshake has failed, the error cannot say why yet.
+        wait_until(lambda: str(conn.call("PING")) == reason, "the TLS reason")
+        for _ in range(3):
+            assert str(conn.call("PING")) == reason  # the client stays connected
+        assert bad.metric('keyguard_upstream_errors_total{reason="tls"}') >= 1
+    finally:
+        bad.stop()
         r.stop()

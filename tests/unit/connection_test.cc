@@ -36,7 +36,8 @@ namespace {
 // collect what each side would be sent.
 class ConnectionTest : public ::testing::Test, public ConnectionHost {
  protected:
-  void Open(const std::string& yaml, bool connections = false, std::string upstream_auth = "") {
+  // `shared`: the connection's commands go to a shared upstream connection (which is up).
+  void Open(const std::string& yaml, bool connections = false, std::string upstream_auth = "", bool shared = false) {
     conn_.reset();  // before what it refers to
     auto parsed = config::ParseConfig(yaml);
     if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));
@@ -49,7 +50,12 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
     conn_ =
         std::make_unique<Connection>(ConnectionShared{*stages_, *hygiene_, *hot_, upstream_auth_, walk_budget_}, *this);
     conn_->set_client_address("127.0.0.1:5555");
-    conn_->OnUpstreamConnected();
+    if (shared) {
+      conn_->set_multiplexed();
+      conn_->set_shared_ready(true);
+    } else {
+      conn_->OnUpstreamConnected();
+    }
     Collect();
   }
 
@@ -74,6 +80,15 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
   // What the upstream and the client were sent since the last call, then forgotten.
   std::string TakeUpstream() { return std::exchange(to_upstream_, std::string()); }
   std::string TakeClient() { return std::exchange(to_client_, std::string()); }
+  // The commands (Output::commands) sent upstream since the last call, then forgotten.
+  uint32_t TakeCommands() { return std::exchange(commands_, 0u); }
+  // Calls `f` (a call into the connection outside Client and Upstream) and collects its output.
+  template <typename F>
+  auto Call(F f) {
+    auto r = f();
+    Collect();
+    return r;
+  }
 
   // After a warm-up, `batch` and `replies` through the connection again and again allocate nothing.
   void ExpectNoAllocationPerCommand(const std::string& batch, const std::string& replies) {
@@ -104,6 +119,7 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
 
  private:
   void Collect() {
+    commands_ += conn_->output().commands;
     for (std::string_view b : conn_->output().upstream) to_upstream_.append(b);
     for (std::string_view b : conn_->output().client) to_client_.append(b);
   }
@@ -120,6 +136,7 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
   std::string upstream_in_;
   std::string to_upstream_;
   std::string to_client_;
+  uint32_t commands_ = 0;
 
  protected:
   std::unique_ptr<Connection> conn_;  // last: it unregisters from connections_ as it goes
@@ -420,6 +437,122 @@ TEST_F(ConnectionTest, AWalkForAClientThatHungUpEndsAtTheNextStep) {
   EXPECT_EQ(TakeClient(), "-ERR keyguard: the client closed the connection\r\n");
   EXPECT_EQ(conn_->pending(), 0u);
   EXPECT_FALSE(conn_->holding());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared upstream connections
+
+std::vector<std::string_view> Args(std::initializer_list<std::string_view> a) { return a; }
+
+TEST(PinFor, ConnectionStateCommandsPinAndPlainOnesDoNot) {
+  auto pin = [](std::initializer_list<std::string_view> a, bool tenancy = false) {
+    const std::vector<std::string_view> args = a;
+    return PinFor(commands::LookupCommand(args[0]), args, tenancy);
+  };
+  EXPECT_EQ(pin({"GET", "k"}), PinReason::kNone);
+  EXPECT_EQ(pin({"EVAL", "return 1", "0"}), PinReason::kNone);
+  EXPECT_EQ(pin({"EXEC"}), PinReason::kNone);  // outside a transaction: an error, nothing changes
+  EXPECT_EQ(pin({"multi"}), PinReason::kTransaction);
+  EXPECT_EQ(pin({"WATCH", "k"}), PinReason::kTransaction);
+  EXPECT_EQ(pin({"BLPOP", "q", "0"}), PinReason::kBlocking);
+  EXPECT_EQ(pin({"BZPOPMIN", "z", "1"}), PinReason::kBlocking);
+  EXPECT_EQ(pin({"WAIT", "1", "0"}), PinReason::kBlocking);
+  EXPECT_EQ(pin({"XREAD", "COUNT", "1", "STREAMS", "s", "0"}), PinReason::kNone);
+  EXPECT_EQ(pin({"XREAD", "block", "0", "STREAMS", "s", "$"}), PinReason::kBlocking);
+  EXPECT_EQ(pin({"XREADGROUP", "GROUP", "g", "c", "STREAMS", "block", ">"}), PinReason::kNone);  // a stream named block
+  EXPECT_EQ(pin({"SUBSCRIBE", "c"}), PinReason::kPubSub);
+  EXPECT_EQ(pin({"PUNSUBSCRIBE"}), PinReason::kPubSub);
+  EXPECT_EQ(pin({"MONITOR"}), PinReason::kMonitor);
+  EXPECT_EQ(pin({"CLIENT", "SETNAME", "x"}), PinReason::kClient);
+  EXPECT_EQ(pin({"CLIENT", "TRACKING", "on"}), PinReason::kClient);
+  EXPECT_EQ(pin({"CLIENT", "ID"}), PinReason::kClient);
+  EXPECT_EQ(pin({"client", "getname"}), PinReason::kNone);
+  EXPECT_EQ(pin({"READONLY"}), PinReason::kClient);
+  EXPECT_EQ(pin({"SELECT", "0"}), PinReason::kNone);
+  EXPECT_EQ(pin({"SELECT", "2"}), PinReason::kSelect);
+  EXPECT_EQ(pin({"HELLO", "3"}), PinReason::kHello);
+  EXPECT_EQ(pin({"AUTH", "pw"}), PinReason::kAuth);
+  EXPECT_EQ(pin({"AUTH", "pw"}, /*tenancy=*/true), PinReason::kNone);  // keyguard answers it
+  EXPECT_EQ(pin({"RESET"}), PinReason::kReset);
+  EXPECT_EQ(pin({"PSYNC", "?", "-1"}), PinReason::kReplication);
+  EXPECT_EQ(pin({"REPLCONF", "rdb-filter-only", "functions"}), PinReason::kReplication);
+  EXPECT_TRUE(PinEnds(PinReason::kTransaction));
+  EXPECT_TRUE(PinEnds(PinReason::kBlocking));
+  EXPECT_FALSE(PinEnds(PinReason::kSelect));
+  EXPECT_STREQ(PinReasonName(PinReason::kReplication), "replication");
+}
+
+TEST_F(ConnectionTest, OnASharedConnectionEachCommandIsOneReplyInOrder) {
+  Open(kPlain, false, "", /*shared=*/true);
+  EXPECT_EQ(TakeUpstream(), "") << "no AUTH or CLIENT ID of its own";
+  Client("*3\r\n$3\r\nSET\r\n$1\r\na\r\n$1\r\n1\r\n*2\r\n$3\r\nGET\r\n$1\r\na\r\nPING\r\n");
+  EXPECT_EQ(TakeCommands(), 3u);
+  EXPECT_EQ(TakeUpstream(), "*3\r\n$3\r\nSET\r\n$1\r\na\r\n$1\r\n1\r\n*2\r\n$3\r\nGET\r\n$1\r\na\r\nPING\r\n");
+  ASSERT_TRUE(Upstream("+OK\r\n$1\r\n1\r\n+PONG\r\n"));
+  EXPECT_EQ(TakeClient(), "+OK\r\n$1\r\n1\r\n+PONG\r\n");
+  // QUIT is keyguard's to answer: the shared connection must stay.
+  Client("*1\r\n$4\r\nQUIT\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  EXPECT_EQ(TakeClient(), "+OK\r\n");
+  EXPECT_TRUE(conn_->stop_reading());
+}
+
+TEST_F(ConnectionTest, APinningCommandWaitsUnreadUntilEverythingBeforeItIsAnswered) {
+  Open(kPlain, false, "", /*shared=*/true);
+  Client(
+      "*2\r\n$3\r\nGET\r\n$1\r\na\r\n*1\r\n$5\r\nMULTI\r\n*2\r\n$4\r\nINCR\r\n$1\r\na\r\n"
+      "*1\r\n$4\r\nEXEC\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$3\r\nGET\r\n$1\r\na\r\n") << "only what came before MULTI";
+  EXPECT_EQ(conn_->pin_wanted(), PinReason::kTransaction);
+  ASSERT_TRUE(Upstream("$-1\r\n"));
+  EXPECT_EQ(TakeClient(), "$-1\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+  // Pinned to a fresh connection: keyguard's AUTH goes first, then the commands that waited.
+  EXPECT_EQ(Call([&] { return conn_->OnPinned(/*fresh=*/true); }), PinReason::kTransaction);
+  EXPECT_EQ(shard_.upstream_connections.Get(), 1);
+  EXPECT_EQ(shard_.UpstreamOf(metrics::UpstreamKind::kPinned).Get(), 1);
+  Client("");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$5\r\nMULTI\r\n*2\r\n$4\r\nINCR\r\n$1\r\na\r\n*1\r\n$4\r\nEXEC\r\n");
+  EXPECT_FALSE(conn_->CanUnpin());
+  ASSERT_TRUE(Upstream("+OK\r\n+QUEUED\r\n"));
+  EXPECT_FALSE(conn_->CanUnpin()) << "inside the transaction";
+  ASSERT_TRUE(Upstream("*1\r\n:1\r\n"));
+  EXPECT_EQ(TakeClient(), "+OK\r\n+QUEUED\r\n*1\r\n:1\r\n");
+  EXPECT_TRUE(conn_->CanUnpin());
+  conn_->OnUnpinned();
+  EXPECT_FALSE(conn_->pinned());
+  EXPECT_EQ(shard_.upstream_connections.Get(), 0);
+  EXPECT_EQ(shard_.UpstreamOf(metrics::UpstreamKind::kPinned).Get(), 0);
+}
+
+TEST_F(ConnectionTest, StateThatLastsKeepsThePin) {
+  Open(kPlain, false, "", /*shared=*/true);
+  Client("*2\r\n$5\r\nWATCH\r\n$1\r\na\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  Call([&] { return conn_->OnPinned(/*fresh=*/false); });
+  Client("*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n*1\r\n$7\r\nUNWATCH\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$5\r\nWATCH\r\n$1\r\na\r\n*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n*1\r\n$7\r\nUNWATCH\r\n");
+  ASSERT_TRUE(Upstream("+OK\r\n+OK\r\n+OK\r\n"));
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_FALSE(conn_->CanUnpin()) << "database 1 is this connection's for good";
+}
+
+TEST_F(ConnectionTest, ASharedConnectionThatFailsFailsWhatWasInFlightAndTheClientStays) {
+  Open(kPlain, false, "", /*shared=*/true);
+  Client("*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n");
+  EXPECT_EQ(conn_->OnSharedFailed(), "-ERR keyguard: upstream unavailable\r\n-ERR keyguard: upstream unavailable\r\n");
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_FALSE(conn_->stop_reading());
+  // While it is down, commands get the error and the client stays.
+  conn_->set_shared_ready(false);
+  TakeUpstream();
+  Client("*2\r\n$3\r\nGET\r\n$1\r\na\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  EXPECT_EQ(TakeClient(), "-ERR keyguard: upstream unavailable\r\n");
+  EXPECT_FALSE(conn_->stop_reading());
+  conn_->set_shared_ready(true);
+  Client("*2\r\n$3\r\nGET\r\n$1\r\na\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$3\r\nGET\r\n$1\r\na\r\n");
 }
 
 }  // namespace

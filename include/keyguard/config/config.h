@@ -75,6 +75,11 @@ struct ProxyConfig {
   HostPort admin{"127.0.0.1", 9121};
   int threads = 0;  // worker threads; 0 = one per hardware thread
   int upstream_connect_timeout_ms = 2000;
+  // Shared upstream connections (upstream_connections: shared): each worker's pipelined
+  // connections, and the connected ones it keeps idle for pinned clients. false: dedicated.
+  bool shared_upstream = false;
+  int shared_connections = 1;
+  int pinned_idle_connections = 2;
   int drain_timeout_ms = 10000;            // after SIGTERM, how long in-flight replies may take
   std::vector<std::string> deny_commands;  // lowercase command names refused with an error
   resp::Limits limits;

@@ -90,6 +90,14 @@ struct CommandStats {
 };
 
 enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kTls, kCount };
+
+// The kinds of upstream connection (keyguard_upstream_connections_by_kind).
+enum class UpstreamKind : uint8_t { kDedicated, kShared, kPinned, kIdle, kCount };
+inline constexpr const char* kUpstreamKindNames[] = {"dedicated", "shared", "pinned", "idle"};
+// Why a client was pinned (proxy::PinReason, in its order; keyguard_upstream_pins_total).
+inline constexpr const char* kPinReasonNames[] = {"none",   "transaction", "blocking", "pubsub", "monitor",    "client",
+                                                  "select", "hello",       "auth",     "reset",  "replication"};
+inline constexpr size_t kPinReasons = std::size(kPinReasonNames);
 inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset", "protocol", "auth", "tls"};
 
 // The counters of one labeled family of the table, one per label-value set, created on first use.
@@ -193,6 +201,7 @@ class WorkerShard {
     }
   }
   void CountUpstreamError(UpstreamError e) { upstream_errors[static_cast<size_t>(e)].Add(); }
+  Gauge& UpstreamOf(UpstreamKind k) { return upstream_kinds[static_cast<size_t>(k)]; }
 
   Counter client_connections_total;
   Gauge client_connections;
@@ -207,6 +216,12 @@ class WorkerShard {
   Counter legacy_move_errors;  // moves the upstream refused
   Counter probed_keys;         // keys the sizing probe asked about
   std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
+  // Shared upstream connections.
+  std::array<Gauge, static_cast<size_t>(UpstreamKind::kCount)> upstream_kinds;
+  std::array<Counter, kPinReasons> upstream_pins;                           // by reason
+  std::array<Histogram<kLatencyBuckets.size()>, kPinReasons> pin_duration;  // seconds; sum in nanoseconds
+  Counter shared_writes;
+  Counter shared_commands;
   LabeledCounters<FamilyId::kKeyViolations> key_violations;        // rule, action, key_pattern
   LabeledCounters<FamilyId::kKeysRewritten> keys_rewritten;        // rule
   LabeledCounters<FamilyId::kCommandsRejected> commands_rejected;  // reason

@@ -1,0 +1,126 @@
+#include "proxy/pinning.h"
+
+#include <vector>
+
+#include "keyguard/commands/traits.h"
+
+namespace keyguard::proxy {
+namespace {
+
+using commands::ConnectionRole;
+
+// Decided by the arguments, not the id alone.
+constexpr uint8_t kByArgs = static_cast<uint8_t>(PinReason::kCount);
+
+struct Table {
+  std::vector<uint8_t> by_id;
+  commands::CommandId select, xread, xreadgroup, client;
+};
+
+PinReason ByRole(ConnectionRole role) {
+  switch (role) {
+    case ConnectionRole::kMulti:
+    case ConnectionRole::kWatch: return PinReason::kTransaction;
+    case ConnectionRole::kHello: return PinReason::kHello;
+    case ConnectionRole::kMonitor: return PinReason::kMonitor;
+    case ConnectionRole::kClient: return PinReason::kClient;
+    case ConnectionRole::kSync: return PinReason::kReplication;
+    case ConnectionRole::kSubscribe:
+    case ConnectionRole::kUnsubscribe: return PinReason::kPubSub;
+    case ConnectionRole::kReset: return PinReason::kReset;
+    // EXEC, DISCARD, UNWATCH outside a transaction answer an error or OK and change nothing; QUIT
+    // is answered by keyguard on a shared connection.
+    case ConnectionRole::kNone:
+    case ConnectionRole::kExec:
+    case ConnectionRole::kDiscard:
+    case ConnectionRole::kUnwatch:
+    case ConnectionRole::kQuit: break;
+  }
+  return PinReason::kNone;
+}
+
+// Built on first use, after the command table took the upstream's extra commands.
+const Table& PinTable() {
+  static const Table table = [] {
+    Table t;
+    t.select = commands::LookupCommand("select");
+    t.xread = commands::LookupCommand("xread");
+    t.xreadgroup = commands::LookupCommand("xreadgroup");
+    t.client = commands::Known().client;
+    const uint32_t blocking = commands::CommandFlagMask("blocking");
+    const commands::CommandId client_state[] = {
+        commands::LookupCommand("readonly"), commands::LookupCommand("readwrite"), commands::LookupCommand("asking")};
+    t.by_id.assign(commands::CommandCount(), 0);
+    for (size_t i = 0; i < t.by_id.size(); ++i) {
+      const auto id = static_cast<commands::CommandId>(i);
+      PinReason r = ByRole(commands::TraitsOf(id).connection);
+      if (r == PinReason::kNone && (commands::Spec(id).flags & blocking) != 0) r = PinReason::kBlocking;
+      t.by_id[i] = static_cast<uint8_t>(r);
+    }
+    for (commands::CommandId id : client_state) t.by_id[id] = static_cast<uint8_t>(PinReason::kClient);
+    // REPLCONF sets up the replication that SYNC/PSYNC start (redis-cli --functions-rdb filters
+    // the dump with it): both on the same connection.
+    t.by_id[commands::LookupCommand("replconf")] = static_cast<uint8_t>(PinReason::kReplication);
+    t.by_id[commands::Known().auth] = static_cast<uint8_t>(PinReason::kAuth);
+    // WAIT (and WAITAOF, on servers that have it) block without the `blocking` flag.
+    for (std::string_view name : {"wait", "waitaof"}) {
+      const commands::CommandId id = commands::LookupCommand(name);
+      if (id != commands::kUnknownCommand) t.by_id[id] = static_cast<uint8_t>(PinReason::kBlocking);
+    }
+    for (commands::CommandId id : {t.select, t.xread, t.xreadgroup, t.client}) t.by_id[id] = kByArgs;
+    return t;
+  }();
+  return table;
+}
+
+// XREAD and XREADGROUP block only with a BLOCK option (before STREAMS).
+bool HasBlockOption(std::span<const std::string_view> args) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (commands::EqualsIgnoreCase(args[i], "streams")) return false;
+    if (commands::EqualsIgnoreCase(args[i], "block")) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* PinReasonName(PinReason r) {
+  switch (r) {
+    case PinReason::kNone: return "none";
+    case PinReason::kTransaction: return "transaction";
+    case PinReason::kBlocking: return "blocking";
+    case PinReason::kPubSub: return "pubsub";
+    case PinReason::kMonitor: return "monitor";
+    case PinReason::kClient: return "client";
+    case PinReason::kSelect: return "select";
+    case PinReason::kHello: return "hello";
+    case PinReason::kAuth: return "auth";
+    case PinReason::kReset: return "reset";
+    case PinReason::kReplication: return "replication";
+    case PinReason::kCount: break;
+  }
+  return "none";
+}
+
+PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args, bool tenancy) {
+  const Table& t = PinTable();
+  const uint8_t v = id < t.by_id.size() ? t.by_id[id] : 0;
+  if (v == 0) return PinReason::kNone;
+  if (v != kByArgs) {
+    if (tenancy && v == static_cast<uint8_t>(PinReason::kAuth)) return PinReason::kNone;
+    return static_cast<PinReason>(v);
+  }
+  if (id == t.select) {
+    // SELECT 0 (or a bad argument, which the server refuses) leaves the connection where it is.
+    const bool zero = args.size() == 2 && args[1] == "0";
+    return zero || args.size() != 2 ? PinReason::kNone : PinReason::kSelect;
+  }
+  if (id == t.client) {
+    // CLIENT GETNAME of a client that set no name (one that did is pinned): nil, as the shared
+    // connection answers.
+    return args.size() == 2 && commands::EqualsIgnoreCase(args[1], "getname") ? PinReason::kNone : PinReason::kClient;
+  }
+  return HasBlockOption(args) ? PinReason::kBlocking : PinReason::kNone;
+}
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,291 @@
+#include "proxy/shared_upstream.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+
+#include "keyguard/common/json_line.h"
+#include "proxy/worker.h"
+
+namespace keyguard::proxy {
+
+awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure) {
+  metrics::WorkerShard& shard = *worker.shard;
+  error_code ec = co_await stream.Connect(worker.upstream, worker.upstream_tls.get(), worker.upstream_host,
+                                          std::chrono::milliseconds(worker.config.upstream_connect_timeout_ms));
+  if (tls_failure != nullptr) *tls_failure = stream.tls_failure();
+  if (ec) {
+    shard.CountUpstreamError(stream.tls_failure().empty() ? metrics::UpstreamError::kConnect
+                                                          : metrics::UpstreamError::kTls);
+    if (worker.upstream_failed) worker.upstream_failed();
+    co_return false;
+  }
+  if (worker.upstream_auth.empty()) co_return true;
+  // keyguard's AUTH, and its one reply.
+  std::string_view auth = worker.upstream_auth;
+  Outbox out(stream, &shard.upstream_bytes_sent);
+  out.Send(auth);
+  while (out.backlog() != 0 && !out.failed()) co_await out.WaitBelow(0);
+  ReadBuffer buf(512);
+  resp::ReplyFramer framer;
+  for (;;) {
+    buf.Prepare(framer.hint());
+    const size_t n = co_await stream.ReadSome(buf.free_space(), ec);
+    if (ec || out.failed()) {
+      shard.CountUpstreamError(metrics::UpstreamError::kReset);
+      co_return false;
+    }
+    buf.Commit(n);
+    shard.upstream_bytes_received.Add(n);
+    const resp::Status st = framer.Next(buf.data(), buf.size());
+    if (st == resp::Status::kNeedMore) continue;
+    if (st == resp::Status::kOk && framer.type() == '+') co_return true;
+    const std::string_view error =
+        st == resp::Status::kOk && !framer.head().empty() ? framer.head()[0].text : std::string_view("protocol error");
+    EventLine("error", "upstream_auth_failed").Str("error", error).Write(stderr);
+    shard.CountUpstreamError(metrics::UpstreamError::kAuth);
+    co_return false;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PinPool
+
+PinPool::~PinPool() { Stop(); }
+
+void PinPool::Stop(bool for_good) {
+  if (for_good) stopped_ = true;
+  ++generation_;
+  for (auto& s : idle_) s->Close();
+  worker_.shard->upstream_connections.Add(-static_cast<int64_t>(idle_.size()));
+  worker_.shard->UpstreamOf(metrics::UpstreamKind::kIdle).Add(-static_cast<int64_t>(idle_.size()));
+  idle_.clear();
+}
+
+std::unique_ptr<Stream> PinPool::Take() {
+  std::unique_ptr<Stream> found;
+  while (found == nullptr && !idle_.empty()) {
+    std::unique_ptr<Stream> s = std::move(idle_.back());
+    idle_.pop_back();
+    worker_.shard->upstream_connections.Add(-1);
+    worker_.shard->UpstreamOf(metrics::UpstreamKind::kIdle).Add(-1);
+    // Closed by the server while idle (a timeout, a restart)? An idle connection has nothing to
+    // read; over TLS a record may wait (a session ticket), which is not a close.
+    char c;
+    const ssize_t n = ::recv(s->socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    const bool open = (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) || (n > 0 && s->tls());
+    if (open) found = std::move(s);
+  }
+  Fill();
+  return found;
+}
+
+void PinPool::Return(std::unique_ptr<Stream> stream) {
+  if (stopped_ || static_cast<int>(idle_.size()) >= worker_.config.pinned_idle_connections) {
+    stream->Close();
+    return;
+  }
+  idle_.push_back(std::move(stream));
+  worker_.shard->upstream_connections.Add(1);
+  worker_.shard->UpstreamOf(metrics::UpstreamKind::kIdle).Add(1);
+}
+
+void PinPool::Fill() {
+  while (!stopped_ && static_cast<int>(idle_.size()) + connecting_ < worker_.config.pinned_idle_connections) {
+    ++connecting_;
+    asio::co_spawn(worker_.io, Connect(), asio::detached);
+  }
+}
+
+awaitable<void> PinPool::Connect() {
+  auto stream = std::make_unique<Stream>(worker_.io);
+  const uint64_t generation = generation_;
+  const bool ok = co_await ConnectUpstream(worker_, *stream);
+  --connecting_;
+  // A failed connect is not retried here: the next Take() tries again. One begun before the
+  // upstream moved went to the old one.
+  if (ok && generation == generation_) Return(std::move(stream));
+}
+
+// ---------------------------------------------------------------------------------------------
+// SharedLink
+
+SharedLink::SharedLink(Worker& worker)
+    : worker_(worker),
+      buf_(static_cast<size_t>(worker.config.read_buffer_size)),
+      framer_(worker.config.limits),
+      backoff_(worker.io) {}
+
+void SharedLink::Start() {
+  auto self = shared_from_this();
+  asio::co_spawn(
+      worker_.io, [self]() { return self->Run(); }, asio::detached);
+}
+
+void SharedLink::Stop() {
+  stopped_ = true;
+  backoff_.cancel();
+  if (conn_ != nullptr) conn_->stream.Close();
+}
+
+awaitable<void> SharedLink::Run() {
+  auto self = shared_from_this();
+  auto delay = std::chrono::milliseconds(50);
+  while (!stopped_) {
+    if (co_await Open()) {
+      delay = std::chrono::milliseconds(50);
+      const metrics::UpstreamError reason = co_await Pump();
+      Fail(reason);
+    }
+    if (stopped_) break;
+    // Connect again, backing off while the upstream stays away.
+    backoff_.expires_after(delay);
+    error_code ignored;
+    co_await backoff_.async_wait(AwaitEc(ignored));
+    delay = std::min(delay * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+awaitable<bool> SharedLink::Open() {
+  conn_ = std::make_shared<Conn>(worker_.io, &worker_.shard->upstream_bytes_sent);
+  std::string tls;
+  const bool ok = co_await ConnectUpstream(worker_, conn_->stream, &tls);
+  failure_ = tls.empty() ? std::string() : "upstream TLS: " + tls;
+  if (!ok || stopped_) co_return false;
+  conn_->out.set_owner(conn_);
+  Stream* stream = &conn_->stream;
+  conn_->out.set_on_error([stream](error_code) {
+    // The read that is in flight fails too: Pump returns and Run fails the link.
+    stream->Close();
+  });
+  buf_ = ReadBuffer(static_cast<size_t>(worker_.config.read_buffer_size));
+  framer_.Reset();
+  up_ = true;
+  worker_.shard->upstream_connections.Add(1);
+  worker_.shard->UpstreamOf(metrics::UpstreamKind::kShared).Add(1);
+  co_return true;
+}
+
+awaitable<metrics::UpstreamError> SharedLink::Pump() {
+  size_t hint = 0;
+  for (;;) {
+    buf_.Prepare(hint);
+    error_code ec;
+    const size_t n = co_await conn_->stream.ReadSome(buf_.free_space(), ec);
+    if (ec) {
+      co_return ec == asio::error::eof      ? metrics::UpstreamError::kClosed
+      : conn_->stream.tls_failure().empty() ? metrics::UpstreamError::kReset
+                                            : metrics::UpstreamError::kTls;
+    }
+    buf_.Commit(n);
+    worker_.shard->upstream_bytes_received.Add(n);
+    LinkClient* slow = nullptr;
+    if (!Deliver(&hint, &slow)) co_return metrics::UpstreamError::kProtocol;
+    // A client whose output is over its bound: the replies after its own wait until it reads
+    // (or is cut off), as on a connection of its own; the others' are delivered already.
+    if (slow != nullptr) co_await slow->WaitForClient();
+  }
+}
+
+bool SharedLink::Deliver(size_t* hint, LinkClient** slow) {
+  const char* data = buf_.data();
+  const size_t len = buf_.size();
+  size_t pos = 0;
+  size_t run = 0;
+  LinkClient* run_client = nullptr;
+  bool ok = true;
+  auto hand_over = [&]() {
+    if (run_client != nullptr && pos > run && run_client->OnLinkReplies(data + run, pos - run) && *slow == nullptr) {
+      *slow = run_client;
+    }
+  };
+  *hint = 0;
+  while (pos < len) {
+    const resp::Status st = framer_.Next(data + pos, len - pos);
+    if (st == resp::Status::kNeedMore) {
+      *hint = framer_.hint();
+      break;
+    }
+    if (st == resp::Status::kProtocolError || owed_.empty()) {
+      ok = false;
+      break;
+    }
+    if (owed_.front().client != run_client) {
+      hand_over();
+      run = pos;
+      run_client = owed_.front().client;
+    }
+    pos += framer_.consumed();
+    if (--owed_.front().frames == 0) owed_.pop_front();
+  }
+  hand_over();
+  buf_.Consume(pos);
+  return ok;
+}
+
+bool SharedLink::Submit(LinkClient* client, std::span<const std::string_view> pieces, uint32_t commands) {
+  if (!up_) return false;
+  for (std::string_view p : pieces) batch_.append(p.data(), p.size());
+  batch_commands_ += commands;
+  if (!owed_.empty() && owed_.back().client == client) {
+    owed_.back().frames += commands;
+  } else {
+    owed_.push_back(Owed{client, commands});
+  }
+  if (!flush_posted_) {
+    // Written once the event loop has run every client that is ready now: one write for all.
+    flush_posted_ = true;
+    asio::post(worker_.io, [this]() { Flush(); });
+  }
+  return true;
+}
+
+void SharedLink::Flush() {
+  flush_posted_ = false;
+  if (batch_.empty()) return;
+  if (up_) {
+    worker_.shard->shared_writes.Add();
+    worker_.shard->shared_commands.Add(batch_commands_);
+    conn_->out.Send(batch_);
+  }
+  batch_.clear();
+  batch_commands_ = 0;
+}
+
+void SharedLink::Forget(LinkClient* client) {
+  for (Owed& o : owed_) {
+    if (o.client == client) o.client = nullptr;
+  }
+}
+
+awaitable<void> SharedLink::WaitBelow(size_t limit) {
+  if (conn_ != nullptr && up_) co_await conn_->out.WaitBelow(limit);
+}
+
+void SharedLink::Fail(metrics::UpstreamError reason) {
+  if (!up_) return;
+  up_ = false;
+  worker_.shard->upstream_connections.Add(-1);
+  worker_.shard->UpstreamOf(metrics::UpstreamKind::kShared).Add(-1);
+  worker_.shard->CountUpstreamError(reason);
+  EventLine("warn", "shared_upstream_failed")
+      .Str("reason", metrics::kUpstreamErrorNames[static_cast<size_t>(reason)])
+      .Write(stderr);
+  conn_->stream.Close();
+  conn_->out.Wake();
+  // Each client with commands in flight is told once.
+  std::vector<LinkClient*> clients;
+  for (const Owed& o : owed_) {
+    if (o.client != nullptr) clients.push_back(o.client);
+  }
+  std::sort(clients.begin(), clients.end());
+  clients.erase(std::unique(clients.begin(), clients.end()), clients.end());
+  owed_.clear();
+  batch_.clear();
+  batch_commands_ = 0;
+  for (LinkClient* c : clients) c->OnLinkFailed(reason);
+}
+
+}  // namespace keyguard::proxy

@@ -1,0 +1,142 @@
+// Shared upstream connections (upstream_connections: shared): each worker keeps a few pipelined
+// connections to the upstream, and many clients' commands go over them. A SharedLink is one such
+// connection: clients Submit their commands (with how many there are: each is answered by one
+// reply frame, as nothing else goes to a shared connection), everything submitted in one turn of
+// the worker's event loop goes out in one write, and the replies are framed and handed back to
+// the client that owes them, in order, as runs of whole frames (one call per client per read).
+//
+// A link that fails fails the commands in flight on it (each client is told once and answers its
+// commands with an error; the clients stay) and connects again with backoff.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keyguard/metrics/registry.h"
+#include "keyguard/resp/framer.h"
+#include "proxy/asio.h"
+#include "proxy/outbox.h"
+#include "proxy/read_buffer.h"
+#include "proxy/stream.h"
+
+namespace keyguard::proxy {
+
+struct Worker;
+
+// A client of a shared link (a Session), told about its replies and failures.
+class LinkClient {
+ public:
+  // Whole reply frames for this client's commands, in order. The bytes are valid during the call.
+  // Returns true when the client's output is over its bound: the link reads nothing more until
+  // WaitForClient() completes.
+  virtual bool OnLinkReplies(const char* data, size_t len) = 0;
+  // The client's output goes below its bound, or the client is cut off (no progress in time).
+  virtual awaitable<void> WaitForClient() = 0;
+  // The link failed: every command of this client in flight on it is lost.
+  virtual void OnLinkFailed(metrics::UpstreamError reason) = 0;
+
+ protected:
+  ~LinkClient() = default;
+};
+
+// Connects `stream` to the worker's upstream, sends keyguard's AUTH (when configured) and reads
+// its answer. false on any failure, counted (keyguard_upstream_errors_total) and logged; a TLS
+// failure's reason in `*tls_failure` ("" for any other).
+awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure = nullptr);
+
+// Upstream connections kept connected and authenticated for clients that get pinned, up to
+// pinned_idle_connections per worker.
+class PinPool {
+ public:
+  explicit PinPool(Worker& worker) : worker_(worker) {}
+  ~PinPool();
+  // An idle connection that is still open, or nullptr (the caller connects one). Refills.
+  std::unique_ptr<Stream> Take();
+  // A connection back from a client, in the state a new one has: kept while below the bound.
+  void Return(std::unique_ptr<Stream> stream);
+  // Connects in the background until the bound is reached.
+  void Fill();
+  // Closes the idle connections; `for_good`: and keeps none from now on (else: the upstream
+  // moved, new ones go to the new address).
+  void Stop(bool for_good = true);
+
+ private:
+  awaitable<void> Connect();
+  Worker& worker_;
+  std::vector<std::unique_ptr<Stream>> idle_;
+  int connecting_ = 0;
+  uint64_t generation_ = 0;  // Stop(false) counts: a connect begun before it is not kept
+  bool stopped_ = false;
+};
+
+class SharedLink : public std::enable_shared_from_this<SharedLink> {
+ public:
+  explicit SharedLink(Worker& worker);
+  SharedLink(const SharedLink&) = delete;
+  SharedLink& operator=(const SharedLink&) = delete;
+
+  // Connects (and connects again after a failure, with backoff) until Stop().
+  void Start();
+  void Stop();
+  // Closes the connection (what is in flight fails) and connects again (the upstream moved).
+  void Restart() {
+    if (conn_ != nullptr) conn_->stream.Close();
+  }
+  bool up() const { return up_; }
+  // While down after a TLS failure: "upstream TLS: <reason>" (the error clients get), else "".
+  const std::string& failure() const { return failure_; }
+
+  // Queues `pieces`, `commands` whole commands of `client`, after everything queued before; the
+  // bytes are copied. Returns false when the link is down (nothing is queued).
+  bool Submit(LinkClient* client, std::span<const std::string_view> pieces, uint32_t commands);
+  // `client` goes away: the replies it still owes are read and dropped.
+  void Forget(LinkClient* client);
+  // Bytes queued or being written: clients stop reading while it is over the output bound.
+  // (What this turn queued goes out with the turn: not counted, so a waiter never spins on it.)
+  size_t backlog() const { return conn_ != nullptr ? conn_->out.backlog() : 0; }
+  awaitable<void> WaitBelow(size_t limit);
+
+ private:
+  awaitable<void> Run();
+  // Connects (ConnectUpstream): true when the link is up.
+  awaitable<bool> Open();
+  // Reads replies until the connection fails; returns why.
+  awaitable<metrics::UpstreamError> Pump();
+  // Frames the replies in the buffer and hands each run of one client's frames over. False on a
+  // protocol error or a frame nobody owes. `*slow`: a client whose output went over its bound.
+  bool Deliver(size_t* hint, LinkClient** slow);
+  void Flush();
+  void Fail(metrics::UpstreamError reason);
+
+  struct Owed {
+    LinkClient* client;  // nullptr: the client went away
+    uint32_t frames;
+  };
+
+  // One connection and its writer, kept alive by a write still in flight after a failure.
+  struct Conn {
+    Conn(asio::io_context& io, metrics::Counter* sent) : stream(io), out(stream, sent) {}
+    Stream stream;
+    Outbox out;
+  };
+
+  Worker& worker_;
+  std::shared_ptr<Conn> conn_;
+  ReadBuffer buf_;
+  resp::ReplyFramer framer_;
+  std::deque<Owed> owed_;
+  std::string batch_;  // submitted this turn, written by Flush
+  uint32_t batch_commands_ = 0;
+  bool flush_posted_ = false;
+  bool up_ = false;
+  bool stopped_ = false;
+  std::string failure_;
+  Timer backoff_;
+};
+
+}  // namespace keyguard::proxy

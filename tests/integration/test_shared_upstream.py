@@ -1,0 +1,321 @@
+"""Shared upstream connections (upstream_connections: shared): many clients' commands over a few
+pipelined connections per worker, and clients pinned to a connection of their own while they hold
+connection-scoped state. Every reply is asserted exactly, and the upstream connections are counted
+on the server itself (CLIENT LIST) as well as in keyguard's metrics."""
+import asyncio
+import contextlib
+import random
+import resource
+import socket
+import time
+
+import redis
+
+from conftest import Keyguard, Redis, wait_until, wait_blocked
+from resp import PATIENCE, RespConn, encode
+
+THREADS = 2
+SHARED = "upstream_connections: shared\nshared_connections: 1\npinned_idle_connections: 2\n"
+
+# A thousand client sockets (and keyguard's side of them) need more than the usual 1024 descriptors;
+# keyguard inherits the raised limit.
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if _soft < 8192:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(8192, _hard), _hard))
+
+
+def kind(kg, k):
+    return kg.metric('keyguard_upstream_connections_by_kind{kind="%s"}' % k)
+
+
+def server_clients(port):
+    """The server's client connections, the caller's own excluded."""
+    return len(redis.Redis(port=port).client_list()) - 1
+
+
+@contextlib.contextmanager
+def shared(threads=THREADS, *redis_args):
+    """A redis-server and a keyguard with shared connections in front of it, once they are up."""
+    server = Redis(*redis_args)
+    kg = Keyguard(server.port, config=SHARED, threads=threads)
+    try:
+        wait_until(lambda: kind(kg, "shared") == threads and kind(kg, "idle") == 2 * threads, "the shared connections")
+        yield server, kg
+    finally:
+        kg.stop()
+        server.stop()
+
+
+def test_plain_commands_share_the_workers_connections():
+    with shared() as (server, kg):
+        clients = [RespConn(kg.port) for _ in range(50)]
+        for i, c in enumerate(clients):
+            c.send_raw(encode("SET", "k:%d" % i, "v%d" % i) + encode("GET", "k:%d" % i) + encode("INCR", "n"))
+        seen = set()
+        for i, c in enumerate(clients):
+            assert c.value() == "OK"
+            assert c.value() == b"v%d" % i
+            seen.add(c.value())
+        assert seen == set(range(1, 51))  # one counter, fifty increments, each answered once
+        # 50 clients, 2 shared and 4 idle connections on the server, nothing dedicated or pinned.
+        assert server_clients(server.port) == 6
+        assert kind(kg, "pinned") == 0 and kind(kg, "dedicated") == 0
+        assert kg.metric("keyguard_upstream_connections") == 6
+        writes = kg.metric("keyguard_upstream_shared_writes_total")
+        assert kg.metric("keyguard_upstream_shared_commands_total") == 150
+        assert 1 <= writes <= 150
+        # QUIT is answered by keyguard: the shared connection stays.
+        assert clients[0].call("QUIT") == "OK"
+        assert server_clients(server.port) == 6
+        for c in clients:
+            c.close()
+
+
+def test_transaction_and_watch_pin_until_they_end():
+    with shared() as (server, kg):
+        a = RespConn(kg.port)
+        b = RespConn(kg.port)
+        assert a.call("SET", "acct:1", "10") == "OK"
+        assert a.call("WATCH", "acct:1") == "OK"
+        assert kind(kg, "pinned") == 1
+        assert b.call("SET", "acct:1", "20") == "OK"  # another client changes the watched key
+        assert a.call("MULTI") == "OK"
+        assert a.call("INCR", "acct:1") == "QUEUED"
+        assert a.call("EXEC") is None  # the WATCH saw it: as on a connection of a's own
+        wait_until(lambda: kind(kg, "pinned") == 0, "the client unpinned after EXEC")
+        assert a.call("MULTI") == "OK"
+        assert a.call("INCR", "acct:1") == "QUEUED"
+        assert a.call("EXEC") == [21]
+        wait_until(lambda: kind(kg, "pinned") == 0, "the client unpinned after the second EXEC")
+        assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == 2
+        # The pinned connection went back to the idle pool: no connection was made for the second.
+        assert server_clients(server.port) == 6
+        assert kg.metric('keyguard_upstream_pin_duration_seconds_count{reason="transaction"}') == 2
+        # A pipelined batch: commands before the MULTI answer first, the pin waits for them.
+        a.send_raw(encode("SET", "p", "1") + encode("MULTI") + encode("INCR", "p") + encode("EXEC") +
+                   encode("GET", "p"))
+        assert [a.value() for _ in range(5)] == ["OK", "OK", "QUEUED", [2], b"2"]
+        a.close()
+        b.close()
+
+
+def test_blocking_pop_is_woken_by_another_client():
+    with shared() as (server, kg):
+        a = RespConn(kg.port)
+        b = RespConn(kg.port)
+        a.send("BLPOP", "jobs", "0")
+        wait_blocked(server.port)
+        assert kind(kg, "pinned") == 1
+        assert b.call("RPUSH", "jobs", "j1") == 1
+        assert a.value() == [b"jobs", b"j1"]
+        wait_until(lambda: kind(kg, "pinned") == 0, "the client unpinned after BLPOP")
+        # XREAD without BLOCK does not pin; with BLOCK it does.
+        assert a.call("XADD", "s", "1-1", "f", "v") == b"1-1"
+        assert a.call("XREAD", "STREAMS", "s", "0") == [[b"s", [[b"1-1", [b"f", b"v"]]]]]
+        assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') == 1
+        assert a.call("XREAD", "BLOCK", "10", "STREAMS", "s", "$") is None
+        assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') == 2
+        a.close()
+        b.close()
+
+
+def test_state_that_lasts_pins_for_the_connection():
+    with shared() as (server, kg):
+        a = RespConn(kg.port)
+        b = RespConn(kg.port)
+        assert a.call("SELECT", "0") == "OK"  # database 0: the shared connection's own
+        assert kind(kg, "pinned") == 0
+        assert a.call("SELECT", "3") == "OK"
+        assert a.call("SET", "in3", "x") == "OK"
+        assert b.call("GET", "in3") is None  # b is on database 0
+        assert a.call("GET", "in3") == b"x"
+        assert a.call("CLIENT", "SETNAME", "worker-a") == "OK"
+        assert a.call("CLIENT", "GETNAME") == b"worker-a"
+        assert b.call("CLIENT", "GETNAME") is None
+        assert kind(kg, "pinned") == 1
+        assert redis.Redis(port=server.port, db=3).get("in3") == b"x"
+        # Subscriptions pin; messages reach the subscriber only.
+        s = RespConn(kg.port)
+        assert s.call("SUBSCRIBE", "news") == [b"subscribe", b"news", 1]
+        assert b.call("PUBLISH", "news", "hello") == 1
+        assert s.value() == [b"message", b"news", b"hello"]
+        assert kind(kg, "pinned") == 2
+        assert kg.metric('keyguard_upstream_pins_total{reason="select"}') == 1
+        assert kg.metric('keyguard_upstream_pins_total{reason="pubsub"}') == 1
+        a.close()
+        s.close()
+        wait_until(lambda: kind(kg, "pinned") == 0, "pinned connections closed with their clients")
+        assert kg.metric('keyguard_upstream_pin_duration_seconds_count{reason="select"}') == 1
+        b.close()
+
+
+def test_a_failed_shared_connection_fails_only_what_was_in_flight():
+    with shared(1) as (server, kg):
+        c = RespConn(kg.port)
+        assert c.call("SET", "k", "v") == "OK"
+        c.send("BLPOP", "never", "0")  # pins c: its own connection must survive what follows
+        wait_blocked(server.port)
+        d = RespConn(kg.port)
+        direct = redis.Redis(port=server.port)
+        pinned_id = [x["id"] for x in direct.client_list() if x["cmd"] == "blpop"][0]
+        # A write in flight on the shared connection when the server closes it: the server holds
+        # writes while paused, and every connection but the blocked one and this one is killed.
+        assert direct.execute_command("CLIENT", "PAUSE", "5000", "WRITE") == b"OK"
+        d.send("SET", "k", "lost")
+        wait_until(lambda: any(x["cmd"] == "set" for x in direct.client_list()), "the SET held by the pause")
+        me = str(direct.client_id())
+        for x in direct.client_list():
+            if x["id"] not in (pinned_id, me):
+                direct.client_kill_filter(_id=x["id"])
+        err = d.value()
+        assert isinstance(err, Exception) and str(err) == "ERR keyguard: upstream unavailable"
+        assert direct.execute_command("CLIENT", "UNPAUSE") == b"OK"
+        # d stays connected, and the shared connection comes back.
+        wait_until(lambda: d.call("GET", "k") == b"v", "the shared connection reconnected")
+        assert kg.metric('keyguard_upstream_errors_total{reason="closed"}') == 1
+        assert kg.metric('keyguard_commands_total{command="set",outcome="failed"}') == 1
+        # The idle connections were killed too: a new pin finds them closed and connects anew.
+        e = RespConn(kg.port)
+        assert e.call("MULTI") == "OK"
+        assert e.call("INCR", "t") == "QUEUED"
+        assert e.call("EXEC") == [1]
+        assert direct.rpush("never", "x") == 1
+        assert c.value() == [b"never", b"x"]
+        for x in (c, d, e):
+            x.close()
+
+
+def test_a_client_that_does_not_read_is_cut_off_alone():
+    with shared(1) as (server, kg):
+        redis.Redis(port=server.port).set("big", b"x" * (8 << 20))
+        slow = socket.create_connection(("127.0.0.1", kg.port))
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.sendall(encode("GET", "big") * 4)  # 32 MiB of replies, never read
+        other = RespConn(kg.port)
+        start_t = time.monotonic()
+        for i in range(20):
+            assert other.call("SET", "o", str(i)) == "OK"
+        # The other client waited at most the second keyguard gives the slow one, not forever.
+        assert time.monotonic() - start_t < 10
+        wait_until(lambda: any(e.get("event") == "slow_client_closed" for e in kg.log_lines()),
+                   "the slow client cut off")
+        assert other.call("GET", "o") == b"19"
+        slow.close()
+        other.close()
+
+
+# --- many clients -------------------------------------------------------------------------------
+
+async def _read_reply(reader):
+    line = await reader.readline()
+    t, rest = line[:1], line[1:-2]
+    if t == b"+":
+        return rest.decode()
+    if t == b"-":
+        return ("error", rest.decode())
+    if t == b":":
+        return int(rest)
+    if t == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data = await reader.readexactly(n + 2)
+        return data[:-2]
+    if t == b"*":
+        n = int(rest)
+        if n < 0:
+            return None
+        return [await _read_reply(reader) for _ in range(n)]
+    raise AssertionError("bad reply line %r" % line)
+
+
+async def _client(port, i, n, plan, events, log):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def call(*args):
+        writer.write(encode(*args))
+        await writer.drain()
+        r = await _read_reply(reader)
+        log.append((args, r))
+        return r
+
+    rng = random.Random(plan * 1000003 + i)
+    for step in range(8):
+        kind_ = rng.choice(["plain", "pipeline", "multi", "pop", "pub"])
+        k = "c%d:%d" % (i, step)
+        if kind_ == "plain":
+            await call("SET", k, "v%d" % step)
+            await call("GET", k)
+            await call("INCR", "n:%d" % i)
+        elif kind_ == "pipeline":
+            writer.write(b"".join(encode("RPUSH", k, str(j)) for j in range(5)) + encode("LRANGE", k, "0", "-1"))
+            await writer.drain()
+            for _ in range(6):
+                log.append((("pipeline",), await _read_reply(reader)))
+        elif kind_ == "multi":
+            await call("WATCH", k)
+            await call("MULTI")
+            await call("SET", k, "m")
+            await call("INCR", "n:%d" % i)
+            await call("EXEC")
+        elif kind_ == "pop":
+            # Woken by the next client: it pushes once this one is waiting, or before (either way
+            # the pop answers the one element).
+            q = "q:%d:%d" % (i, step)
+            writer.write(encode("BLPOP", q, "0"))
+            await writer.drain()
+            events[(i, step)].set()
+            log.append((("blpop", q), await _read_reply(reader)))
+        else:
+            await call("PUBLISH", "ch:%d" % i, "m%d" % step)
+        # Serve the previous client's pops.
+        ev = events.get(((i - 1) % n, step))
+        if ev is not None:
+            await ev.wait()
+            await call("RPUSH", "q:%d:%d" % ((i - 1) % n, step), "x")
+    if i % 10 == 0:
+        # Subscriptions pin for the rest of the connection.
+        await call("SUBSCRIBE", "sub:%d" % i)
+        await call("UNSUBSCRIBE", "sub:%d" % i)
+    await call("GET", "n:%d" % i)
+    return reader, writer
+
+
+async def _workload(port, n, plan):
+    logs = [[] for _ in range(n)]
+    # Which (client, step) pops: planned first so that pushers know whom to wait for.
+    events = {}
+    for i in range(n):
+        rng = random.Random(plan * 1000003 + i)
+        for step in range(8):
+            if rng.choice(["plain", "pipeline", "multi", "pop", "pub"]) == "pop":
+                events[(i, step)] = asyncio.Event()
+    conns = await asyncio.gather(*[_client(port, i, n, plan, events, logs[i]) for i in range(n)])
+    return logs, conns
+
+
+def test_a_thousand_clients_get_exactly_their_own_replies():
+    """1,000 connections with random mixes of plain and pipelined commands, WATCH/MULTI/EXEC and
+    blocking pops woken by other clients, through shared connections: each client's replies are
+    the ones a direct run of the same workload gives, and the upstream connections stay at the
+    bound plus the clients pinned at that moment."""
+    n = 1000
+    with shared(THREADS, "--maxclients", "4000") as (server, kg):
+        loop = asyncio.new_event_loop()
+        direct_logs, direct_conns = loop.run_until_complete(_workload(server.port, n, plan=7))
+        for _, w in direct_conns:
+            w.close()
+        loop.run_until_complete(asyncio.sleep(0.1))
+        redis.Redis(port=server.port).flushall()
+        logs, conns = loop.run_until_complete(_workload(kg.port, n, plan=7))
+        assert logs == direct_logs
+        # Transactions and pops ended; the subscribers stay pinned while they are connected.
+        wait_until(lambda: kind(kg, "pinned") == n // 10, "every transaction and pop unpinned")
+        assert kg.metric("keyguard_client_connections") == n
+        assert server_clients(server.port) == THREADS + 2 * THREADS + n // 10
+        assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') > 0
+        assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') > 0
+        for _, w in conns:
+            w.close()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
