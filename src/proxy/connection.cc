@@ -140,7 +140,7 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
     if (!args.empty()) {
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
-      if (pin_check_ && NeedsPin(id, args)) [[unlikely]] {
+      if (pin_check_ && pin_classes_[id] != 0 && NeedsPin(id, args)) [[unlikely]] {
         break;
       }
       HandleCommand(id, args, data + pos, n, now);
@@ -258,7 +258,7 @@ void Connection::CountUpstream(int n) {
 
 std::string Connection::OnSharedFailed() {
   std::vector<commands::CommandId> failed;
-  std::string owed = queue_.Abort(UpstreamUnavailable(), &failed);
+  std::string owed = queue_.Abort(desynced_ ? std::string(kDesynced) : UpstreamUnavailable(), &failed);
   for (commands::CommandId id : failed) shard_.CountCommand(id, metrics::Outcome::kFailed);
   if (walk_.active() || holding_) {
     // The walk's step was in flight: its command got the error.
@@ -592,98 +592,111 @@ size_t Connection::OnUpstreamBytes(const char* data, size_t len, int64_t now, si
     const size_t n = reply_framer_.consumed();
     const std::string_view frame(data + pos, n);
     pos += n;
-    const char type = reply_framer_.type();
-    const auto head = reply_framer_.head();
-    const std::string_view kind = head.empty() ? std::string_view() : head[0].text;
-    Pending* front = queue_.empty() ? nullptr : &queue_.front();
-    switch (state_.Classify(front, type, head, reply_tenant_ != nullptr)) {
-      case FrameRole::kConfirmation:
-        DeliverPush(frame);
-        state_.TrackConfirmation(kind, head[1].text);
-        if (front->expected < 0) {
-          front->expected = std::max<int64_t>(1, static_cast<int64_t>(state_.subscriptions(front->confirm / 2)) + 1);
-        }
-        if (--front->expected == 0) CompleteHead(type, 0, {}, 0, now);
-        continue;
-      case FrameRole::kPush:
-        if (type == '>' && head.size() >= 2) state_.TrackConfirmation(kind, head[1].text);
-        if (type == '+') {
-          AppendOut(frame);  // a MONITOR line
-        } else {
-          DeliverPush(frame);
-        }
-        continue;
-      case FrameRole::kUnexpected:
-        // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
-        // could name anything), and count it.
-        shard_.unexpected_replies.Add();
-        if (shared_.stages.config.tenancy == nullptr) AppendOut(frame);
-        continue;
-      case FrameRole::kInternal:
-        if (front->command == commands::Known().client) {
-          // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
-          // connection can name this one in a REDIRECT.
-          int64_t client_id = 0;
-          if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
-            upstream_client_id_ = client_id;
-            if (tenant_ != nullptr) shared_.stages.connections->Set(client_id, tenant_);
-          }
-        } else if (front->command == commands::Known().eval) {
-          // The move of legacy keys (a prelude): the number it moved, or +QUEUED in a transaction.
-          int64_t moved = 0;
-          if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
-            shard_.legacy_keys_moved.Add(static_cast<uint64_t>(moved));
-          } else if ((type == '-' || type == '!') && !kind.starts_with("NOAUTH")) {
-            // (NOAUTH: the client's own command gets the same answer; nothing about the move.)
-            shard_.legacy_move_errors.Add();
-            if (!move_error_logged_) {  // once per connection: the metric counts the rest
-              move_error_logged_ = true;
-              EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
-            }
-          }
-        } else if (type == '-' || type == '!') {
-          // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
-          EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
-          upstream_auth_failed_ = true;
-          ok = false;
-          break;
-        }
-        queue_.Pop();
-        DeliverLocalsAtHead();
-        continue;
-      case FrameRole::kDesync:
-        // The server's transaction state is not the one the reply filter follows (a command the
-        // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.
-        EventLine("error", "transaction_state_differs")
-            .Str("command", commands::Spec(front->command).name)
-            .Write(stderr);
-        shard_.unexpected_replies.Add();
-        desynced_ = true;
-        ok = false;
-        break;
-      case FrameRole::kWalkStep: ContinueWalk(type, head, now); continue;
-      case FrameRole::kReply: break;
+    if (!OnFrame(frame, reply_framer_, now)) {
+      ok = false;
+      break;
     }
-    if (!ok) break;
-    if (front->hidden) {
-      // The client asked not to see it.
-    } else if (front->kind == Kind::kExecAbort) {
-      AppendOut(kExecAbort);
-    } else if (front->rewrite == 0 && !front->renamed && (reply_tenant_ == nullptr || (type != '-' && type != '!'))) {
-      AppendOut(frame);
-    } else {
-      AppendOut(RewrittenReply(*front, type, frame));
-    }
-    if (front->kind == Kind::kSubscribe) {
-      // Not a confirmation (an error such as NOAUTH): the command is over.
-      front->expected = 0;
-    }
-    CompleteHead(type, reply_framer_.size(), head.empty() ? std::string_view() : head[0].text, n, now);
   }
-  DeliverLocalsAtHead();
-  CountSent();
+  EndUpstream();
   *ok_out = ok;
   return pos;
+}
+
+void Connection::BeginUpstream() { BeginCall(); }
+
+bool Connection::OnSharedFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now) {
+  return OnFrame(frame, f, now);
+}
+
+void Connection::EndUpstream() {
+  DeliverLocalsAtHead();
+  CountSent();
+}
+
+bool Connection::OnFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now) {
+  const char type = f.type();
+  const auto head = f.head();
+  const std::string_view kind = head.empty() ? std::string_view() : head[0].text;
+  Pending* front = queue_.empty() ? nullptr : &queue_.front();
+  switch (state_.Classify(front, type, head, reply_tenant_ != nullptr)) {
+    case FrameRole::kConfirmation:
+      DeliverPush(frame);
+      state_.TrackConfirmation(kind, head[1].text);
+      if (front->expected < 0) {
+        front->expected = std::max<int64_t>(1, static_cast<int64_t>(state_.subscriptions(front->confirm / 2)) + 1);
+      }
+      if (--front->expected == 0) CompleteHead(type, 0, {}, 0, now);
+      return true;
+    case FrameRole::kPush:
+      if (type == '>' && head.size() >= 2) state_.TrackConfirmation(kind, head[1].text);
+      if (type == '+') {
+        AppendOut(frame);  // a MONITOR line
+      } else {
+        DeliverPush(frame);
+      }
+      return true;
+    case FrameRole::kUnexpected:
+      // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
+      // could name anything), and count it.
+      shard_.unexpected_replies.Add();
+      if (shared_.stages.config.tenancy == nullptr) AppendOut(frame);
+      return true;
+    case FrameRole::kInternal:
+      if (front->command == commands::Known().client) {
+        // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
+        // connection can name this one in a REDIRECT.
+        int64_t client_id = 0;
+        if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
+          upstream_client_id_ = client_id;
+          if (tenant_ != nullptr) shared_.stages.connections->Set(client_id, tenant_);
+        }
+      } else if (front->command == commands::Known().eval) {
+        // The move of legacy keys (a prelude): the number it moved, or +QUEUED in a transaction.
+        int64_t moved = 0;
+        if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
+          shard_.legacy_keys_moved.Add(static_cast<uint64_t>(moved));
+        } else if ((type == '-' || type == '!') && !kind.starts_with("NOAUTH")) {
+          // (NOAUTH: the client's own command gets the same answer; nothing about the move.)
+          shard_.legacy_move_errors.Add();
+          if (!move_error_logged_) {  // once per connection: the metric counts the rest
+            move_error_logged_ = true;
+            EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
+          }
+        }
+      } else if (type == '-' || type == '!') {
+        // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
+        EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
+        upstream_auth_failed_ = true;
+        return false;
+      }
+      queue_.Pop();
+      DeliverLocalsAtHead();
+      return true;
+    case FrameRole::kDesync:
+      // The server's transaction state is not the one the reply filter follows (a command the
+      // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.
+      EventLine("error", "transaction_state_differs").Str("command", commands::Spec(front->command).name).Write(stderr);
+      shard_.unexpected_replies.Add();
+      desynced_ = true;
+      return false;
+    case FrameRole::kWalkStep: ContinueWalk(type, head, now); return true;
+    case FrameRole::kReply: break;
+  }
+  if (front->hidden) {
+    // The client asked not to see it.
+  } else if (front->kind == Kind::kExecAbort) {
+    AppendOut(kExecAbort);
+  } else if (front->rewrite == 0 && !front->renamed && (reply_tenant_ == nullptr || (type != '-' && type != '!'))) {
+    AppendOut(frame);
+  } else {
+    AppendOut(RewrittenReply(*front, type, frame));
+  }
+  if (front->kind == Kind::kSubscribe) {
+    // Not a confirmation (an error such as NOAUTH): the command is over.
+    front->expected = 0;
+  }
+  CompleteHead(type, f.size(), head.empty() ? std::string_view() : head[0].text, frame.size(), now);
+  return true;
 }
 
 std::string_view Connection::RewrittenReply(const Pending& p, char type, std::string_view frame) {

@@ -96,6 +96,12 @@ class Connection {
   // Frames the upstream's replies in `data` and turns each into the client's bytes. Returns the
   // bytes consumed; `*ok` false when the upstream must be dropped (see read_error()).
   size_t OnUpstreamBytes(const char* data, size_t len, int64_t now_ns, size_t* hint, bool* ok);
+  // A shared upstream connection's frames for this client, framed by the link (its framer `f`
+  // holds the frame's facts): BeginUpstream, OnSharedFrame for each (false: as OnUpstreamBytes's
+  // `*ok` false), EndUpstream; the output is then that of one OnUpstreamBytes call.
+  void BeginUpstream();
+  bool OnSharedFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now);
+  void EndUpstream();
   // Why OnUpstreamBytes said the upstream must go: its AUTH was refused, or a protocol error.
   metrics::UpstreamError read_error() const {
     return upstream_auth_failed_ ? metrics::UpstreamError::kAuth : metrics::UpstreamError::kProtocol;
@@ -130,6 +136,7 @@ class Connection {
   // calls OnPinned, then OnClientBytes again.
   void set_multiplexed() {
     multiplexed_ = true;
+    pin_classes_ = PinClasses();
     pin_check_ = true;
     upstream_ready_ = false;
   }
@@ -264,6 +271,9 @@ class Connection {
     if (queue_.LocalAtHead()) DeliverLocals();
   }
   [[gnu::noinline]] void DeliverLocals();
+  // One reply frame (`f` framed it): to the client, or what it is to keyguard. false when the
+  // upstream must go (read_error()).
+  [[gnu::always_inline]] inline bool OnFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now);
   // `frame_len`: the reply frame's bytes (0 for subscribe confirmations: not measured).
   void CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now);
   void AppendOut(std::string_view bytes);
@@ -321,7 +331,8 @@ class Connection {
 
   // Shared upstream connections.
   bool multiplexed_ = false;
-  bool pin_check_ = false;  // multiplexed_, and not pinned for good: each command is looked at
+  bool pin_check_ = false;                // multiplexed_, and not pinned for good: each command is looked at
+  const uint8_t* pin_classes_ = nullptr;  // PinClasses()
   bool pinned_ = false;
   bool sticky_ = false;         // pinned until the client closes
   bool owns_upstream_ = false;  // a connection of its own is up (counted in the gauges)

@@ -102,6 +102,8 @@ const char* PinReasonName(PinReason r) {
   return "none";
 }
 
+const uint8_t* PinClasses() { return PinTable().by_id.data(); }
+
 PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args, bool tenancy) {
   const Table& t = PinTable();
   const uint8_t v = id < t.by_id.size() ? t.by_id[id] : 0;

@@ -43,4 +43,8 @@ inline bool PinEnds(PinReason r) { return r == PinReason::kTransaction || r == P
 // One table load for every command but the few whose arguments decide (SELECT, XREAD).
 PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args, bool tenancy);
 
+// By command id (CommandCount() of them): 0 when PinFor is kNone whatever the arguments, so the
+// caller's check of the common command is one load.
+const uint8_t* PinClasses();
+
 }  // namespace keyguard::proxy

@@ -348,14 +348,21 @@ void Session::ObservePin() {
                                                                         static_cast<double>(ns) * 1e-9, ns);
 }
 
-bool Session::OnLinkReplies(const char* data, size_t len) {
+void Session::BeginLinkReplies() {
+  link_now_ns_ = NowNs();
+  if (!closed_) conn_.BeginUpstream();
+}
+
+void Session::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
+  if (!closed_ && link_ok_) link_ok_ = conn_.OnSharedFrame(frame, f, link_now_ns_);
+}
+
+bool Session::EndLinkReplies() {
   if (closed_) return false;
-  size_t hint = 0;
-  bool ok = true;
-  conn_.OnUpstreamBytes(data, len, NowNs(), &hint, &ok);
+  conn_.EndUpstream();
   Flush();
   NotifyQueue();
-  if (!ok) {
+  if (!link_ok_ && !closing_) {
     // A reply the tenant filter cannot place: this client's connection closes, the link stays.
     std::string owed = conn_.OnSharedFailed();
     if (!owed.empty()) client_out_.Send(owed);

@@ -64,7 +64,9 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void Report(hygiene::Finding f) override;
   void WakeProbe() override;
   // LinkClient.
-  bool OnLinkReplies(const char* data, size_t len) override;
+  void BeginLinkReplies() override;
+  void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
+  bool EndLinkReplies() override;
   awaitable<void> WaitForClient() override;
   void OnLinkFailed(metrics::UpstreamError reason) override;
 
@@ -73,6 +75,8 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   std::unique_ptr<Stream> upstream_;  // dedicated, or pinned (shared: nullptr while not pinned)
   SharedLink* link_ = nullptr;        // upstream_connections: shared
   int64_t pinned_at_ns_ = 0;
+  int64_t link_now_ns_ = 0;  // the time of the link's run of replies
+  bool link_ok_ = true;      // no frame from the link broke the connection (else it closes)
   PinReason pin_reason_ = PinReason::kNone;
   Outbox client_out_;
   Outbox upstream_out_;

@@ -193,13 +193,10 @@ bool SharedLink::Deliver(size_t* hint, LinkClient** slow) {
   const char* data = buf_.data();
   const size_t len = buf_.size();
   size_t pos = 0;
-  size_t run = 0;
   LinkClient* run_client = nullptr;
   bool ok = true;
-  auto hand_over = [&]() {
-    if (run_client != nullptr && pos > run && run_client->OnLinkReplies(data + run, pos - run) && *slow == nullptr) {
-      *slow = run_client;
-    }
+  auto end_run = [&]() {
+    if (run_client != nullptr && run_client->EndLinkReplies() && *slow == nullptr) *slow = run_client;
   };
   *hint = 0;
   while (pos < len) {
@@ -212,15 +209,18 @@ bool SharedLink::Deliver(size_t* hint, LinkClient** slow) {
       ok = false;
       break;
     }
+    // (A client that went away in a run is nullptr from its next frame on: Forget.)
     if (owed_.front().client != run_client) {
-      hand_over();
-      run = pos;
+      end_run();
       run_client = owed_.front().client;
+      if (run_client != nullptr) run_client->BeginLinkReplies();
     }
-    pos += framer_.consumed();
+    const size_t n = framer_.consumed();
+    if (run_client != nullptr) run_client->OnLinkFrame(std::string_view(data + pos, n), framer_);
+    pos += n;
     if (--owed_.front().frames == 0) owed_.pop_front();
   }
-  hand_over();
+  end_run();
   buf_.Consume(pos);
   return ok;
 }
@@ -255,7 +255,7 @@ void SharedLink::Flush() {
 }
 
 void SharedLink::Forget(LinkClient* client) {
-  for (Owed& o : owed_) {
+  for (Owed& o : owed_.entries()) {
     if (o.client == client) o.client = nullptr;
   }
 }
@@ -277,7 +277,7 @@ void SharedLink::Fail(metrics::UpstreamError reason) {
   conn_->out.Wake();
   // Each client with commands in flight is told once.
   std::vector<LinkClient*> clients;
-  for (const Owed& o : owed_) {
+  for (const Owed& o : owed_.entries()) {
     if (o.client != nullptr) clients.push_back(o.client);
   }
   std::sort(clients.begin(), clients.end());

@@ -2,15 +2,15 @@
 // connections to the upstream, and many clients' commands go over them. A SharedLink is one such
 // connection: clients Submit their commands (with how many there are: each is answered by one
 // reply frame, as nothing else goes to a shared connection), everything submitted in one turn of
-// the worker's event loop goes out in one write, and the replies are framed and handed back to
-// the client that owes them, in order, as runs of whole frames (one call per client per read).
+// the worker's event loop goes out in one write, and the replies are framed (once: the client's
+// connection takes the framer's facts) and handed back to the client that owes them, in order, as
+// runs of frames (one Begin/End per client per read).
 //
 // A link that fails fails the commands in flight on it (each client is told once and answers its
 // commands with an error; the clients stay) and connects again with backoff.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,10 +31,13 @@ struct Worker;
 // A client of a shared link (a Session), told about its replies and failures.
 class LinkClient {
  public:
-  // Whole reply frames for this client's commands, in order. The bytes are valid during the call.
+  // The reply frames of this client's commands, in order, framed by the link (`f` holds each
+  // frame's facts; the bytes are valid during the call): a run of them between Begin and End.
+  virtual void BeginLinkReplies() = 0;
+  virtual void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) = 0;
   // Returns true when the client's output is over its bound: the link reads nothing more until
   // WaitForClient() completes.
-  virtual bool OnLinkReplies(const char* data, size_t len) = 0;
+  virtual bool EndLinkReplies() = 0;
   // The client's output goes below its bound, or the client is cut off (no progress in time).
   virtual awaitable<void> WaitForClient() = 0;
   // The link failed: every command of this client in flight on it is lost.
@@ -117,6 +120,32 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
     LinkClient* client;  // nullptr: the client went away
     uint32_t frames;
   };
+  // Who owes what, in order: a vector with a moving head (no allocation per entry, as a deque
+  // has), emptied when drained and compacted when its consumed part dominates.
+  class OwedQueue {
+   public:
+    bool empty() const { return items_.empty(); }
+    Owed& front() { return items_[head_]; }
+    Owed& back() { return items_.back(); }
+    void push_back(Owed o) { items_.push_back(o); }
+    void pop_front() {
+      if (++head_ == items_.size()) {
+        clear();
+      } else if (head_ >= 1024 && 2 * head_ > items_.size()) {
+        items_.erase(items_.begin(), items_.begin() + static_cast<std::ptrdiff_t>(head_));
+        head_ = 0;
+      }
+    }
+    void clear() {
+      items_.clear();
+      head_ = 0;
+    }
+    std::span<Owed> entries() { return std::span<Owed>(items_).subspan(head_); }
+
+   private:
+    std::vector<Owed> items_;
+    size_t head_ = 0;
+  };
 
   // One connection and its writer, kept alive by a write still in flight after a failure.
   struct Conn {
@@ -129,7 +158,7 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   std::shared_ptr<Conn> conn_;
   ReadBuffer buf_;
   resp::ReplyFramer framer_;
-  std::deque<Owed> owed_;
+  OwedQueue owed_;
   std::string batch_;  // submitted this turn, written by Flush
   uint32_t batch_commands_ = 0;
   bool flush_posted_ = false;
