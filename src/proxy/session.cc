@@ -9,15 +9,11 @@
 #include "keyguard/common/json_line.h"
 #include "keyguard/hygiene/detectors.h"
 #include "proxy/async_read.h"
+#include "proxy/session_pump.h"
 #include "proxy/size_probe.h"
 
 namespace keyguard::proxy {
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 ConnectionShared SharedOf(Worker& w) {
   return ConnectionShared{w.stages, w.hygiene, w.hot, w.upstream_auth, w.walk_budget};
@@ -73,7 +69,7 @@ awaitable<void> Session::Run() {
     // them to the same one, so they stay in order) until it is pinned.
     conn_.set_multiplexed();
     link_ = worker_.PickLink();
-    co_await ClientPump();
+    co_await ClientPump<true>();
     co_return;
   }
 
@@ -93,95 +89,21 @@ awaitable<void> Session::Run() {
     asio::co_spawn(
         worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
   }
-  co_await ClientPump();
+  co_await ClientPump<false>();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Client -> upstream
 
-awaitable<void> Session::ClientPump() {
-  auto self = shared_from_this();
-  const size_t max_out = static_cast<size_t>(worker_.config.max_output_buffer);
-  const size_t max_pending = static_cast<size_t>(worker_.config.max_pending_commands);
-  size_t hint = 0;
-  while (!closed_ && !conn_.stop_reading()) {
-    // Backpressure: a slow upstream or a client that does not read its replies stops our reads.
-    if (on_link()) {
-      while (!closed_ && on_link() && link_->backlog() > max_out) co_await link_->WaitBelow(max_out / 2);
-    } else {
-      while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
-    }
-    // A command that pins waits until every earlier one is answered.
-    while (!closed_ && (conn_.pending() >= max_pending || conn_.holding() ||
-                        (conn_.pin_wanted() != PinReason::kNone && conn_.pending() != 0))) {
-      queue_waiter_ = true;
-      queue_event_.expires_at(Timer::time_point::max());
-      error_code ignored;
-      co_await queue_event_.async_wait(AwaitEc(ignored));
-    }
-    if (closed_) break;
-    if (conn_.pin_wanted() != PinReason::kNone) [[unlikely]] {
-      co_await Pin();
-      if (closed_ || closing_) co_return;
-      ProcessClientBytes(&hint);  // the command that waited, and those after it
-      continue;
-    }
-    if (conn_.resume()) {
-      // A walk ended: the commands read while it ran are next.
-      ProcessClientBytes(&hint);
-      // Draining: what was read before is served, nothing more is read.
-      if (drain_after_walk_ && !conn_.holding()) conn_.StopReading();
-      continue;
-    }
-    client_buf_.Prepare(hint);
-    error_code ec;
-    const size_t n = co_await AsyncReadSome(client_, client_buf_.free_space(), AwaitEc(ec));
-    if (closed_) break;
-    if (ec) {
-      // The client went away (or reset): nothing is left to deliver to it.
-      Close();
-      co_return;
-    }
-    client_buf_.Commit(n);
-    worker_.shard->client_bytes_received.Add(n);
-    ProcessClientBytes(&hint);
-  }
-  if (closed_ || closing_) co_return;
-  // Stopped reading (protocol error, QUIT, upstream gone, draining): wait for every pending reply,
-  // then deliver and close.
-  while (!closed_ && conn_.pending() != 0) {
-    queue_waiter_ = true;
-    queue_event_.expires_at(Timer::time_point::max());
-    error_code ignored;
-    co_await queue_event_.async_wait(AwaitEc(ignored));
-  }
-  if (!closed_ && !closing_) co_await FlushAndClose();
-}
-
-void Session::ProcessClientBytes(size_t* hint) {
-  if (link_ != nullptr && !conn_.pinned()) {
-    conn_.set_shared_ready(link_->up());
-    if (!link_->up()) conn_.set_upstream_failure(link_->failure());  // the TLS reason, if that is why
-  }
-  const size_t used = conn_.OnClientBytes(client_buf_.data(), client_buf_.size(), NowNs(), hint);
-  Flush();
-  client_buf_.Consume(used);
-}
+// ClientPump, ProcessClientBytes and FlushAs: session_pump.h (ClientPump<true> in session_shared.cc).
+template awaitable<void> Session::ClientPump<false>();
 
 void Session::Flush() {
-  const Connection::Output& out = conn_.output();
-  // The client's side first: should the upstream write fail at once, the errors owed for the
-  // forwarded commands come after keyguard's replies to earlier ones.
-  if (!out.client.empty()) client_out_.Send(out.client);
-  if (!out.upstream.empty()) {
-    if (!on_link()) {
-      upstream_out_.Send(out.upstream);
-    } else if (!link_->Submit(this, out.upstream, out.commands)) [[unlikely]] {
-      // The link failed since this batch began: its commands fail as those in flight do.
-      OnLinkFailed(metrics::UpstreamError::kClosed);
-    }
+  if (link_ != nullptr) {
+    FlushAs<true>();
+  } else {
+    FlushAs<false>();
   }
-  if (const int64_t wait = conn_.TakeWalkWait(); wait != 0) ArmWalkTimer(wait);
 }
 
 void Session::ArmWalkTimer(int64_t wait_ns) {
@@ -249,7 +171,7 @@ awaitable<void> Session::UpstreamPump() {
     worker_.shard->upstream_bytes_received.Add(n);
     bool ok = true;
     const size_t used = conn_.OnUpstreamBytes(upstream_buf_.data(), upstream_buf_.size(), NowNs(), &hint, &ok);
-    Flush();
+    FlushAs<false>();  // dedicated, or pinned: what goes upstream goes to upstream_
     upstream_buf_.Consume(used);
     NotifyQueue();
     // A write refused by a replica: the primary may have moved (Sentinel: ask again).
@@ -295,124 +217,6 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
 void Session::CloseUpstream() {
   conn_.OnUpstreamClosed();
   upstream_->Close();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Shared upstream connections
-
-awaitable<void> Session::Pin() {
-  auto self = shared_from_this();
-  std::unique_ptr<Stream> stream = worker_.pins->Take();
-  const bool fresh = stream == nullptr;
-  if (fresh) {
-    stream = std::make_unique<Stream>(worker_.io);
-    const error_code ec =
-        co_await stream->Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
-                                 std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
-    if (closed_) co_return;
-    if (ec) {
-      // As a dedicated connection that cannot connect: the command gets the error (nothing is
-      // pending before it), then the connection closes.
-      const std::string& tls = stream->tls_failure();
-      worker_.shard->CountUpstreamError(tls.empty() ? metrics::UpstreamError::kConnect : metrics::UpstreamError::kTls);
-      if (worker_.upstream_failed) worker_.upstream_failed();
-      client_out_.Send(tls.empty() ? std::string("-ERR keyguard: upstream unavailable\r\n")
-                                   : absl::StrCat("-ERR keyguard: upstream TLS: ", tls, "\r\n"));
-      conn_.StopReading();
-      co_await FlushAndClose();
-      co_return;
-    }
-  }
-  upstream_ = std::move(stream);
-  upstream_out_.Bind(*upstream_);
-  pin_reason_ = conn_.OnPinned(fresh);  // keyguard's AUTH (a fresh connection) and CLIENT ID (tenancy)
-  pinned_at_ns_ = NowNs();
-  worker_.shard->upstream_pins[static_cast<size_t>(pin_reason_)].Add();
-  Flush();
-  asio::co_spawn(
-      worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
-}
-
-void Session::Unpin() {
-  ObservePin();
-  conn_.OnUnpinned();
-  worker_.pins->Return(std::move(upstream_));
-  upstream_ = std::make_unique<Stream>(worker_.io);  // not connected: written to only once pinned again
-  upstream_out_.Bind(*upstream_);
-  NotifyQueue();
-}
-
-void Session::ObservePin() {
-  const auto ns = static_cast<uint64_t>(NowNs() - pinned_at_ns_);
-  worker_.shard->pin_duration[static_cast<size_t>(pin_reason_)].Observe(metrics::kLatencyBuckets,
-                                                                        static_cast<double>(ns) * 1e-9, ns);
-}
-
-void Session::BeginLinkReplies() {
-  link_now_ns_ = NowNs();
-  if (!closed_) conn_.BeginUpstream();
-}
-
-void Session::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
-  if (!closed_ && link_ok_) link_ok_ = conn_.OnSharedFrame(frame, f, link_now_ns_);
-}
-
-bool Session::EndLinkReplies() {
-  if (closed_) return false;
-  conn_.EndUpstream();
-  Flush();
-  NotifyQueue();
-  if (!link_ok_ && !closing_) {
-    // A reply the tenant filter cannot place: this client's connection closes, the link stays.
-    std::string owed = conn_.OnSharedFailed();
-    if (!owed.empty()) client_out_.Send(owed);
-    conn_.StopReading();
-    if (!closing_) {
-      auto self = shared_from_this();
-      asio::co_spawn(
-          worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
-    }
-    return false;
-  }
-  // Draining, QUIT or a protocol error: once the last reply is out, the connection closes.
-  if ((worker_.draining || conn_.stop_reading()) && conn_.idle() && !closing_) {
-    auto self = shared_from_this();
-    asio::co_spawn(
-        worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
-  }
-  return client_out_.backlog() > static_cast<size_t>(worker_.config.max_output_buffer);
-}
-
-awaitable<void> Session::WaitForClient() {
-  auto self = shared_from_this();
-  const size_t low = static_cast<size_t>(worker_.config.max_output_buffer) / 2;
-  // The other clients of the link wait meanwhile: one that reads nothing for a second is cut off.
-  while (!closed_ && !client_out_.failed() && client_out_.backlog() > low) {
-    const size_t before = client_out_.backlog();
-    auto expired = std::make_shared<bool>(false);
-    Timer timer(worker_.io, std::chrono::seconds(1));
-    std::weak_ptr<Session> weak = self;
-    timer.async_wait([weak, expired](error_code e) {
-      if (e) return;
-      *expired = true;
-      if (auto s = weak.lock()) s->client_out_.Wake();
-    });
-    co_await client_out_.WaitBelow(low);
-    timer.cancel();
-    if (*expired && client_out_.backlog() >= before) {
-      EventLine("warn", "slow_client_closed")
-          .Int("unsent_bytes", static_cast<int64_t>(client_out_.backlog()))
-          .Write(stderr);
-      Close();
-    }
-  }
-}
-
-void Session::OnLinkFailed(metrics::UpstreamError /*reason: counted by the link*/) {
-  if (closed_) return;
-  const std::string owed = conn_.OnSharedFailed();
-  if (!owed.empty()) client_out_.Send(owed);
-  NotifyQueue();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -35,16 +35,20 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
 
  private:
   awaitable<void> Run();
+  template <bool kShared>
   awaitable<void> ClientPump();
   awaitable<void> UpstreamPump();
   awaitable<void> FlushAndClose();
 
   // Reads the commands in the client buffer, and writes what they became. Inlined into the pump,
   // as is Flush: at pipeline depth 1 each runs once per command.
+  template <bool kShared>
   [[gnu::always_inline]] inline void ProcessClientBytes(size_t* hint);
   // Writes what the last call into conn_ produced (the client's side first), and arms the walk
-  // timer when the connection asks for it.
-  [[gnu::always_inline]] inline void Flush();
+  // timer when the connection asks for it. FlushAs<kShared> where the mode is known.
+  void Flush();
+  template <bool kShared>
+  [[gnu::always_inline]] inline void FlushAs();
   void ArmWalkTimer(int64_t wait_ns);
   void FailUpstream(metrics::UpstreamError reason);
   // Shared upstream: the client gets a connection of its own (the idle pool's, or a new one) for

@@ -28,7 +28,9 @@ namespace keyguard::metrics {
 // A monotonically increasing count with one writer thread; any thread may read it.
 class Counter {
  public:
-  void Add(uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  [[gnu::always_inline]] void Add(uint64_t n = 1) {
+    v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
 
  private:

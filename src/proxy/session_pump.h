@@ -1,0 +1,114 @@
+// Session's client pump and flush, for both ways the upstream is reached (kShared: a shared link
+// unless pinned). Included by session.cc (the dedicated instantiation) and session_shared.cc (the
+// shared one), so that each translation unit inlines what its own pump runs: the dedicated pump
+// costs what it did before shared connections existed (bench/instructions.sh).
+#pragma once
+
+#include <chrono>
+
+#include "proxy/async_read.h"
+#include "proxy/session.h"
+
+namespace keyguard::proxy {
+
+inline int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// kShared: the client's commands go to a shared link unless it is pinned. The dedicated pump has
+// none of its checks (bench/instructions.sh: the same instructions per command as before shared
+// connections were added).
+template <bool kShared>
+awaitable<void> Session::ClientPump() {
+  auto self = shared_from_this();
+  const size_t max_out = static_cast<size_t>(worker_.config.max_output_buffer);
+  const size_t max_pending = static_cast<size_t>(worker_.config.max_pending_commands);
+  size_t hint = 0;
+  while (!closed_ && !conn_.stop_reading()) {
+    // Backpressure: a slow upstream or a client that does not read its replies stops our reads.
+    if (kShared && on_link()) {
+      while (!closed_ && on_link() && link_->backlog() > max_out) co_await link_->WaitBelow(max_out / 2);
+    } else {
+      while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
+    }
+    // A command that pins waits until every earlier one is answered.
+    while (!closed_ && (conn_.pending() >= max_pending || conn_.holding() ||
+                        (kShared && conn_.pin_wanted() != PinReason::kNone && conn_.pending() != 0))) {
+      queue_waiter_ = true;
+      queue_event_.expires_at(Timer::time_point::max());
+      error_code ignored;
+      co_await queue_event_.async_wait(AwaitEc(ignored));
+    }
+    if (closed_) break;
+    if (kShared && conn_.pin_wanted() != PinReason::kNone) {
+      co_await Pin();
+      if (closed_ || closing_) co_return;
+      ProcessClientBytes<kShared>(&hint);  // the command that waited, and those after it
+      continue;
+    }
+    if (conn_.resume()) {
+      // A walk ended: the commands read while it ran are next.
+      ProcessClientBytes<kShared>(&hint);
+      // Draining: what was read before is served, nothing more is read.
+      if (drain_after_walk_ && !conn_.holding()) conn_.StopReading();
+      continue;
+    }
+    client_buf_.Prepare(hint);
+    error_code ec;
+    const size_t n = co_await AsyncReadSome(client_, client_buf_.free_space(), AwaitEc(ec));
+    if (closed_) break;
+    if (ec) {
+      // The client went away (or reset): nothing is left to deliver to it.
+      Close();
+      co_return;
+    }
+    client_buf_.Commit(n);
+    worker_.shard->client_bytes_received.Add(n);
+    ProcessClientBytes<kShared>(&hint);
+  }
+  if (closed_ || closing_) co_return;
+  // Stopped reading (protocol error, QUIT, upstream gone, draining): wait for every pending reply,
+  // then deliver and close.
+  while (!closed_ && conn_.pending() != 0) {
+    queue_waiter_ = true;
+    queue_event_.expires_at(Timer::time_point::max());
+    error_code ignored;
+    co_await queue_event_.async_wait(AwaitEc(ignored));
+  }
+  if (!closed_ && !closing_) co_await FlushAndClose();
+}
+
+template <bool kShared>
+void Session::ProcessClientBytes(size_t* hint) {
+  if (kShared && !conn_.pinned()) {
+    conn_.set_shared_ready(link_->up());
+    if (!link_->up()) conn_.set_upstream_failure(link_->failure());  // the TLS reason, if that is why
+  }
+  const size_t used = conn_.OnClientBytes(client_buf_.data(), client_buf_.size(), NowNs(), hint);
+  FlushAs<kShared>();
+  client_buf_.Consume(used);
+}
+
+template <bool kShared>
+void Session::FlushAs() {
+  const Connection::Output& out = conn_.output();
+  // The client's side first: should the upstream write fail at once, the errors owed for the
+  // forwarded commands come after keyguard's replies to earlier ones.
+  if (!out.client.empty()) client_out_.Send(out.client);
+  if (!out.upstream.empty()) {
+    if (!kShared || conn_.pinned()) {
+      upstream_out_.Send(out.upstream);
+    } else if (!link_->Submit(this, out.upstream, out.commands)) [[unlikely]] {
+      // The link failed since this batch began: its commands fail as those in flight do.
+      OnLinkFailed(metrics::UpstreamError::kClosed);
+    }
+  }
+  if (const int64_t wait = conn_.TakeWalkWait(); wait != 0) ArmWalkTimer(wait);
+}
+
+// Each pump is instantiated in its own file.
+extern template awaitable<void> Session::ClientPump<false>();
+extern template awaitable<void> Session::ClientPump<true>();
+
+}  // namespace keyguard::proxy
