@@ -264,7 +264,7 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
   if (e.ping_first) ForwardRaw(kPing);
   if (e.logout && shared_.stages.config.tenancy != nullptr && shared_.stages.config.tenancy->requires_auth()) {
     // keyguard's own upstream credentials are sent again right after the RESET (below).
-    BindTenant(nullptr);
+    BindTenant(certificate_tenant_);
   }
   if (e.send_discard) {
     bytes = kDiscard;

@@ -18,6 +18,9 @@ int64_t NowNs() {
       .count();
 }
 
+// A client that has not finished its TLS handshake by then is closed.
+constexpr std::chrono::seconds kTlsHandshakeTimeout(10);
+
 ConnectionShared SharedOf(Worker& w) {
   return ConnectionShared{w.stages, w.hygiene, w.hot, w.upstream_auth, w.walk_budget};
 }
@@ -62,10 +65,11 @@ void Session::Start() {
 awaitable<void> Session::Run() {
   auto self = shared_from_this();
   error_code ec;
-  client_.non_blocking(true, ec);
-  client_.set_option(tcp::no_delay(true), ec);
-  const tcp::endpoint peer = client_.remote_endpoint(ec);
+  client_.socket().non_blocking(true, ec);
+  client_.socket().set_option(tcp::no_delay(true), ec);
+  const tcp::endpoint peer = client_.socket().remote_endpoint(ec);
   if (!ec) conn_.set_client_address(absl::StrCat(peer.address().to_string(), ":", peer.port()));
+  if (worker_.listen_tls != nullptr && !co_await AcceptTls()) co_return;
 
   // Connect upstream (and the TLS handshake), bounded by the connect timeout.
   ec = co_await upstream_.Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
@@ -84,6 +88,23 @@ awaitable<void> Session::Run() {
         worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
   }
   co_await ClientPump();
+}
+
+awaitable<bool> Session::AcceptTls() {
+  const error_code ec = co_await client_.Accept(*worker_.listen_tls, kTlsHandshakeTimeout);
+  if (closed_) co_return false;
+  if (ec) {
+    // Not a TLS client, or no trusted certificate where one is required: nothing to answer.
+    Close();
+    co_return false;
+  }
+  const tenant::Tenancy* tenancy = worker_.config.tenancy.get();
+  if (tenancy != nullptr && tenancy->has_cert_names()) {
+    if (const tenant::User* user = tenancy->ForCertificate(client_.PeerNames()); user != nullptr) {
+      conn_.LogInByCertificate(user->tenant);
+    }
+  }
+  co_return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -113,7 +134,7 @@ awaitable<void> Session::ClientPump() {
     }
     client_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await AsyncReadSome(client_, client_buf_.free_space(), AwaitEc(ec));
+    const size_t n = co_await client_.ReadSome(client_buf_.free_space(), ec);
     if (closed_) break;
     if (ec) {
       // The client went away (or reset): nothing is left to deliver to it.
@@ -166,7 +187,7 @@ void Session::ArmWalkTimer(int64_t wait_ns) {
 bool Session::ClientGone() {
   if (client_buf_.size() != 0) return false;  // commands held behind the walk are still served
   char c;
-  const ssize_t n = ::recv(client_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t n = ::recv(client_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
@@ -298,8 +319,8 @@ void Session::Close() {
   closed_ = true;
   conn_.OnClose();
   error_code ignored;
-  client_.shutdown(Socket::shutdown_both, ignored);
-  client_.close(ignored);
+  client_.socket().shutdown(Socket::shutdown_both, ignored);
+  client_.Close();
   CloseUpstream();
   queue_event_.cancel();
   client_out_.Wake();

@@ -1,10 +1,11 @@
 // One client connection and its own upstream connection (1:1), on one worker thread: the
 // transport of a Connection (connection.h), which decides what every byte becomes.
 //
-// Two coroutines move bytes: ClientPump reads the client and hands the bytes to the Connection,
-// UpstreamPump does the same for the upstream; after each call, Flush writes what the Connection
-// produced for each side. Session owns the sockets, the read buffers, backpressure (a slow reader
-// on one side stops reads on the other), the walk timer, drain and close.
+// Both ends are Streams (plain TCP, or TLS: listen_tls, rediss://). Two coroutines move bytes:
+// ClientPump reads the client and hands the bytes to the Connection, UpstreamPump does the same
+// for the upstream; after each call, Flush writes what the Connection produced for each side.
+// Session owns the streams, the read buffers, backpressure (a slow reader on one side stops reads
+// on the other), the walk timer, drain and close.
 #pragma once
 
 #include <memory>
@@ -34,6 +35,9 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
 
  private:
   awaitable<void> Run();
+  // listen_tls: the handshake with the client, and the tenant its certificate names. False when
+  // the session closed.
+  awaitable<bool> AcceptTls();
   awaitable<void> ClientPump();
   awaitable<void> UpstreamPump();
   awaitable<void> FlushAndClose();
@@ -56,7 +60,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void WakeProbe() override;
 
   Worker& worker_;
-  Socket client_;
+  Stream client_;
   Stream upstream_;
   Outbox client_out_;
   Outbox upstream_out_;

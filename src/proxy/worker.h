@@ -64,6 +64,7 @@ struct Worker {
   // A session could not connect, or a write got READONLY (Sentinel: ask for the primary again).
   std::function<void()> upstream_failed;
   std::shared_ptr<TlsClient> upstream_tls;  // with a TLS upstream (shared by every worker)
+  std::shared_ptr<TlsClient> listen_tls;    // with listen_tls (shared by every worker)
   std::unordered_set<std::shared_ptr<Session>> sessions;
   std::atomic<int> session_count{0};
   bool draining = false;
