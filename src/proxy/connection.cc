@@ -569,7 +569,10 @@ size_t Connection::OnUpstreamBytes(const char* data, size_t len, int64_t now, si
           }
         } else if (type == '-' || type == '!') {
           // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
+          // The clients' commands get the server's answer (a rotated secret keyguard does not have yet).
           EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
+          upstream_failure_ =
+              absl::StrCat("upstream refused keyguard's AUTH: ", absl::string_view(kind.data(), kind.size()));
           upstream_auth_failed_ = true;
           ok = false;
           break;

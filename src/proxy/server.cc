@@ -162,13 +162,19 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
       w.Sample(failures, {}, listen_tls->failures());
     });
   }
+  auto credentials = std::make_shared<UpstreamCredentials>(config);
+  registry.AddCollector([credentials](metrics::TextWriter& w) {
+    const metrics::Family& reloads = metrics::Of(metrics::FamilyId::kUpstreamAuthReloads);
+    w.Header(reloads);
+    w.Sample(reloads, {}, credentials->reloads());
+  });
   absl::StatusOr<tcp::endpoint> upstream = absl::UnknownError("");
   std::string upstream_host = config.upstream.address.host;
   std::unique_ptr<SentinelWatch> sentinel;
   Primary first_primary;
   if (config.upstream.kind == config::Upstream::Kind::kSentinel) {
     // Ask the Sentinels now (control's first run; nothing else waits on it yet).
-    sentinel = std::make_unique<SentinelWatch>(control, config, upstream_tls.get());
+    sentinel = std::make_unique<SentinelWatch>(control, config, upstream_tls.get(), credentials.get());
     absl::StatusOr<Primary> found = absl::UnknownError("");
     asio::co_spawn(
         control, [&]() -> awaitable<void> { found = co_await sentinel->Resolve(); }, asio::detached);
@@ -229,6 +235,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     workers.back()->findings = &findings;
     workers.back()->upstream_tls = upstream_tls;
     workers.back()->listen_tls = listen_tls;
+    workers.back()->upstream_credentials = credentials;
     workers.back()->upstream_host = upstream_host;
     if (sentinel != nullptr) workers.back()->upstream_failed = [s = sentinel.get()] { s->Recheck(); };
     if (config.hygiene.enabled && config.hygiene.probe) {

@@ -21,8 +21,8 @@ int64_t NowNs() {
 // A client that has not finished its TLS handshake by then is closed.
 constexpr std::chrono::seconds kTlsHandshakeTimeout(10);
 
-ConnectionShared SharedOf(Worker& w) {
-  return ConnectionShared{w.stages, w.hygiene, w.hot, w.upstream_auth, w.walk_budget};
+ConnectionShared SharedOf(Worker& w, const std::string& upstream_auth) {
+  return ConnectionShared{w.stages, w.hygiene, w.hot, upstream_auth, w.walk_budget};
 }
 
 }  // namespace
@@ -35,7 +35,8 @@ Session::Session(Worker& worker, Socket client)
       upstream_out_(upstream_, &worker.shard->upstream_bytes_sent),
       client_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       upstream_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
-      conn_(SharedOf(worker), *this),
+      upstream_auth_(worker.upstream_credentials->Current()),
+      conn_(SharedOf(worker, *upstream_auth_), *this),
       queue_event_(worker.io) {
   worker_.shard->client_connections.Add(1);
   worker_.shard->client_connections_total.Add();

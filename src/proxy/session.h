@@ -66,6 +66,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   Outbox upstream_out_;
   ReadBuffer client_buf_;
   ReadBuffer upstream_buf_;
+  std::shared_ptr<const std::string> upstream_auth_;  // the AUTH this session's upstream gets
   Connection conn_;
   Timer queue_event_;  // wakes ClientPump when replies were delivered
   bool queue_waiter_ = false;

@@ -1,7 +1,6 @@
 #include "proxy/tls.h"
 
 #include <arpa/inet.h>
-#include <sys/stat.h>
 
 #include <cstdio>
 
@@ -79,17 +78,10 @@ absl::StatusOr<std::shared_ptr<TlsClient>> TlsClient::Create(const config::TlsSe
   return c;
 }
 
-std::vector<TlsClient::Stamp> TlsClient::Stamps() const {
-  std::vector<Stamp> out;
+std::vector<FileStamp> TlsClient::Stamps() const {
+  std::vector<FileStamp> out;
   for (const std::string* path : {&settings_.ca_file, &settings_.ca_dir, &settings_.cert_file, &settings_.key_file}) {
-    Stamp s;
-    struct stat st;
-    if (!path->empty() && ::stat(path->c_str(), &st) == 0) {
-      s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-      s.size = st.st_size;
-      s.inode = st.st_ino;
-    }
-    out.push_back(s);
+    out.push_back(FileStamp::Of(*path));
   }
   return out;
 }
@@ -158,7 +150,7 @@ std::shared_ptr<TlsContext> TlsClient::Current() {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_check_) return current_;
   next_check_ = now + std::chrono::seconds(1);
-  std::vector<Stamp> stamps = Stamps();
+  std::vector<FileStamp> stamps = Stamps();
   if (stamps == stamps_) return current_;
   stamps_ = std::move(stamps);
   auto built = Build();

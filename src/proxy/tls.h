@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "keyguard/config/config.h"
+#include "proxy/file_stamp.h"
 
 namespace keyguard::proxy {
 
@@ -78,23 +79,17 @@ class TlsClient {
   uint64_t failures() const { return failed_.load(std::memory_order_relaxed); }
 
  private:
-  struct Stamp {
-    int64_t mtime_ns = 0;
-    int64_t size = -1;
-    ino_t inode = 0;
-    bool operator==(const Stamp&) const = default;
-  };
   TlsClient(config::TlsSettings settings, std::string field, TlsSide side)
       : settings_(std::move(settings)), field_(std::move(field)), side_(side) {}
   absl::StatusOr<std::shared_ptr<TlsContext>> Build() const;
-  std::vector<Stamp> Stamps() const;
+  std::vector<FileStamp> Stamps() const;
 
   const config::TlsSettings settings_;
   const std::string field_;
   const TlsSide side_;
   mutable std::mutex mu_;
   std::shared_ptr<TlsContext> current_;
-  std::vector<Stamp> stamps_;
+  std::vector<FileStamp> stamps_;
   std::chrono::steady_clock::time_point next_check_;
   uint64_t rebuilds_ = 0;
   std::atomic<uint64_t> full_{0};

@@ -265,6 +265,7 @@ absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const v1::UpstreamAuth& p, std:
   a.password = p.password();
   if (!p.password_file().empty()) {
     a.password = std::string(password_file_text);
+    a.password_file = p.password_file();
     while (!a.password.empty() && (a.password.back() == '\n' || a.password.back() == '\r')) a.password.pop_back();
     if (a.password.empty())
       return FieldError("upstream_auth.password_file", absl::StrCat(p.password_file(), " is empty"));

@@ -156,8 +156,13 @@ def ping_reply(kg):
         reply = c.exchange(encode("PING"), replies=1)
         if reply.startswith(b"+"):
             return reply
-        # After an error keyguard closes: read to the close (the first read may have seen it).
-        return reply.replace(b"<closed>", b"") + c.exchange(b"", closed=True)
+        # After an error keyguard closes: read to the close (the first read may have seen it, and
+        # the close may already have reset the connection).
+        try:
+            rest = c.exchange(b"", closed=True)
+        except (BrokenPipeError, ConnectionResetError):
+            rest = b"<closed>"
+        return reply.replace(b"<closed>", b"") + rest
     finally:
         c.close()
 

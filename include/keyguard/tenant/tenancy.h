@@ -82,8 +82,9 @@ class Tenancy {
 
 // Credentials for keyguard's own upstream connections.
 struct UpstreamAuth {
-  std::string user;      // empty: AUTH <password>
-  std::string password;  // empty: no AUTH
+  std::string user;           // empty: AUTH <password>
+  std::string password;       // empty: no AUTH
+  std::string password_file;  // where password was read from (read again for new connections), or empty
 };
 // `password_file_text` is the text of proto.password_file when that is set (the config loader
 // reads it, with the same checks as the config file itself); one trailing newline is dropped.
