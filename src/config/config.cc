@@ -114,7 +114,26 @@ absl::Status CompileTls(const v1::Tls& t, const std::string& path, TlsSettings* 
   out->ciphersuites = t.ciphersuites();
   if (out->cert_file.empty() != out->key_file.empty()) {
     return FieldError(path + (out->cert_file.empty() ? ".cert_file" : ".key_file"),
-                      "cert_file and key_file go together (a client certificate needs its key)");
+                      "cert_file and key_file go together (a certificate needs its key)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompileListenTls(const v1::ListenTls& t, TlsSettings* out) {
+  if (t.ByteSizeLong() == 0) return absl::OkStatus();
+  v1::Tls common;
+  common.set_ca_file(t.ca_file());
+  common.set_ca_dir(t.ca_dir());
+  common.set_cert_file(t.cert_file());
+  common.set_key_file(t.key_file());
+  common.set_min_version(t.min_version());
+  common.set_ciphers(t.ciphers());
+  common.set_ciphersuites(t.ciphersuites());
+  if (auto s = CompileTls(common, "listen_tls", out); !s.ok()) return s;
+  if (out->cert_file.empty()) return FieldError("listen_tls.cert_file", "required (keyguard's certificate)");
+  out->require_client_cert = t.require_client_cert();
+  if (out->require_client_cert && out->ca_file.empty() && out->ca_dir.empty()) {
+    return FieldError("listen_tls.require_client_cert", "needs ca_file or ca_dir (the CAs of client certificates)");
   }
   return absl::OkStatus();
 }
@@ -177,6 +196,7 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     c.upstream = *std::move(u);
   }
   if (auto s = CompileTls(p.upstream_tls(), "upstream_tls", &c.upstream_tls); !s.ok()) return s;
+  if (auto s = CompileListenTls(p.listen_tls(), &c.listen_tls); !s.ok()) return s;
   c.sentinel.user = p.sentinel().user();
   if (const std::string& path = p.sentinel().password_file(); !path.empty()) {
     auto text = ReadConfigText(path);
@@ -330,6 +350,11 @@ absl::StatusOr<ProxyConfig> LoadConfigFile(const std::string& path) {
 absl::Status Validate(const ProxyConfig& c) {
   if (c.listen.port == c.admin.port && c.listen.port != 0 && c.listen.host == c.admin.host) {
     return FieldError("admin", "must differ from listen");
+  }
+  if (c.tenancy != nullptr && c.tenancy->has_cert_names() &&
+      (!c.ListenTls() || (c.listen_tls.ca_file.empty() && c.listen_tls.ca_dir.empty()))) {
+    return FieldError("tenancy.users",
+                      "cert_names need listen_tls with ca_file or ca_dir (to verify the certificates)");
   }
   return ValidateUpstream(c);
 }

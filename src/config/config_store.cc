@@ -74,6 +74,16 @@ std::string ConfigStore::Describe() const {
       "\nlast_reload_error: ", last_error_.empty() ? "none" : last_error_, "\n---\n", DescribeConfig(*current_));
 }
 
+namespace {
+
+// The CA files of `t` for check-config, or `none` when it names none.
+std::string CaFiles(const TlsSettings& t, const char* none) {
+  if (t.ca_file.empty() && t.ca_dir.empty()) return none;
+  return absl::StrCat(t.ca_file, t.ca_file.empty() || t.ca_dir.empty() ? "" : ", ", t.ca_dir);
+}
+
+}  // namespace
+
 std::string DescribeConfig(const ProxyConfig& c) {
   std::string out = absl::StrCat(
       "listen: ", c.listen.ToString(), "\nupstream: ", c.upstream.ToString(), "\nadmin: ", c.admin.ToString(),
@@ -139,15 +149,22 @@ std::string DescribeConfig(const ProxyConfig& c) {
   // TLS and Sentinel: file names and choices, never a key or a password.
   if (c.upstream.tls) {
     const TlsSettings& t = c.upstream_tls;
-    absl::StrAppend(&out, "upstream_tls:\n  ca: ",
-                    t.ca_file.empty() && t.ca_dir.empty()
-                        ? "system store"
-                        : absl::StrCat(t.ca_file, t.ca_file.empty() || t.ca_dir.empty() ? "" : ", ", t.ca_dir),
+    absl::StrAppend(&out, "upstream_tls:\n  ca: ", CaFiles(t, "system store"),
                     "\n  client_certificate: ", t.cert_file.empty() ? "none" : t.cert_file,
                     t.key_file.empty() ? "" : absl::StrCat(" (key ", t.key_file, ")"),
                     "\n  server_name: ", t.server_name.empty() ? "(the upstream host)" : t.server_name,
                     "\n  verify: ", t.verify ? "on" : "OFF", "\n  min_version: ", t.min_version,
                     "\n  ciphers: ", t.ciphers.empty() ? "default" : t.ciphers,
+                    "\n  ciphersuites: ", t.ciphersuites.empty() ? "default" : t.ciphersuites, "\n");
+  }
+  if (c.ListenTls()) {
+    const TlsSettings& t = c.listen_tls;
+    absl::StrAppend(&out, "listen_tls:\n  certificate: ", t.cert_file, " (key ", t.key_file, ")",
+                    "\n  client_ca: ", CaFiles(t, "none"), "\n  client_certificate: ",
+                    t.require_client_cert                   ? "required"
+                    : t.ca_file.empty() && t.ca_dir.empty() ? "not asked"
+                                                            : "optional",
+                    "\n  min_version: ", t.min_version, "\n  ciphers: ", t.ciphers.empty() ? "default" : t.ciphers,
                     "\n  ciphersuites: ", t.ciphersuites.empty() ? "default" : t.ciphersuites, "\n");
   }
   if (c.upstream.kind == Upstream::Kind::kSentinel) {

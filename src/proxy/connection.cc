@@ -337,7 +337,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   if (e.ping_first) ForwardCommand(kPing);
   if (e.logout && shared_.stages.config.tenancy != nullptr && shared_.stages.config.tenancy->requires_auth()) {
     // keyguard's own upstream credentials are sent again right after the RESET (below).
-    BindTenant(nullptr);
+    BindTenant(certificate_tenant_);
   }
   if (e.send_discard) {
     bytes = kDiscard;
@@ -665,7 +665,10 @@ bool Connection::OnFrame(std::string_view frame, const resp::ReplyFramer& f, int
         }
       } else if (type == '-' || type == '!') {
         // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
+        // The clients' commands get the server's answer (a rotated secret keyguard does not have yet).
         EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
+        upstream_failure_ =
+            absl::StrCat("upstream refused keyguard's AUTH: ", absl::string_view(kind.data(), kind.size()));
         upstream_auth_failed_ = true;
         return false;
       }

@@ -183,6 +183,12 @@ class Connection {
 
   const ConnectionState& state() const { return state_; }
   const tenant::Tenant* tenant() const { return tenant_; }
+  // Tenancy by identity: the client's verified certificate names tenant `t` (listen_tls), as AUTH
+  // would; a RESET comes back to it rather than to no tenant.
+  void LogInByCertificate(const tenant::Tenant* t) {
+    certificate_tenant_ = t;
+    BindTenant(t);
+  }
 
  private:
   // Where detectors_ report: findings stamped with this client (who and where), then the host.
@@ -306,6 +312,7 @@ class Connection {
 
   // Tenancy: the tenant of this client (nullptr: none yet, or tenancy off).
   const tenant::Tenant* tenant_ = nullptr;
+  const tenant::Tenant* certificate_tenant_ = nullptr;  // the tenant of the client's certificate
   // The tenant replies and pushes are confined to. RESET logs the client out at once, but what
   // the server sends until its +RESET is still the old tenant's; nullptr drops every push.
   const tenant::Tenant* reply_tenant_ = nullptr;

@@ -129,8 +129,9 @@ class Link {
 
 }  // namespace
 
-SentinelWatch::SentinelWatch(asio::io_context& io, const config::ProxyConfig& config, TlsClient* tls)
-    : io_(io), config_(config), tls_(tls), poll_timer_(io) {}
+SentinelWatch::SentinelWatch(asio::io_context& io, const config::ProxyConfig& config, TlsClient* tls,
+                             UpstreamCredentials* credentials)
+    : io_(io), config_(config), tls_(tls), credentials_(credentials), poll_timer_(io) {}
 
 Primary SentinelWatch::current() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -163,8 +164,7 @@ awaitable<absl::StatusOr<Primary>> SentinelWatch::Ask(const config::HostPort& se
 awaitable<absl::Status> SentinelWatch::Verify(const Primary& p) {
   const auto timeout = std::chrono::milliseconds(config_.upstream_connect_timeout_ms);
   Link link(io_);
-  if (auto s =
-          co_await link.Open(p.host, p.port, tls_, timeout, config_.UpstreamUser(), config_.upstream_auth.password);
+  if (auto s = co_await link.Open(p.host, p.port, tls_, timeout, config_.UpstreamUser(), credentials_->Password());
       !s.ok()) {
     co_return s;
   }

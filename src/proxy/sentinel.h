@@ -20,6 +20,7 @@
 #include "keyguard/config/config.h"
 #include "proxy/asio.h"
 #include "proxy/stream.h"
+#include "proxy/credentials.h"
 #include "proxy/tls.h"
 
 namespace keyguard::proxy {
@@ -35,7 +36,9 @@ class SentinelWatch {
  public:
   using OnChange = std::function<void(const Primary&)>;
   // `tls`: the upstream's TLS (rediss-sentinel://), also used with the Sentinels; may be nullptr.
-  SentinelWatch(asio::io_context& io, const config::ProxyConfig& config, TlsClient* tls);
+  // `credentials`: keyguard's upstream password for the ROLE check (it may rotate).
+  SentinelWatch(asio::io_context& io, const config::ProxyConfig& config, TlsClient* tls,
+                UpstreamCredentials* credentials);
 
   // Finds the primary now; an error says what each Sentinel answered.
   awaitable<absl::StatusOr<Primary>> Resolve();
@@ -57,6 +60,7 @@ class SentinelWatch {
   asio::io_context& io_;
   const config::ProxyConfig& config_;
   TlsClient* tls_;
+  UpstreamCredentials* credentials_;
   OnChange on_change_;
   mutable std::mutex mu_;
   Primary current_;

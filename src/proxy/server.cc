@@ -109,6 +109,19 @@ absl::StatusOr<int> ExtendCommandTable(const tcp::endpoint& upstream, int timeou
   }
 }
 
+// keyguard_*_tls_handshakes_total{resumed} and keyguard_*_tls_reloads_total of `tls`.
+void AddTlsMetrics(metrics::Registry& registry, std::shared_ptr<TlsClient> tls, metrics::FamilyId handshakes_id,
+                   metrics::FamilyId reloads_id) {
+  registry.AddCollector([tls, handshakes_id, reloads_id](metrics::TextWriter& w) {
+    const metrics::Family& handshakes = metrics::Of(handshakes_id);
+    w.Header(handshakes);
+    w.Sample(handshakes, {"false"}, tls->handshakes(false));
+    w.Sample(handshakes, {"true"}, tls->handshakes(true));
+    w.Header(metrics::Of(reloads_id));
+    w.Sample(metrics::Of(reloads_id), {}, tls->rebuilds());
+  });
+}
+
 }  // namespace
 
 absl::Status RunServer(const config::ProxyConfig& config, const std::string& config_path) {
@@ -134,23 +147,34 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     auto tls = TlsClient::Create(config.upstream_tls, "upstream_tls");
     if (!tls.ok()) return tls.status();
     upstream_tls = *std::move(tls);
-    registry.AddCollector([upstream_tls](metrics::TextWriter& w) {
-      using metrics::FamilyId, metrics::Of;
-      const metrics::Family& handshakes = Of(FamilyId::kUpstreamTlsHandshakes);
-      w.Header(handshakes);
-      w.Sample(handshakes, {"false"}, upstream_tls->handshakes(false));
-      w.Sample(handshakes, {"true"}, upstream_tls->handshakes(true));
-      w.Header(Of(FamilyId::kUpstreamTlsReloads));
-      w.Sample(Of(FamilyId::kUpstreamTlsReloads), {}, upstream_tls->rebuilds());
+    AddTlsMetrics(registry, upstream_tls, metrics::FamilyId::kUpstreamTlsHandshakes,
+                  metrics::FamilyId::kUpstreamTlsReloads);
+  }
+  std::shared_ptr<TlsClient> listen_tls;
+  if (config.ListenTls()) {
+    auto tls = TlsClient::Create(config.listen_tls, "listen_tls", TlsSide::kServer);
+    if (!tls.ok()) return tls.status();
+    listen_tls = *std::move(tls);
+    AddTlsMetrics(registry, listen_tls, metrics::FamilyId::kClientTlsHandshakes, metrics::FamilyId::kClientTlsReloads);
+    registry.AddCollector([listen_tls](metrics::TextWriter& w) {
+      const metrics::Family& failures = metrics::Of(metrics::FamilyId::kClientTlsFailures);
+      w.Header(failures);
+      w.Sample(failures, {}, listen_tls->failures());
     });
   }
+  auto credentials = std::make_shared<UpstreamCredentials>(config);
+  registry.AddCollector([credentials](metrics::TextWriter& w) {
+    const metrics::Family& reloads = metrics::Of(metrics::FamilyId::kUpstreamAuthReloads);
+    w.Header(reloads);
+    w.Sample(reloads, {}, credentials->reloads());
+  });
   absl::StatusOr<tcp::endpoint> upstream = absl::UnknownError("");
   std::string upstream_host = config.upstream.address.host;
   std::unique_ptr<SentinelWatch> sentinel;
   Primary first_primary;
   if (config.upstream.kind == config::Upstream::Kind::kSentinel) {
     // Ask the Sentinels now (control's first run; nothing else waits on it yet).
-    sentinel = std::make_unique<SentinelWatch>(control, config, upstream_tls.get());
+    sentinel = std::make_unique<SentinelWatch>(control, config, upstream_tls.get(), credentials.get());
     absl::StatusOr<Primary> found = absl::UnknownError("");
     asio::co_spawn(
         control, [&]() -> awaitable<void> { found = co_await sentinel->Resolve(); }, asio::detached);
@@ -210,6 +234,8 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
                                                config.tenancy != nullptr ? &connections : nullptr, &shared_detectors));
     workers.back()->findings = &findings;
     workers.back()->upstream_tls = upstream_tls;
+    workers.back()->listen_tls = listen_tls;
+    workers.back()->upstream_credentials = credentials;
     workers.back()->upstream_host = upstream_host;
     if (sentinel != nullptr) workers.back()->upstream_failed = [s = sentinel.get()] { s->Recheck(); };
     if (config.hygiene.enabled && config.hygiene.probe) {

@@ -15,8 +15,11 @@
 namespace keyguard::proxy {
 namespace {
 
-ConnectionShared SharedOf(Worker& w) {
-  return ConnectionShared{w.stages, w.hygiene, w.hot, w.upstream_auth, w.walk_budget};
+// A client that has not finished its TLS handshake by then is closed.
+constexpr std::chrono::seconds kTlsHandshakeTimeout(10);
+
+ConnectionShared SharedOf(Worker& w, const std::string& upstream_auth) {
+  return ConnectionShared{w.stages, w.hygiene, w.hot, upstream_auth, w.walk_budget};
 }
 
 }  // namespace
@@ -29,7 +32,8 @@ Session::Session(Worker& worker, Socket client)
       upstream_out_(*upstream_, &worker.shard->upstream_bytes_sent),
       client_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       upstream_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
-      conn_(SharedOf(worker), *this),
+      upstream_auth_(worker.upstream_credentials->Current()),
+      conn_(SharedOf(worker, *upstream_auth_), *this),
       queue_event_(worker.io) {
   worker_.shard->client_connections.Add(1);
   worker_.shard->client_connections_total.Add();
@@ -59,10 +63,11 @@ void Session::Start() {
 awaitable<void> Session::Run() {
   auto self = shared_from_this();
   error_code ec;
-  client_.non_blocking(true, ec);
-  client_.set_option(tcp::no_delay(true), ec);
-  const tcp::endpoint peer = client_.remote_endpoint(ec);
+  client_.socket().non_blocking(true, ec);
+  client_.socket().set_option(tcp::no_delay(true), ec);
+  const tcp::endpoint peer = client_.socket().remote_endpoint(ec);
   if (!ec) conn_.set_client_address(absl::StrCat(peer.address().to_string(), ":", peer.port()));
+  if (worker_.listen_tls != nullptr && !co_await AcceptTls()) co_return;
 
   if (!worker_.links.empty()) {
     // Shared upstream connections: the client's commands go to one of the worker's links (all of
@@ -90,6 +95,23 @@ awaitable<void> Session::Run() {
         worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
   }
   co_await ClientPump<false>();
+}
+
+awaitable<bool> Session::AcceptTls() {
+  const error_code ec = co_await client_.Accept(*worker_.listen_tls, kTlsHandshakeTimeout);
+  if (closed_) co_return false;
+  if (ec) {
+    // Not a TLS client, or no trusted certificate where one is required: nothing to answer.
+    Close();
+    co_return false;
+  }
+  const tenant::Tenancy* tenancy = worker_.config.tenancy.get();
+  if (tenancy != nullptr && tenancy->has_cert_names()) {
+    if (const tenant::User* user = tenancy->ForCertificate(client_.PeerNames()); user != nullptr) {
+      conn_.LogInByCertificate(user->tenant);
+    }
+  }
+  co_return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -121,7 +143,7 @@ void Session::ArmWalkTimer(int64_t wait_ns) {
 bool Session::ClientGone() {
   if (client_buf_.size() != 0) return false;  // commands held behind the walk are still served
   char c;
-  const ssize_t n = ::recv(client_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t n = ::recv(client_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
@@ -258,8 +280,8 @@ void Session::Close() {
   closed_ = true;
   conn_.OnClose();
   error_code ignored;
-  client_.shutdown(Socket::shutdown_both, ignored);
-  client_.close(ignored);
+  client_.socket().shutdown(Socket::shutdown_both, ignored);
+  client_.Close();
   if (link_ != nullptr) {
     link_->Forget(this);
     if (conn_.pinned()) ObservePin();

@@ -1,10 +1,11 @@
 // One client connection and its own upstream connection (1:1), on one worker thread: the
 // transport of a Connection (connection.h), which decides what every byte becomes.
 //
-// Two coroutines move bytes: ClientPump reads the client and hands the bytes to the Connection,
-// UpstreamPump does the same for the upstream; after each call, Flush writes what the Connection
-// produced for each side. Session owns the sockets, the read buffers, backpressure (a slow reader
-// on one side stops reads on the other), the walk timer, drain and close.
+// Both ends are Streams (plain TCP, or TLS: listen_tls, rediss://). Two coroutines move bytes:
+// ClientPump reads the client and hands the bytes to the Connection, UpstreamPump does the same
+// for the upstream; after each call, Flush writes what the Connection produced for each side.
+// Session owns the streams, the read buffers, backpressure (a slow reader on one side stops reads
+// on the other), the walk timer, drain and close.
 #pragma once
 
 #include <memory>
@@ -35,6 +36,9 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
 
  private:
   awaitable<void> Run();
+  // listen_tls: the handshake with the client, and the tenant its certificate names. False when
+  // the session closed.
+  awaitable<bool> AcceptTls();
   template <bool kShared>
   awaitable<void> ClientPump();
   awaitable<void> UpstreamPump();
@@ -75,7 +79,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void OnLinkFailed(metrics::UpstreamError reason) override;
 
   Worker& worker_;
-  Socket client_;
+  Stream client_;
   std::unique_ptr<Stream> upstream_;  // dedicated, or pinned (shared: nullptr while not pinned)
   SharedLink* link_ = nullptr;        // upstream_connections: shared
   int64_t pinned_at_ns_ = 0;
@@ -86,6 +90,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   Outbox upstream_out_;
   ReadBuffer client_buf_;
   ReadBuffer upstream_buf_;
+  std::shared_ptr<const std::string> upstream_auth_;  // the AUTH this session's upstream gets
   Connection conn_;
   Timer queue_event_;  // wakes ClientPump when replies were delivered
   bool queue_waiter_ = false;

@@ -56,7 +56,14 @@ awaitable<void> Session::ClientPump() {
     }
     client_buf_.Prepare(hint);
     error_code ec;
-    const size_t n = co_await AsyncReadSome(client_, client_buf_.free_space(), AwaitEc(ec));
+    // Plain TCP reads the socket here, as before the client end was a Stream (see TlsReadSome). Not
+    // a conditional expression: GCC 12 destroys its awaitable twice in a coroutine.
+    size_t n;
+    if (client_.tls()) {
+      n = co_await client_.TlsReadSome(client_buf_.free_space(), ec);
+    } else {
+      n = co_await AsyncReadSome(client_.socket(), client_buf_.free_space(), AwaitEc(ec));
+    }
     if (closed_) break;
     if (ec) {
       // The client went away (or reset): nothing is left to deliver to it.

@@ -22,9 +22,10 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
     if (worker.upstream_failed) worker.upstream_failed();
     co_return false;
   }
-  if (worker.upstream_auth.empty()) co_return true;
-  // keyguard's AUTH, and its one reply.
-  std::string_view auth = worker.upstream_auth;
+  // keyguard's AUTH (the password file's current secret), and its one reply.
+  const std::shared_ptr<const std::string> current = worker.upstream_credentials->Current();
+  if (current->empty()) co_return true;
+  std::string_view auth = *current;
   Outbox out(stream, &shard.upstream_bytes_sent);
   out.Send(auth);
   while (out.backlog() != 0 && !out.failed()) co_await out.WaitBelow(0);

@@ -40,8 +40,9 @@ awaitable<bool> SizeProbe::Connect() {
   if (ec) co_return false;
   socket_.set_option(tcp::no_delay(true), ec);
   buf_ = ReadBuffer(16 * 1024);
-  if (!worker_.upstream_auth.empty()) {
-    if (!co_await RoundTrip(worker_.upstream_auth, 1) || replies_.front().front() != '+') co_return false;
+  const std::shared_ptr<const std::string> auth = worker_.upstream_credentials->Current();
+  if (!auth->empty()) {
+    if (!co_await RoundTrip(*auth, 1) || replies_.front().front() != '+') co_return false;
   }
   co_return true;
 }

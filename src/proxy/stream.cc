@@ -2,20 +2,39 @@
 
 namespace keyguard::proxy {
 
+namespace {
+
+// Closes the stream's socket if `timeout` passes before Done(). Its state is shared: a timer that
+// fired just as the work completed must not touch a later connection.
+class Deadline {
+ public:
+  Deadline(Stream& stream, std::chrono::milliseconds timeout)
+      : timer_(stream.socket().get_executor()), state_(std::make_shared<int>(kRunning)) {
+    timer_.expires_after(timeout);
+    timer_.async_wait([&stream, state = state_](error_code e) {
+      if (!e && *state == kRunning) {
+        *state = kTimedOut;
+        stream.Close();
+      }
+    });
+  }
+  bool timed_out() const { return *state_ == kTimedOut; }
+  void Done() {
+    if (*state_ == kRunning) *state_ = kDone;
+    timer_.cancel();
+  }
+
+ private:
+  enum { kRunning, kDone, kTimedOut };
+  Timer timer_;
+  std::shared_ptr<int> state_;
+};
+
+}  // namespace
+
 awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const std::string& host,
                                       std::chrono::milliseconds timeout) {
-  // The timer closes the socket if connecting (and the handshake) takes too long. Its state is
-  // shared: a timer that fired just as the connect completed must not touch a later connection.
-  enum { kRunning, kDone, kTimedOut };
-  auto state = std::make_shared<int>(kRunning);
-  Timer timer(socket_.get_executor());
-  timer.expires_after(timeout);
-  timer.async_wait([this, state](error_code e) {
-    if (!e && *state == kRunning) {
-      *state = kTimedOut;
-      Close();
-    }
-  });
+  Deadline deadline(*this, timeout);  // connecting and the handshake
   error_code ec;
   co_await socket_.async_connect(to, AwaitEc(ec));
   if (!ec && !socket_.is_open()) ec = asio::error::timed_out;
@@ -31,14 +50,29 @@ awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const st
     context_->Prepare(tls_->native_handle(), tls->NameFor(host));
     co_await tls_->async_handshake(asio::ssl::stream_base::client, AwaitEc(ec));
     if (ec) {
-      tls_failure_ = *state == kTimedOut ? "handshake timed out" : TlsFailure(tls_->native_handle(), ec);
+      tls_failure_ = deadline.timed_out() ? "handshake timed out" : TlsFailure(tls_->native_handle(), ec);
     } else {
       tls->CountHandshake(SSL_session_reused(tls_->native_handle()) == 1);
     }
   }
-  if (*state == kTimedOut && !ec) ec = asio::error::timed_out;
-  if (*state == kRunning) *state = kDone;
-  timer.cancel();
+  if (deadline.timed_out() && !ec) ec = asio::error::timed_out;
+  deadline.Done();
+  co_return ec;
+}
+
+awaitable<error_code> Stream::Accept(TlsClient& tls, std::chrono::milliseconds timeout) {
+  Deadline deadline(*this, timeout);
+  context_ = tls.Current();
+  tls_ = std::make_unique<asio::ssl::stream<Socket&>>(socket_, context_->context());
+  error_code ec;
+  co_await tls_->async_handshake(asio::ssl::stream_base::server, AwaitEc(ec));
+  if (ec) {
+    tls_failure_ = deadline.timed_out() ? "handshake timed out" : TlsFailure(tls_->native_handle(), ec);
+    tls.CountFailure();
+  } else {
+    tls.CountHandshake(SSL_session_reused(tls_->native_handle()) == 1);
+  }
+  deadline.Done();
   co_return ec;
 }
 

@@ -1,7 +1,6 @@
 #include "proxy/tls.h"
 
 #include <arpa/inet.h>
-#include <sys/stat.h>
 
 #include <cstdio>
 
@@ -68,8 +67,9 @@ void TlsContext::Prepare(SSL* ssl, const std::string& name) {
   if (session_ != nullptr) SSL_set_session(ssl, session_);
 }
 
-absl::StatusOr<std::shared_ptr<TlsClient>> TlsClient::Create(const config::TlsSettings& settings, std::string field) {
-  std::shared_ptr<TlsClient> c(new TlsClient(settings, std::move(field)));
+absl::StatusOr<std::shared_ptr<TlsClient>> TlsClient::Create(const config::TlsSettings& settings, std::string field,
+                                                             TlsSide side) {
+  std::shared_ptr<TlsClient> c(new TlsClient(settings, std::move(field), side));
   c->stamps_ = c->Stamps();
   auto built = c->Build();
   if (!built.ok()) return built.status();
@@ -78,26 +78,21 @@ absl::StatusOr<std::shared_ptr<TlsClient>> TlsClient::Create(const config::TlsSe
   return c;
 }
 
-std::vector<TlsClient::Stamp> TlsClient::Stamps() const {
-  std::vector<Stamp> out;
+std::vector<FileStamp> TlsClient::Stamps() const {
+  std::vector<FileStamp> out;
   for (const std::string* path : {&settings_.ca_file, &settings_.ca_dir, &settings_.cert_file, &settings_.key_file}) {
-    Stamp s;
-    struct stat st;
-    if (!path->empty() && ::stat(path->c_str(), &st) == 0) {
-      s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-      s.size = st.st_size;
-      s.inode = st.st_ino;
-    }
-    out.push_back(s);
+    out.push_back(FileStamp::Of(*path));
   }
   return out;
 }
 
 absl::StatusOr<std::shared_ptr<TlsContext>> TlsClient::Build() const {
-  std::shared_ptr<TlsContext> t(new TlsContext());
+  std::shared_ptr<TlsContext> t(new TlsContext(side_));
   ERR_clear_error();
   SSL_CTX* ctx = t->ssl_.native_handle();
   const config::TlsSettings& s = settings_;
+  const bool server = side_ == TlsSide::kServer;
+  const bool have_ca = !s.ca_file.empty() || !s.ca_dir.empty();
   t->verify_ = s.verify;
   SSL_CTX_set_min_proto_version(ctx, s.min_version == "1.3" ? TLS1_3_VERSION : TLS1_2_VERSION);
   if (!s.ciphers.empty() && SSL_CTX_set_cipher_list(ctx, s.ciphers.c_str()) != 1) {
@@ -106,8 +101,9 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsClient::Build() const {
   if (!s.ciphersuites.empty() && SSL_CTX_set_ciphersuites(ctx, s.ciphersuites.c_str()) != 1) {
     return FieldError(field_ + ".ciphersuites", absl::StrCat("'", s.ciphersuites, "': ", OpenSslError()));
   }
-  if (s.ca_file.empty() && s.ca_dir.empty()) {
-    if (SSL_CTX_set_default_verify_paths(ctx) != 1) return FieldError(field_ + ".ca_file", OpenSslError());
+  if (!have_ca) {
+    // A listener without CAs asks for no client certificate.
+    if (!server && SSL_CTX_set_default_verify_paths(ctx) != 1) return FieldError(field_ + ".ca_file", OpenSslError());
   } else if (SSL_CTX_load_verify_locations(ctx, s.ca_file.empty() ? nullptr : s.ca_file.c_str(),
                                            s.ca_dir.empty() ? nullptr : s.ca_dir.c_str()) != 1) {
     return FieldError(field_ + (s.ca_file.empty() ? ".ca_dir" : ".ca_file"),
@@ -124,14 +120,28 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsClient::Build() const {
       return FieldError(field_ + ".key_file", absl::StrCat(s.key_file, " does not match ", s.cert_file));
     }
   }
+  // An idle connection keeps no read/write buffers (about 34 KB each otherwise).
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+  if (server) {
+    // Client certificates: asked for when there are CAs (the CA file's names tell the client
+    // which to send), verified when given, required with require_client_cert.
+    if (have_ca && !s.ca_file.empty()) SSL_CTX_set_client_CA_list(ctx, SSL_load_client_CA_file(s.ca_file.c_str()));
+    SSL_CTX_set_verify(ctx,
+                       !have_ca                ? SSL_VERIFY_NONE
+                       : s.require_client_cert ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT
+                                               : SSL_VERIFY_PEER,
+                       nullptr);
+    // Resumption (the server's cache, TLS 1.3 tickets) needs a session id context with verification.
+    static constexpr unsigned char kSessionContext[] = "keyguard";
+    SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof kSessionContext - 1);
+    return t;
+  }
   SSL_CTX_set_verify(ctx, s.verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
   // Resumption: OpenSSL hands each session the server issues to OnNewSession, the next
   // connection offers it (Prepare); the internal store is for servers only.
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
   SSL_CTX_sess_set_new_cb(ctx, &TlsContext::OnNewSession);
   SSL_CTX_set_ex_data(ctx, ContextIndex(), t.get());
-  // An idle connection keeps no read/write buffers (about 34 KB each otherwise).
-  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
   return t;
 }
 
@@ -140,7 +150,7 @@ std::shared_ptr<TlsContext> TlsClient::Current() {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_check_) return current_;
   next_check_ = now + std::chrono::seconds(1);
-  std::vector<Stamp> stamps = Stamps();
+  std::vector<FileStamp> stamps = Stamps();
   if (stamps == stamps_) return current_;
   stamps_ = std::move(stamps);
   auto built = Build();
@@ -174,6 +184,29 @@ std::string TlsFailure(SSL* ssl, const boost::system::error_code& ec) {
     if (c == '\r' || c == '\n') c = ' ';
   }
   return text;
+}
+
+std::vector<std::string> PeerCertificateNames(SSL* ssl) {
+  std::vector<std::string> names;
+  X509* cert = SSL_get_peer_certificate(ssl);
+  if (cert == nullptr) return names;
+  if (SSL_get_verify_result(ssl) == X509_V_OK) {
+    char cn[256];
+    const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
+    if (n > 0) names.emplace_back(cn, static_cast<size_t>(n));
+    auto* sans = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+    for (int i = 0; sans != nullptr && i < sk_GENERAL_NAME_num(sans); ++i) {
+      const GENERAL_NAME* g = sk_GENERAL_NAME_value(sans, i);
+      if (g->type == GEN_DNS || g->type == GEN_EMAIL || g->type == GEN_URI) {
+        const ASN1_IA5STRING* text = g->d.ia5;
+        names.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(text)),
+                           static_cast<size_t>(ASN1_STRING_length(text)));
+      }
+    }
+    GENERAL_NAMES_free(sans);
+  }
+  X509_free(cert);
+  return names;
 }
 
 }  // namespace keyguard::proxy

@@ -1,6 +1,7 @@
-// The TLS side of the connections keyguard makes (to the upstream, to the Sentinels): one SSL_CTX
-// built from config::TlsSettings, rebuilt when a certificate, key or CA file changes on disk, and
-// the session each context last got, to resume.
+// The TLS side of the connections keyguard makes (to the upstream, to the Sentinels) and of those
+// its listener accepts (listen_tls): one SSL_CTX built from config::TlsSettings, rebuilt when a
+// certificate, key or CA file changes on disk, and (making connections) the session each context
+// last got, to resume.
 #pragma once
 
 #include <sys/types.h>
@@ -19,11 +20,14 @@
 
 #include "absl/status/statusor.h"
 #include "keyguard/config/config.h"
+#include "proxy/file_stamp.h"
 
 namespace keyguard::proxy {
 
 // One built SSL_CTX and the client session to resume with it. Connections hold it (shared_ptr)
 // for as long as they are open, so a rebuilt context never pulls one from under them.
+enum class TlsSide { kClient, kServer };
+
 class TlsContext {
  public:
   ~TlsContext();
@@ -34,7 +38,9 @@ class TlsContext {
 
  private:
   friend class TlsClient;
-  TlsContext() : ssl_(boost::asio::ssl::context::tls_client) {}
+  explicit TlsContext(TlsSide side)
+      : ssl_(side == TlsSide::kClient ? boost::asio::ssl::context::tls_client : boost::asio::ssl::context::tls_server) {
+  }
   static int OnNewSession(SSL* ssl, SSL_SESSION* session);
 
   boost::asio::ssl::context ssl_;
@@ -43,12 +49,16 @@ class TlsContext {
   SSL_SESSION* session_ = nullptr;  // owned; the last one the server issued
 };
 
-// The current TlsContext for a set of settings, shared by every worker thread.
+// The current TlsContext for a set of settings, shared by every worker thread. kClient connects
+// (the upstream, the Sentinels); kServer accepts (the listener: keyguard's certificate, and
+// client certificates verified against the CAs when there are any, required with
+// require_client_cert).
 class TlsClient {
  public:
   // Builds the first context; an unreadable or invalid file is an error naming `field` (e.g.
   // "upstream_tls.ca_file: ...").
-  static absl::StatusOr<std::shared_ptr<TlsClient>> Create(const config::TlsSettings& settings, std::string field);
+  static absl::StatusOr<std::shared_ptr<TlsClient>> Create(const config::TlsSettings& settings, std::string field,
+                                                           TlsSide side = TlsSide::kClient);
 
   // The context for a new connection. At most once a second it looks at the files (mtime, size,
   // inode: a Kubernetes Secret's symlink swap changes them) and, when one changed, builds a new
@@ -64,32 +74,35 @@ class TlsClient {
   // Handshakes completed, and how many of them resumed a session.
   void CountHandshake(bool resumed) { (resumed ? resumed_ : full_).fetch_add(1, std::memory_order_relaxed); }
   uint64_t handshakes(bool resumed) const { return (resumed ? resumed_ : full_).load(std::memory_order_relaxed); }
+  // Handshakes that failed (kServer: a client without a trusted certificate, not speaking TLS).
+  void CountFailure() { failed_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t failures() const { return failed_.load(std::memory_order_relaxed); }
 
  private:
-  struct Stamp {
-    int64_t mtime_ns = 0;
-    int64_t size = -1;
-    ino_t inode = 0;
-    bool operator==(const Stamp&) const = default;
-  };
-  TlsClient(config::TlsSettings settings, std::string field)
-      : settings_(std::move(settings)), field_(std::move(field)) {}
+  TlsClient(config::TlsSettings settings, std::string field, TlsSide side)
+      : settings_(std::move(settings)), field_(std::move(field)), side_(side) {}
   absl::StatusOr<std::shared_ptr<TlsContext>> Build() const;
-  std::vector<Stamp> Stamps() const;
+  std::vector<FileStamp> Stamps() const;
 
   const config::TlsSettings settings_;
   const std::string field_;
+  const TlsSide side_;
   mutable std::mutex mu_;
   std::shared_ptr<TlsContext> current_;
-  std::vector<Stamp> stamps_;
+  std::vector<FileStamp> stamps_;
   std::chrono::steady_clock::time_point next_check_;
   uint64_t rebuilds_ = 0;
   std::atomic<uint64_t> full_{0};
   std::atomic<uint64_t> resumed_{0};
+  std::atomic<uint64_t> failed_{0};
 };
 
 // A readable text for the TLS failure of `ssl` after a handshake that failed with `ec`:
 // "certificate verify failed: <why>" when the server's certificate was refused.
 std::string TlsFailure(SSL* ssl, const boost::system::error_code& ec);
+
+// The names of the peer's certificate once it verified: its subject CN, then its DNS, email and
+// URI subjectAltNames. Empty without a certificate, or one that did not verify.
+std::vector<std::string> PeerCertificateNames(SSL* ssl);
 
 }  // namespace keyguard::proxy

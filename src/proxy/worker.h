@@ -23,6 +23,7 @@
 #include "keyguard/tenant/rewrite.h"
 #include "keyguard/tenant/walk.h"
 #include "proxy/asio.h"
+#include "proxy/credentials.h"
 #include "proxy/pipeline.h"
 #include "proxy/refusal.h"
 #include "proxy/shared_upstream.h"
@@ -45,14 +46,7 @@ struct Worker {
         upstream_host(c.upstream.address.host),
         hygiene(c.hygiene, detectors),
         connections(conns),
-        stages(c, st, s, conns) {
-    if (!config.upstream_auth.password.empty()) {
-      std::vector<std::string_view> auth = {"AUTH"};
-      if (!config.UpstreamUser().empty()) auth.push_back(config.UpstreamUser());
-      auth.push_back(config.upstream_auth.password);
-      resp::AppendCommand(&upstream_auth, auth);
-    }
-  }
+        stages(c, st, s, conns) {}
 
   // Sockets and timers of a worker are used from its thread only, so the reactor's per-socket
   // locks are off (UNSAFE_IO); the scheduler's lock stays, as the control thread posts the drain
@@ -65,6 +59,7 @@ struct Worker {
   // A session could not connect, or a write got READONLY (Sentinel: ask for the primary again).
   std::function<void()> upstream_failed;
   std::shared_ptr<TlsClient> upstream_tls;  // with a TLS upstream (shared by every worker)
+  std::shared_ptr<TlsClient> listen_tls;    // with listen_tls (shared by every worker)
   std::unordered_set<std::shared_ptr<Session>> sessions;
   // upstream_connections: shared. The pipelined connections new sessions are spread over, and
   // the idle connections pinned clients take.
@@ -81,7 +76,8 @@ struct Worker {
   std::shared_ptr<SizeProbe> probe;  // with hygiene.probe
   tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   StageShared stages;                // what the command pipeline reads and counts (live settings, deny list)
-  std::string upstream_auth;         // the encoded AUTH for each upstream connection, or empty
+  // keyguard's upstream AUTH, its password file read again when it changes (shared by every worker).
+  std::shared_ptr<UpstreamCredentials> upstream_credentials;
   // Tenancy: each tenant's budget of key-walk steps on this worker (walk_steps_per_second, up to
   // one second's worth).
   std::unordered_map<const tenant::Tenant*, tenant::StepBudget> walk_budget;

@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/common/field_error.h"
@@ -172,8 +173,22 @@ absl::StatusOr<std::shared_ptr<const Tenancy>> Tenancy::Compile(const v1::Tenanc
       }
     } else if (!u->password().empty()) {
       user.password_sha256 = Sha256(u->password());
+    } else if (u->cert_names_size() > 0) {
+      user.has_password = false;
     } else {
-      return FieldError(path + ".password_sha256", "a user needs a password (password_sha256 or password)");
+      return FieldError(path + ".password_sha256",
+                        "a user needs a password (password_sha256 or password) or cert_names");
+    }
+    for (int i = 0; i < u->cert_names_size(); ++i) {
+      const std::string& n = u->cert_names(i);
+      const std::string field = absl::StrCat(path, ".cert_names[", i, "]");
+      if (n.empty()) return FieldError(field, "must not be empty");
+      for (const User& other : t->users_) {
+        if (absl::c_linear_search(other.cert_names, n)) {
+          return FieldError(field, absl::StrCat("'", n, "' already names user '", other.name, "'"));
+        }
+      }
+      user.cert_names.push_back(n);
     }
     user.tenant = tenant_for(u->prefix(), u->tenant());
     if (!u->tenant().empty() && user.tenant->name != u->tenant()) {
@@ -221,9 +236,24 @@ absl::StatusOr<std::shared_ptr<const Tenancy>> Tenancy::Compile(const v1::Tenanc
 const User* Tenancy::Authenticate(std::string_view user, std::string_view password) const {
   const Digest d = Sha256(password);
   for (const User& u : users_) {
-    if (u.name == user) return CRYPTO_memcmp(d.data(), u.password_sha256.data(), d.size()) == 0 ? &u : nullptr;
+    if (u.name == user) {
+      return u.has_password && CRYPTO_memcmp(d.data(), u.password_sha256.data(), d.size()) == 0 ? &u : nullptr;
+    }
   }
   return nullptr;
+}
+
+const User* Tenancy::ForCertificate(const std::vector<std::string>& names) const {
+  for (const User& u : users_) {
+    for (const std::string& n : names) {
+      if (absl::c_linear_search(u.cert_names, n)) return &u;
+    }
+  }
+  return nullptr;
+}
+
+bool Tenancy::has_cert_names() const {
+  return absl::c_any_of(users_, [](const User& u) { return !u.cert_names.empty(); });
 }
 
 absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const v1::UpstreamAuth& p, std::string_view password_file_text) {
@@ -235,6 +265,7 @@ absl::StatusOr<UpstreamAuth> CompileUpstreamAuth(const v1::UpstreamAuth& p, std:
   a.password = p.password();
   if (!p.password_file().empty()) {
     a.password = std::string(password_file_text);
+    a.password_file = p.password_file();
     while (!a.password.empty() && (a.password.back() == '\n' || a.password.back() == '\r')) a.password.pop_back();
     if (a.password.empty())
       return FieldError("upstream_auth.password_file", absl::StrCat(p.password_file(), " is empty"));

@@ -4,7 +4,8 @@ sprig + include/tpl/required/toYaml/fromYaml/.Files), built from Debian's Go pac
 rendering must parse as YAML, pass yamllint, and hold what the values promise: modes, probes,
 security context, the ConfigMap keyguard reloads (its keyguard.yaml passes `keyguard
 check-config` with the files the pod mounts from Secrets: upstream password, tenants' users),
-the Secrets (no credential in a ConfigMap), monitors, the PrometheusRule (equal to the rule file) and the
+the Secrets (no credential in a ConfigMap), TLS Secrets mounted for the upstream and the listener,
+the Sentinel credentials, monitors, the PrometheusRule (equal to the rule file) and the
 dashboard ConfigMaps (equal to the JSON files)."""
 import base64
 import hashlib
@@ -298,6 +299,84 @@ def test_existing_secrets_for_users_and_upstream_password(helmrender):
     check_config_map(cm, mounted_secret_files(pod["spec"], c, existing))
 
 
+UPSTREAM_TLS = "/var/run/secrets/keyguard/upstream-tls"
+LISTEN_TLS = "/var/run/secrets/keyguard/listen-tls"
+SENTINEL_PASSWORD = "/var/run/secrets/keyguard/sentinel/password"
+
+
+def test_managed_redis_over_tls_with_a_tls_listener(helmrender):
+    """The first set-up of docs/operations.md: a managed Redis over TLS (CA and client certificate
+    from a Secret), keyguard's own listener serving TLS with client certificates required."""
+    values = {"upstream": "rediss://keyguard@redis.example.com:6380",
+              "upstreamTls": {"existingSecret": "redis-tls", "certKey": "tls.crt", "keyKey": "tls.key",
+                              "serverName": "redis.example.com", "minVersion": "1.3"},
+              "upstreamAuth": {"existingSecret": "redis-creds"},
+              "listenTls": {"enabled": True, "existingSecret": "keyguard-tls", "caKey": "ca.crt",
+                            "requireClientCert": True},
+              "config": {"upstream_tls": {"ciphersuites": "TLS_AES_256_GCM_SHA384"}}}
+    k = render(helmrender, values)
+    assert "Secret" not in k  # certificates and keys stay in the Secrets the cluster has
+    pod, c = pod_and_container(k)
+    check_container(c, "0.0.0.0:6380")
+    assert arg(c, "--upstream") == "rediss://keyguard@redis.example.com:6380"
+    vols = {v["name"]: v["secret"] for v in pod["spec"]["volumes"] if "secret" in v}
+    # Whole files by key, no subPath: a rotated Secret reaches the files and keyguard reloads them.
+    assert vols == {
+        "keyguard-upstream": {"secretName": "redis-creds", "items": [{"key": "password", "path": "password"}]},
+        "keyguard-upstream-tls": {"secretName": "redis-tls", "items": [
+            {"key": "ca.crt", "path": "ca.crt"}, {"key": "tls.crt", "path": "tls.crt"},
+            {"key": "tls.key", "path": "tls.key"}]},
+        "keyguard-listen-tls": {"secretName": "keyguard-tls", "items": [
+            {"key": "ca.crt", "path": "ca.crt"}, {"key": "tls.crt", "path": "tls.crt"},
+            {"key": "tls.key", "path": "tls.key"}]}}
+    for name, path in (("keyguard-upstream-tls", UPSTREAM_TLS), ("keyguard-listen-tls", LISTEN_TLS)):
+        assert {"name": name, "mountPath": path, "readOnly": True} in c["volumeMounts"]
+    assert all("subPath" not in m for m in c["volumeMounts"])
+    cm = one(k, "ConfigMap")
+    assert yaml.safe_load(cm["data"]["keyguard.yaml"]) == {
+        "key_policy": {"default_action": "observe"},
+        "upstream_auth": {"password_file": UPSTREAM_PASSWORD},
+        "upstream_tls": {"ca_file": UPSTREAM_TLS + "/ca.crt", "cert_file": UPSTREAM_TLS + "/tls.crt",
+                         "key_file": UPSTREAM_TLS + "/tls.key", "server_name": "redis.example.com",
+                         "min_version": "1.3", "ciphersuites": "TLS_AES_256_GCM_SHA384"},
+        "listen_tls": {"ca_file": LISTEN_TLS + "/ca.crt", "cert_file": LISTEN_TLS + "/tls.crt",
+                       "key_file": LISTEN_TLS + "/tls.key", "require_client_cert": True}}
+    pem = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n")
+    existing = {"redis-creds": {"password": base64.b64encode(b"pw\n")},
+                "redis-tls": {"ca.crt": pem, "tls.crt": pem, "tls.key": pem},
+                "keyguard-tls": {"ca.crt": pem, "tls.crt": pem, "tls.key": pem}}
+    files = mounted_secret_files(pod["spec"], c, existing)
+    assert len(files) == 7
+    check_config_map(cm, files)
+    # The TLS settings are read at start (the files' contents reload by themselves): they roll the pods.
+    def checksum(v):
+        return pod_and_container(render(helmrender, v))[0]["metadata"]["annotations"]["checksum/keyguard"]
+    assert checksum(dict(values, listenTls=dict(values["listenTls"], requireClientCert=False))) != checksum(values)
+
+
+def test_sentinel_group_upstream(helmrender):
+    """The second set-up: the primary of a Sentinel group, with credentials for the Sentinels and
+    for Redis, each password in its own Secret."""
+    values = {"upstream": "redis-sentinel://mymaster@redis-sentinel-0.redis:26379,redis-sentinel-1.redis:26379",
+              "sentinel": {"username": "keyguard", "password": "sentinel-pw"},
+              "upstreamAuth": {"password": "redis-pw"}}
+    k = render(helmrender, values)
+    secrets = {s["metadata"]["name"]: s for s in k["Secret"]}
+    assert {n: {x: base64.b64decode(v) for x, v in s["data"].items()} for n, s in secrets.items()} == {
+        "shop-keyguard-upstream": {"password": b"redis-pw"}, "shop-keyguard-sentinel": {"password": b"sentinel-pw"}}
+    pod, c = pod_and_container(k)
+    assert arg(c, "--upstream") == values["upstream"]
+    cm = one(k, "ConfigMap")
+    assert "sentinel-pw" not in json.dumps(cm)
+    assert yaml.safe_load(cm["data"]["keyguard.yaml"]) == {
+        "key_policy": {"default_action": "observe"},
+        "upstream_auth": {"password_file": UPSTREAM_PASSWORD},
+        "sentinel": {"user": "keyguard", "password_file": SENTINEL_PASSWORD}}
+    files = mounted_secret_files(pod["spec"], c, {n: s["data"] for n, s in secrets.items()})
+    assert files == {UPSTREAM_PASSWORD: b"redis-pw", SENTINEL_PASSWORD: b"sentinel-pw"}
+    check_config_map(cm, files)
+
+
 def test_static_tenant(helmrender):
     k = render(helmrender, {"tenancy": {"prefix": "shop:", "name": "shop"}})
     assert "Secret" not in k
@@ -330,6 +409,19 @@ def test_bad_values_fail_with_the_field(helmrender):
     render(helmrender, {"tenancy": {"name": "a"}}, expect_error="tenancy.name: needs tenancy.prefix")
     render(helmrender, {"tenancy": {"users": [{"name": "eve", "prefix": "e:"}]}},
            expect_error="tenancy.users[0]: needs password or password_sha256")
+    render(helmrender, {"upstreamTls": {"existingSecret": "redis-tls"}},
+           expect_error='upstreamTls: set, but upstream "redis:6379" is not TLS')
+    render(helmrender, {"upstream": "rediss://r:6380", "upstreamTls": {"existingSecret": "t", "certKey": "tls.crt"}},
+           expect_error="upstreamTls.certKey and upstreamTls.keyKey go together")
+    render(helmrender, {"sentinel": {"password": "x"}},
+           expect_error='sentinel: set, but upstream "redis:6379" is not a Sentinel group')
+    render(helmrender, {"upstream": "redis-sentinel://m@s:26379", "sentinel": {"username": "kg"}},
+           expect_error="sentinel.username: needs sentinel.password")
+    render(helmrender, {"config": {"sentinel": {"password_file": "/x"}}}, expect_error="config.sentinel: set")
+    render(helmrender, {"listenTls": {"enabled": True}}, expect_error="listenTls.existingSecret: required")
+    render(helmrender, {"listenTls": {"existingSecret": "t"}}, expect_error="listenTls: set, but listenTls.enabled")
+    render(helmrender, {"listenTls": {"enabled": True, "existingSecret": "t", "requireClientCert": True}},
+           expect_error="listenTls.requireClientCert: needs listenTls.caKey")
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -412,8 +412,11 @@ def test_static_tenant_and_upstream_credentials():
             before = bad.metric('keyguard_upstream_errors_total{reason="auth"}')
             # Whether keyguard's upstream AUTH fails before or after the PING arrives, the client
             # gets the error, then the connection closes.
-            assert RespConn(bad.port).exchange(encode("PING"), closed=True) == \
-                b"-ERR keyguard: upstream unavailable\r\n<closed>"
+            assert RespConn(bad.port).exchange(encode("PING"), closed=True) in (
+                b"-ERR keyguard: upstream refused keyguard's AUTH: WRONGPASS invalid username-password pair or user "
+                b"is disabled.\r\n<closed>",
+                # Should the PING arrive first, it was already forwarded when the refusal came.
+                b"-ERR keyguard: upstream unavailable\r\n<closed>")
             after = bad.metric('keyguard_upstream_errors_total{reason="auth"}')
             assert after == before + 1
             assert [e["error"] for e in bad.events("upstream_auth_failed")] == [
@@ -421,6 +424,50 @@ def test_static_tenant_and_upstream_credentials():
         finally:
             bad.stop()
     finally:
+        r.stop()
+
+
+@pytest.mark.dedicated_only(reason="a shared connection keeps the secret it authenticated with; one whose AUTH is refused retries while its clients get the error and stay")
+def test_a_rotated_upstream_password_is_used_by_new_connections_and_a_refused_one_is_told():
+    r = Redis("--requirepass", "pw-1")
+    pw = os.path.join(r.dir, "pw")
+
+    def write_password(text):
+        # As a Secret update: the new file renamed into place.
+        with open(pw + ".new", "w") as f:
+            f.write(text + "\n")
+        os.rename(pw + ".new", pw)
+
+    write_password("pw-1")
+    k = Keyguard(r.port, config=CONFIG + 'upstream_auth: {password_file: "%s"}\n' % pw)
+    try:
+        direct = redis.Redis(port=r.port, password="pw-1", decode_responses=True)
+        old = as_user(k, "alice")
+        assert old.set("k", "1") is True
+        # Redis takes the new password (open connections stay authenticated), then the file changes.
+        assert direct.config_set("requirepass", "pw-2") is True
+        write_password("pw-2")
+        new = as_user(k, "alice")
+        assert new.incr("n") == 1
+        assert k.metric("keyguard_upstream_auth_reloads_total") == 1
+        assert old.incr("k") == 2  # the old connection keeps going
+        assert k.metric('keyguard_upstream_errors_total{reason="auth"}') == 0
+        # A secret Redis refuses: counted, logged, and a client that logged in to keyguard is told.
+        write_password("pw-stale")
+        wait_until(lambda: k.metric("keyguard_client_connections") == 2, "only the two clients connected")
+        c = RespConn(k.port)
+        wait_until(lambda: k.metric('keyguard_upstream_errors_total{reason="auth"}') == 1, "the refused AUTH")
+        assert c.call("AUTH", "alice", "alice-secret") == "OK"
+        assert c.exchange(encode("GET", "k"), closed=True) == (
+            b"-ERR keyguard: upstream refused keyguard's AUTH: WRONGPASS invalid username-password pair or user is "
+            b"disabled.\r\n<closed>")
+        assert k.metric("keyguard_upstream_auth_reloads_total") == 2
+        assert [e["error"] for e in k.events("upstream_auth_failed")] == [
+            "WRONGPASS invalid username-password pair or user is disabled."]
+        stored = redis.Redis(port=r.port, password="pw-2")
+        assert (stored.get("tenant:a:k"), stored.get("tenant:a:n")) == (b"2", b"1")
+    finally:
+        assert k.stop() == 0, k.output()
         r.stop()
 
 

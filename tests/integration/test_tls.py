@@ -69,20 +69,40 @@ def make_cert(d, name, ca, cn, san=None):
             "-days", "30", "-out", "%s.crt" % name, "-extfile", ext, cwd=d)
 
 
+def make_expired_cert(d, name, ca, cn, san):
+    """As make_cert, valid only in January 2020 (`openssl ca` sets past dates; OpenSSL 3.0's x509
+    cannot)."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "%s.key" % name,
+            "-out", "%s.csr" % name, "-subj", "/CN=%s" % cn, cwd=d)
+    with open(os.path.join(d, "%s.ext" % name), "w") as f:
+        f.write("basicConstraints=CA:FALSE\nsubjectAltName=%s\n" % san)
+    with open(os.path.join(d, "%s.cnf" % name), "w") as f:
+        f.write("[ca]\ndefault_ca=d\n[d]\ndatabase=%s.index\nnew_certs_dir=.\nserial=%s.serial\ndefault_md=sha256\n"
+                "policy=p\n[p]\ncommonName=supplied\n" % (name, name))
+    open(os.path.join(d, "%s.index" % name), "w").close()
+    with open(os.path.join(d, "%s.serial" % name), "w") as f:
+        f.write("01\n")
+    openssl("ca", "-batch", "-notext", "-config", "%s.cnf" % name, "-cert", "%s.crt" % ca, "-keyfile", "%s.key" % ca,
+            "-in", "%s.csr" % name, "-out", "%s.crt" % name, "-startdate", "20200101000000Z", "-enddate",
+            "20200201000000Z", "-extfile", "%s.ext" % name, cwd=d)
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    """A CA and the server and client certificates it signed, and a second CA nobody trusts."""
+    """A CA and the server and client certificates it signed (and a server certificate that has
+    expired), and a second CA nobody trusts."""
     d = str(tmp_path_factory.mktemp("pki"))
     make_ca(d, "ca")
     make_ca(d, "other-ca")
     make_cert(d, "server", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
+    make_expired_cert(d, "expired", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
     make_cert(d, "client", "ca", "keyguard")
     make_cert(d, "stranger", "other-ca", "keyguard")
     return lambda name: os.path.join(d, name)
 
 
-def tls_redis(pki, *extra):
-    return Redis(*extra, tls={"cert": pki("server.crt"), "key": pki("server.key"), "ca": pki("ca.crt")})
+def tls_redis(pki, *extra, server="server"):
+    return Redis(*extra, tls={"cert": pki(server + ".crt"), "key": pki(server + ".key"), "ca": pki("ca.crt")})
 
 
 def direct(r, pki):
@@ -142,8 +162,13 @@ def ping_reply(kg):
         reply = c.exchange(encode("PING"), replies=1)
         if reply.startswith(b"+"):
             return reply
-        # After an error keyguard closes: read to the close (the first read may have seen it).
-        return reply.replace(b"<closed>", b"") + c.exchange(b"", closed=True)
+        # After an error keyguard closes: read to the close (the first read may have seen it, and
+        # the close may already have reset the connection).
+        try:
+            rest = c.exchange(b"", closed=True)
+        except (BrokenPipeError, ConnectionResetError):
+            rest = b"<closed>"
+        return reply.replace(b"<closed>", b"") + rest
     finally:
         c.close()
 
@@ -154,12 +179,13 @@ def tls_refusal(kg, reason):
 
 
 @pytest.mark.dedicated_only(reason="the client stays connected, and the shared connections count a TLS error at each retry")
-@pytest.mark.parametrize("tls_yaml,reason", [
-    ("  ca_file: {other_ca}\n", "certificate verify failed: self-signed certificate in certificate chain"),
-    ("  ca_file: {ca}\n  server_name: redis.example.com\n", "certificate verify failed: hostname mismatch"),
+@pytest.mark.parametrize("server,tls_yaml,reason", [
+    ("server", "  ca_file: {other_ca}\n", "certificate verify failed: self-signed certificate in certificate chain"),
+    ("server", "  ca_file: {ca}\n  server_name: redis.example.com\n", "certificate verify failed: hostname mismatch"),
+    ("expired", "  ca_file: {ca}\n", "certificate verify failed: certificate has expired"),
 ])
-def test_an_untrusted_or_misnamed_server_is_refused_with_the_reason(pki, tls_yaml, reason):
-    r = tls_redis(pki, "--tls-auth-clients", "no")
+def test_an_untrusted_misnamed_or_expired_server_is_refused_with_the_reason(pki, server, tls_yaml, reason):
+    r = tls_redis(pki, "--tls-auth-clients", "no", server=server)
     kg = tls_keyguard(r, pki, tls_yaml.format(other_ca=pki("other-ca.crt"), ca=pki("ca.crt")))
     try:
         tls_refusal(kg, reason)
@@ -174,17 +200,22 @@ def test_an_untrusted_or_misnamed_server_is_refused_with_the_reason(pki, tls_yam
         r.stop()
 
 
+def rotated_files(pki, cert, key):
+    """A function that installs certificate NAME (NAME.crt, NAME.key from `pki`) as the files `cert`
+    and `key`, as a Secret update does: new files renamed into place, the old ones still open
+    elsewhere."""
+    def install(name):
+        for src, dst in ((pki(name + ".crt"), cert), (pki(name + ".key"), key)):
+            shutil.copy(src, dst + ".new")
+            os.rename(dst + ".new", dst)
+    return install
+
+
 @pytest.mark.dedicated_only(reason="a shared connection keeps its certificate while it lives; new ones (reconnects, pins) take the new files")
 def test_client_certificates_for_a_server_that_requires_them_and_their_rotation(pki, tmp_path):
     r = tls_redis(pki, "--tls-auth-clients", "yes")
     cert, key = str(tmp_path / "client.crt"), str(tmp_path / "client.key")
-
-    def install(name):
-        # As a Secret update: new files renamed into place, the old ones still open elsewhere.
-        for src, dst in ((pki(name + ".crt"), cert), (pki(name + ".key"), key)):
-            shutil.copy(src, dst + ".new")
-            os.rename(dst + ".new", dst)
-
+    install = rotated_files(pki, cert, key)
     install("client")
     kg = tls_keyguard(r, pki, "  ca_file: %s\n  cert_file: %s\n  key_file: %s\n" % (pki("ca.crt"), cert, key))
     try:

@@ -502,9 +502,9 @@ TEST(Upstream, TlsAndSentinelSettingsAreCheckedAgainstTheUpstream) {
   EXPECT_EQ(ParseError("upstream: rediss://h:1\nupstream_tls: {min_version: '1.1'}\n"),
             "upstream_tls.min_version: '1.1' is not \"1.2\" or \"1.3\"");
   EXPECT_EQ(ParseError("upstream: rediss://h:1\nupstream_tls: {cert_file: /c.pem}\n"),
-            "upstream_tls.key_file: cert_file and key_file go together (a client certificate needs its key)");
+            "upstream_tls.key_file: cert_file and key_file go together (a certificate needs its key)");
   EXPECT_EQ(ParseError("upstream: rediss://h:1\nupstream_tls: {key_file: /k.pem}\n"),
-            "upstream_tls.cert_file: cert_file and key_file go together (a client certificate needs its key)");
+            "upstream_tls.cert_file: cert_file and key_file go together (a certificate needs its key)");
   EXPECT_EQ(ParseError("upstream: h:1\nsentinel: {user: u}\n"), "sentinel.user: given without sentinel.password_file");
   EXPECT_EQ(ParseError("upstream: redis://app@h:1\n"),
             "upstream: names user 'app' but no password is set: upstream_auth.password_file");

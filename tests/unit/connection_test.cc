@@ -308,7 +308,9 @@ TEST_F(ConnectionTest, KeyguardsOwnUpstreamAuthGoesFirstAndItsReplyIsNotTheClien
   EXPECT_EQ(conn_->OnUpstreamFailed(metrics::UpstreamError::kAuth, &owed), Connection::AfterFailure::kContinue);
   EXPECT_FALSE(conn_->upstream_ready());
   Client("*1\r\n$4\r\nPING\r\n");
-  EXPECT_EQ(TakeClient(), "-ERR keyguard: upstream unavailable\r\n");
+  EXPECT_EQ(TakeClient(),
+            "-ERR keyguard: upstream refused keyguard's AUTH: WRONGPASS invalid username-password pair or user is "
+            "disabled.\r\n");
   EXPECT_TRUE(conn_->stop_reading());
 }
 

@@ -392,6 +392,39 @@ TEST(TenancyConfigTest, Validation) {
   EXPECT_FALSE(Tenancy::Compile(p, {}).ok());
 }
 
+TEST(TenancyConfigTest, CertificateNamesLogInWithoutAPassword) {
+  v1::Tenancy p;
+  auto* a = p.add_users();
+  a->set_name("alice");
+  a->set_prefix("tenant:a:");
+  EXPECT_EQ(Tenancy::Compile(p, {}).status().message(),
+            "tenancy.users[0].password_sha256: a user needs a password (password_sha256 or password) or cert_names");
+  a->add_cert_names("alice.example");
+  a->add_cert_names("spiffe://prod/alice");
+  auto* b = p.add_users();
+  b->set_name("bob");
+  b->set_password("bob-secret");
+  b->set_prefix("tenant:b:");
+  b->add_cert_names("bob.example");
+  auto t = Tenancy::Compile(p, {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE((*t)->has_cert_names());
+  ASSERT_NE((*t)->ForCertificate({"pod-7", "spiffe://prod/alice"}), nullptr);
+  EXPECT_EQ((*t)->ForCertificate({"pod-7", "spiffe://prod/alice"})->name, "alice");
+  EXPECT_EQ((*t)->ForCertificate({"bob.example"})->tenant->prefix, "tenant:b:");
+  EXPECT_EQ((*t)->ForCertificate({"carol.example", "alice.example.org"}), nullptr);
+  EXPECT_EQ((*t)->ForCertificate({}), nullptr);
+  // A certificate-only user cannot AUTH, not even with an empty password; bob still can.
+  EXPECT_EQ((*t)->Authenticate("alice", ""), nullptr);
+  EXPECT_NE((*t)->Authenticate("bob", "bob-secret"), nullptr);
+
+  b->add_cert_names("alice.example");
+  EXPECT_EQ(Tenancy::Compile(p, {}).status().message(),
+            "tenancy.users[1].cert_names[1]: 'alice.example' already names user 'alice'");
+  b->set_cert_names(1, "");
+  EXPECT_EQ(Tenancy::Compile(p, {}).status().message(), "tenancy.users[1].cert_names[1]: must not be empty");
+}
+
 // A walk's replies as the server sends them: [cursor, keys seen, a key found or ""].
 KeyWalk::Step StepReply(KeyWalk& w, std::string_view cursor, std::string_view seen, std::string_view found,
                         int protocol = 2) {

@@ -52,6 +52,14 @@ helm.sh/chart: keyguard
 {{- if or .Values.upstreamAuth.existingSecret .Values.upstreamAuth.password -}}true{{- end -}}
 {{- end -}}
 
+{{- define "keyguard.sentinelSecretName" -}}
+{{- .Values.sentinel.existingSecret | default (printf "%s-sentinel" (include "keyguard.fullname" .)) -}}
+{{- end -}}
+
+{{- define "keyguard.hasSentinelSecret" -}}
+{{- if or .Values.sentinel.existingSecret .Values.sentinel.password -}}true{{- end -}}
+{{- end -}}
+
 {{- define "keyguard.tenantsSecretName" -}}
 {{- .Values.tenancy.existingSecret | default (printf "%s-tenants" (include "keyguard.fullname" .)) -}}
 {{- end -}}
@@ -63,6 +71,24 @@ helm.sh/chart: keyguard
 {{/* Where the Secrets are mounted; the rendered config names these files. */}}
 {{- define "keyguard.upstreamPasswordFile" -}}/var/run/secrets/keyguard/upstream/password{{- end -}}
 {{- define "keyguard.tenantsUsersFile" -}}/var/run/secrets/keyguard/tenants/users.yaml{{- end -}}
+{{- define "keyguard.sentinelPasswordFile" -}}/var/run/secrets/keyguard/sentinel/password{{- end -}}
+{{- define "keyguard.upstreamTlsDir" -}}/var/run/secrets/keyguard/upstream-tls{{- end -}}
+{{- define "keyguard.listenTlsDir" -}}/var/run/secrets/keyguard/listen-tls{{- end -}}
+
+{{/*
+The files of a TLS Secret the pod mounts: {config field: Secret key} for the keys that are set.
+Called with (list "upstream"|"listen" .).
+*/}}
+{{- define "keyguard.tlsFiles" -}}
+{{- $v := ternary (index . 1).Values.upstreamTls (index . 1).Values.listenTls (eq (index . 0) "upstream") -}}
+{{- $files := dict -}}
+{{- if $v.existingSecret -}}
+{{- with $v.caKey }}{{ $_ := set $files "ca_file" . }}{{ end -}}
+{{- with $v.certKey }}{{ $_ := set $files "cert_file" . }}{{ end -}}
+{{- with $v.keyKey }}{{ $_ := set $files "key_file" . }}{{ end -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
 
 {{/*
 keyguard.yaml: `config` with the chart's tenancy (prefix, name, users_file) and upstream_auth
@@ -79,6 +105,23 @@ keyguard.yaml: `config` with the chart's tenancy (prefix, name, users_file) and 
 {{- $a := dict "password_file" (include "keyguard.upstreamPasswordFile" .) -}}
 {{- with .Values.upstreamAuth.username }}{{ $_ := set $a "user" . }}{{ end -}}
 {{- $_ := set $c "upstream_auth" $a -}}
+{{- end -}}
+{{- if include "keyguard.hasSentinelSecret" . -}}
+{{- $s := dict "password_file" (include "keyguard.sentinelPasswordFile" .) -}}
+{{- with .Values.sentinel.username }}{{ $_ := set $s "user" . }}{{ end -}}
+{{- $_ := set $c "sentinel" $s -}}
+{{- end -}}
+{{- $root := . -}}
+{{- range $side := list "upstream" "listen" -}}
+{{- $v := ternary $root.Values.upstreamTls $root.Values.listenTls (eq $side "upstream") -}}
+{{- $field := printf "%s_tls" $side -}}
+{{- $dir := include (printf "keyguard.%sTlsDir" $side) $root -}}
+{{- $t := deepCopy (get $c $field | default dict) -}}
+{{- range $f, $key := include "keyguard.tlsFiles" (list $side $root) | fromJson }}{{ $_ := set $t $f (printf "%s/%s" $dir $key) }}{{ end -}}
+{{- with $v.minVersion }}{{ $_ := set $t "min_version" (toString .) }}{{ end -}}
+{{- if and (eq $side "upstream") $v.serverName }}{{ $_ := set $t "server_name" $v.serverName }}{{ end -}}
+{{- if and (eq $side "listen") $v.requireClientCert }}{{ $_ := set $t "require_client_cert" true }}{{ end -}}
+{{- if $t }}{{ $_ := set $c $field $t }}{{ end -}}
 {{- end -}}
 {{- toYaml $c -}}
 {{- end -}}
@@ -109,7 +152,9 @@ when they change.
 {{- define "keyguard.restartChecksum" -}}
 {{- $c := .Values.config | default dict -}}
 {{- dict "tenancy" .Values.tenancy "upstreamAuth" .Values.upstreamAuth "config.tenancy" (get $c "tenancy")
-    "config.upstream_auth" (get $c "upstream_auth") | toJson | sha256sum -}}
+    "config.upstream_auth" (get $c "upstream_auth") "upstreamTls" .Values.upstreamTls "sentinel" .Values.sentinel
+    "listenTls" .Values.listenTls "config.upstream_tls" (get $c "upstream_tls") "config.listen_tls" (get $c "listen_tls")
+    | toJson | sha256sum -}}
 {{- end -}}
 
 {{- define "keyguard.listenAddress" -}}
@@ -121,11 +166,36 @@ when they change.
 {{- fail (printf "mode: must be standalone or sidecar, not %q" .Values.mode) -}}
 {{- end -}}
 {{- if not .Values.upstream -}}
-{{- fail "upstream: the Redis address (HOST:PORT) is required" -}}
+{{- fail "upstream: the Redis address (HOST:PORT, or a redis://, rediss://, redis-sentinel:// URL) is required" -}}
+{{- end -}}
+{{- $tls := or (hasPrefix "rediss://" .Values.upstream) (hasPrefix "rediss-sentinel://" .Values.upstream) -}}
+{{- if and (not $tls) (or .Values.upstreamTls.existingSecret .Values.upstreamTls.serverName .Values.upstreamTls.minVersion) -}}
+{{- fail (printf "upstreamTls: set, but upstream %q is not TLS (rediss:// or rediss-sentinel://)" .Values.upstream) -}}
+{{- end -}}
+{{- if and .Values.upstreamTls.existingSecret (ne (empty .Values.upstreamTls.certKey) (empty .Values.upstreamTls.keyKey)) -}}
+{{- fail "upstreamTls.certKey and upstreamTls.keyKey go together (a client certificate needs its key)" -}}
+{{- end -}}
+{{- if and (or .Values.sentinel.username (include "keyguard.hasSentinelSecret" .)) (not (contains "-sentinel://" .Values.upstream)) -}}
+{{- fail (printf "sentinel: set, but upstream %q is not a Sentinel group (redis-sentinel://)" .Values.upstream) -}}
+{{- end -}}
+{{- if and .Values.sentinel.username (not (include "keyguard.hasSentinelSecret" .)) -}}
+{{- fail "sentinel.username: needs sentinel.password or sentinel.existingSecret" -}}
+{{- end -}}
+{{- if and .Values.listenTls.enabled (not .Values.listenTls.existingSecret) -}}
+{{- fail "listenTls.existingSecret: required with listenTls.enabled (a Secret with keyguard's certificate and key)" -}}
+{{- end -}}
+{{- if and (not .Values.listenTls.enabled) (or .Values.listenTls.existingSecret .Values.listenTls.requireClientCert) -}}
+{{- fail "listenTls: set, but listenTls.enabled is false" -}}
+{{- end -}}
+{{- if and .Values.listenTls.requireClientCert (not .Values.listenTls.caKey) -}}
+{{- fail "listenTls.requireClientCert: needs listenTls.caKey (the CAs of client certificates)" -}}
 {{- end -}}
 {{- $c := .Values.config | default dict -}}
 {{- if get (get $c "tenancy" | default dict) "users" -}}
 {{- fail "config.tenancy.users: list users in tenancy.users or tenancy.existingSecret, which go into a Secret, not the ConfigMap" -}}
+{{- end -}}
+{{- if get $c "sentinel" -}}
+{{- fail "config.sentinel: set sentinel.username and sentinel.password or existingSecret; the chart renders sentinel with the mounted password file" -}}
 {{- end -}}
 {{- if get $c "upstream_auth" -}}
 {{- fail "config.upstream_auth: set upstreamAuth.username and upstreamAuth.password or existingSecret; the chart renders upstream_auth with the mounted password file" -}}
@@ -233,6 +303,21 @@ admin port.
       mountPath: {{ include "keyguard.tenantsUsersFile" . | dir }}
       readOnly: true
     {{- end }}
+    {{- if include "keyguard.hasSentinelSecret" . }}
+    - name: keyguard-sentinel
+      mountPath: {{ include "keyguard.sentinelPasswordFile" . | dir }}
+      readOnly: true
+    {{- end }}
+    {{- if .Values.upstreamTls.existingSecret }}
+    - name: keyguard-upstream-tls
+      mountPath: {{ include "keyguard.upstreamTlsDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if .Values.listenTls.enabled }}
+    - name: keyguard-listen-tls
+      mountPath: {{ include "keyguard.listenTlsDir" . }}
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
 {{/*
@@ -258,6 +343,29 @@ so that updates reach the file and keyguard reloads them.
     items:
       - key: {{ .Values.tenancy.usersKey }}
         path: {{ include "keyguard.tenantsUsersFile" . | base }}
+{{- end }}
+{{- if include "keyguard.hasSentinelSecret" . }}
+- name: keyguard-sentinel
+  secret:
+    secretName: {{ include "keyguard.sentinelSecretName" . }}
+    items:
+      - key: {{ .Values.sentinel.passwordKey }}
+        path: {{ include "keyguard.sentinelPasswordFile" . | base }}
+{{- end }}
+{{- $root := . }}
+{{- range $side := list "upstream" "listen" }}
+{{- $v := ternary $root.Values.upstreamTls $root.Values.listenTls (eq $side "upstream") }}
+{{- if $v.existingSecret }}
+{{- /* Items without subPath: a rotated Secret reaches the files, and keyguard reloads them. */}}
+- name: keyguard-{{ $side }}-tls
+  secret:
+    secretName: {{ $v.existingSecret }}
+    items:
+      {{- range $f, $key := include "keyguard.tlsFiles" (list $side $root) | fromJson }}
+      - key: {{ $key }}
+        path: {{ $key }}
+      {{- end }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

@@ -45,17 +45,19 @@ struct Upstream {
 // refused (it belongs in upstream_auth.password_file); `field` names the setting in errors.
 absl::StatusOr<Upstream> ParseUpstream(std::string_view text, std::string_view field);
 
-// TLS settings of a connection keyguard makes (the upstream's, the Sentinels').
+// TLS settings of a connection keyguard makes (the upstream's, the Sentinels'), or of its listener
+// (listen_tls: cert_file is keyguard's own, the CAs are those of client certificates).
 struct TlsSettings {
-  std::string ca_file;              // PEM bundle of trusted CAs; with ca_dir empty too: the system store
-  std::string ca_dir;               // a c_rehash'ed directory of CAs
-  std::string cert_file;            // client certificate (PEM, chain allowed) for mTLS; with key_file
-  std::string key_file;             // its private key (PEM)
-  std::string server_name;          // SNI and the name the certificate must match; empty: the host
-  bool verify = true;               // verify the chain and the name; off only for tests
-  std::string min_version = "1.2";  // "1.2" or "1.3"
-  std::string ciphers;              // TLS 1.2 cipher list (OpenSSL syntax); empty: OpenSSL's
-  std::string ciphersuites;         // TLS 1.3 cipher suites; empty: OpenSSL's
+  std::string ca_file;               // PEM bundle of trusted CAs; with ca_dir empty too: the system store
+  std::string ca_dir;                // a c_rehash'ed directory of CAs
+  std::string cert_file;             // client certificate (PEM, chain allowed) for mTLS; with key_file
+  std::string key_file;              // its private key (PEM)
+  std::string server_name;           // SNI and the name the certificate must match; empty: the host
+  bool verify = true;                // verify the chain and the name; off only for tests
+  std::string min_version = "1.2";   // "1.2" or "1.3"
+  std::string ciphers;               // TLS 1.2 cipher list (OpenSSL syntax); empty: OpenSSL's
+  std::string ciphersuites;          // TLS 1.3 cipher suites; empty: OpenSSL's
+  bool require_client_cert = false;  // listener only: refuse clients without a verified certificate
   // Whether any field differs from the defaults (set without a TLS upstream is an error).
   bool customized() const;
 };
@@ -72,6 +74,8 @@ struct ProxyConfig {
   Upstream upstream;
   TlsSettings upstream_tls;   // used when upstream.tls
   SentinelSettings sentinel;  // used when upstream.kind is kSentinel
+  TlsSettings listen_tls;     // TLS on the listener when its cert_file is set
+  bool ListenTls() const { return !listen_tls.cert_file.empty(); }
   HostPort admin{"127.0.0.1", 9121};
   int threads = 0;  // worker threads; 0 = one per hardware thread
   int upstream_connect_timeout_ms = 2000;

@@ -36,6 +36,8 @@ using Digest = std::array<uint8_t, 32>;
 struct User {
   std::string name;
   Digest password_sha256{};
+  bool has_password = true;             // false: a certificate-only user, AUTH as it fails
+  std::vector<std::string> cert_names;  // client certificate CNs/SANs that log in as this user
   const Tenant* tenant = nullptr;
 };
 
@@ -54,6 +56,11 @@ class Tenancy {
   bool requires_auth() const { return !users_.empty(); }
   // The user whose name and password match, or nullptr. Compares digests in constant time.
   const User* Authenticate(std::string_view user, std::string_view password) const;
+  // The user a verified client certificate logs in as: the first whose cert_names holds one of
+  // `names` (the certificate's subject CN and subjectAltNames), or nullptr.
+  const User* ForCertificate(const std::vector<std::string>& names) const;
+  // Whether any user has cert_names.
+  bool has_cert_names() const;
   const std::vector<std::unique_ptr<Tenant>>& tenants() const { return tenants_; }
   const std::vector<User>& users() const { return users_; }
 
@@ -75,8 +82,9 @@ class Tenancy {
 
 // Credentials for keyguard's own upstream connections.
 struct UpstreamAuth {
-  std::string user;      // empty: AUTH <password>
-  std::string password;  // empty: no AUTH
+  std::string user;           // empty: AUTH <password>
+  std::string password;       // empty: no AUTH
+  std::string password_file;  // where password was read from (read again for new connections), or empty
 };
 // `password_file_text` is the text of proto.password_file when that is set (the config loader
 // reads it, with the same checks as the config file itself); one trailing newline is dropped.
