@@ -135,7 +135,7 @@ void SpaceSaving::Unindex(uint32_t slot) {
   if (!held_.empty()) --held_[slots_[slot].hash >> filter_shift_];
 }
 
-void SpaceSaving::Add(absl::string_view item, uint64_t hash, uint64_t weight) {
+void SpaceSaving::AddSlow(absl::string_view item, uint64_t hash, uint64_t weight) {
   if (capacity_ == 0) return;
   total_ += weight;
   // Filtered: a bucket that holds no counter's item tells at once that the item is absent.
@@ -260,6 +260,7 @@ void LargestKeys::Observe(absl::string_view item, uint64_t size, std::string_vie
     entries_[smallest] = Entry{std::string(item.data(), item.size()), size, command, type, now_ms};
     index_.emplace(entries_[smallest].item, static_cast<uint32_t>(smallest));
   }
+  ++version_;
   if (entries_.size() == capacity_) {
     admit_above_ = entries_[0].size;
     for (const Entry& e : entries_) admit_above_ = std::min(admit_above_, e.size);
@@ -269,13 +270,15 @@ void LargestKeys::Observe(absl::string_view item, uint64_t size, std::string_vie
 // ---------------------------------------------------------------------------------------------
 // Items
 
-void HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* out) {
+absl::string_view HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* buffer) {
   const size_t t = std::min<size_t>(tenant.size(), 255);
-  out->resize(1 + t + key.size());
-  char* w = out->data();
+  const size_t n = 1 + t + key.size();
+  if (buffer->size() < n) buffer->resize(std::max(n, 2 * buffer->size()));
+  char* w = buffer->data();
   w[0] = static_cast<char>(t);
   if (t > 0) std::memcpy(w + 1, tenant.data(), t);
   if (!key.empty()) std::memcpy(w + 1 + t, key.data(), key.size());
+  return absl::string_view(w, n);
 }
 
 TenantKey SplitHotKeyItem(absl::string_view item) {
@@ -299,18 +302,17 @@ HotKeys::HotKeys(const Settings& s)
       big_elements_(capacity_ > 0 ? kLargestKept : 0) {}
 
 void HotKeys::Access(absl::string_view tenant, absl::string_view key, uint64_t bytes) {
-  HotKeyItem(tenant, key, &item_);
-  const uint64_t hash = SpaceSaving::Hash(item_);
-  by_count_.Add(item_, hash, 1);
-  by_bytes_.Add(item_, hash, bytes);
+  const absl::string_view item = HotKeyItem(tenant, key, &item_);
+  const uint64_t hash = SpaceSaving::Hash(item);
+  by_count_.Add(item, hash, 1);
+  by_bytes_.Add(item, hash, bytes);
 }
 
 void HotKeys::ObserveSize(absl::string_view tenant, absl::string_view key, bool elements, uint64_t size,
                           std::string_view command, std::string_view type) {
   LargestKeys& big = elements ? big_elements_ : big_bytes_;
   if (!big.Admits(size)) return;
-  HotKeyItem(tenant, key, &item_);
-  big.Observe(item_, size, command, type, UnixMs());
+  big.Observe(HotKeyItem(tenant, key, &item_), size, command, type, UnixMs());
 }
 
 void HotKeys::Tick(int64_t now_ns) {
@@ -331,8 +333,13 @@ void HotKeys::Tick(int64_t now_ns) {
   p.cur_count = Snapshot(by_count_);
   p.cur_bytes = Snapshot(by_bytes_);
   p.interval_start_ms = interval_start_ms_;
-  p.big_bytes = big_bytes_.entries();
-  p.big_elements = big_elements_.entries();
+  // The largest keys are copied only when they changed (most ticks of a steady workload).
+  if (const uint64_t big = big_bytes_.version() + big_elements_.version(); big != published_big_) {
+    p.has_big = true;
+    p.big_bytes = big_bytes_.entries();
+    p.big_elements = big_elements_.entries();
+    published_big_ = big;
+  }
   board_->Publish(slot_, std::move(p));
 }
 
@@ -353,6 +360,10 @@ void HotKeysBoard::Publish(size_t slot, Published p) {
     p.has_last = s.has_last;
     p.last_count = std::move(s.last_count);
     p.last_bytes = std::move(s.last_bytes);
+  }
+  if (!p.has_big) {
+    p.big_bytes = std::move(s.big_bytes);
+    p.big_elements = std::move(s.big_elements);
   }
   s = std::move(p);
 }

@@ -43,6 +43,7 @@ struct PendingFields {
   uint32_t key_len = 0;     // with `keyed`: the key, in the queue's key arena
   uint64_t key_off = 0;
   bool keyed = false;          // the key (args[1]) is in the key arena, for reply_check or hot keys
+  bool hot = false;            // hot keys: the reply goes to HotKeyReply
   bool renamed = false;        // the reply's key names go back to the client's (ReplyQueue::RenamesOf)
   uint32_t request_bytes = 0;  // hot keys: the request's bytes; 0 when the command is not tracked
   // Tenancy: what the reply must be if the server's transaction state is the one keyguard

@@ -188,12 +188,11 @@ TEST(MergeTopTest, SumsPartsAndBoundsAbsentItems) {
 
 TEST(HotKeyItemTest, CarriesTheTenant) {
   std::string item;
-  HotKeyItem("svc", "user:1", &item);
-  EXPECT_EQ(SplitHotKeyItem(item).tenant, "svc");
-  EXPECT_EQ(SplitHotKeyItem(item).key, "user:1");
-  HotKeyItem("", std::string("a\0b", 3), &item);
-  EXPECT_EQ(SplitHotKeyItem(item).tenant, "");
-  EXPECT_EQ(SplitHotKeyItem(item).key, absl::string_view("a\0b", 3));
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("svc", "user:1", &item)).tenant, "svc");
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("svc", "user:1", &item)).key, "user:1");
+  // A shorter item in the same buffer: only its own bytes.
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("", std::string("a\0b", 3), &item)).tenant, "");
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("", std::string("a\0b", 3), &item)).key, absl::string_view("a\0b", 3));
 }
 
 TEST(LargestKeysTest, KeepsTheLargestWithinItsBound) {

@@ -223,7 +223,13 @@ class ConnectionDetectors {
   bool Quick(commands::CommandId id, std::span<const std::string_view> args, uint8_t* check) const {
     const SharedDetectors::CommandPlan p = w_.shared.PlanOf(id);
     const uint8_t plan = p.plan;
-    if (!pending_ttl_.empty() || (plan & kPlanRole) != 0) return false;
+    if (!pending_ttl_.empty()) return false;
+    // Nothing to check before it goes, whatever the settings (GET, INCR): one test.
+    if ((plan & ~kPlanCheck) == 0) {
+      *check = args.size() > 1 ? plan & kPlanCheck : kNoReplyCheck;
+      return true;
+    }
+    if ((plan & kPlanRole) != 0) return false;
     if ((plan & (kPlanWrite | kPlanTtl)) != 0 && !QuickWrite(p.write, args)) return false;
     if ((plan & kPlanTtlPattern) != 0 && !settings_.ttl_patterns.empty()) return false;
     if ((plan & kPlanProbe) != 0 && settings_.probe) return false;
