@@ -311,10 +311,12 @@ class ConnectionDetectors {
 // FindKeys on the hot path), as the client named it (before tenant prefixing or key-policy
 // rewrites), with `tenant` ("" without tenancy) reported beside it.
 //
-// One command before it is forwarded: records the sizes its string writes show, and returns true
-// when its reply must come to HotKeyReply with args[1]: an access to count (sampled, about one in
-// Settings::hot_keys_sample: `*request_bytes` set to `request_len`, capped, else left as it is)
-// or a size to read from the reply.
+// One command before it is forwarded: whether it is sampled (about one in
+// Settings::hot_keys_sample). A sampled command records the sizes its string writes show, sets
+// `*request_bytes` to `request_len` (capped), and returns true: its reply must come to
+// HotKeyReply with args[1], to count the access and read the size the reply shows. The largest
+// keys therefore see the sampled commands, as the sketches do (every command with
+// hot_keys_sample: 1).
 //
 // Inline: most commands only take the sampling decision here; sizes that could enter the largest
 // keys go to HotKeySize.
@@ -340,6 +342,7 @@ inline bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const 
                           std::string_view tenant, size_t request_len, uint32_t* request_bytes) {
   if (!hot.enabled() || args.size() < 2) return false;
   const commands::Traits& info = commands::TraitsOf(id);
+  if (!info.first_key || !hot.Sample()) return false;
   if (info.sized_write) {
     if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
       const std::string_view value = args[info.value_pos];
@@ -348,14 +351,8 @@ inline bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const 
       HotKeyPairs(hot, id, args, tenant);
     }
   }
-  if (!info.first_key) return false;
-  // Sampled commands count as accesses; the replies of sizing commands are always looked at.
-  if (hot.Sample()) {
-    *request_bytes = static_cast<uint32_t>(std::min<size_t>(request_len, UINT32_MAX));
-    return true;
-  }
-  return *request_bytes != 0 ||
-         (info.reply != commands::ReplyShows::kNothing && info.reply != commands::ReplyShows::kComputedMembers);
+  *request_bytes = static_cast<uint32_t>(std::min<size_t>(request_len, UINT32_MAX));
+  return true;
 }
 
 inline void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key,
