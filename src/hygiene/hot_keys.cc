@@ -295,6 +295,7 @@ size_t HotKeys::FilterBuckets(size_t capacity) { return std::min<size_t>(32 * ca
 HotKeys::HotKeys(const Settings& s)
     : capacity_(s.enabled ? s.hot_keys_capacity : 0),
       sample_(s.hot_keys_sample > 0 ? s.hot_keys_sample : 1),
+      skip_(capacity_ > 0 ? 1 : INT64_MAX),
       interval_ns_(s.hot_keys_interval_s * 1000000000),
       by_count_(capacity_, FilterBuckets(capacity_)),
       by_bytes_(capacity_, FilterBuckets(capacity_)),

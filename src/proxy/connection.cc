@@ -256,7 +256,7 @@ void Connection::HandleCommand(std::span<const std::string_view> args, const cha
   p.start_ns = now;
   p.reply_check = v.reply_check;
   pipeline_.Release();
-  p.hot = shared_.stages.config.hygiene.enabled &&
+  p.hot = shared_.stages.config.hygiene.enabled && shared_.hot.Sample() &&
           hygiene::HotKeyRequest(shared_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
   if (p.reply_check != 0 || p.hot) queue_.AttachKey(&p, args[1]);
   const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);

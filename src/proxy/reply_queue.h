@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstddef>
+#include <cstring>
 #include <deque>
 #include <iterator>
 #include <span>
@@ -152,7 +153,7 @@ class ReplyQueue {
     if (front().renamed) renames_.pop_front();
     head_ = (head_ + 1) & (ring_.size() - 1);
     --size_;
-    if (!key_arena_.empty() && (size_ == 0 || key_arena_.size() >= kTrimBytes)) TrimKeys();
+    if (key_bytes_ != 0 && (size_ == 0 || key_bytes_ >= kTrimBytes)) TrimKeys();
   }
   // keyguard's own reply, in its place after every earlier reply. False when nothing is pending:
   // then nothing was queued and the caller sends `text` at once.
@@ -191,14 +192,16 @@ class ReplyQueue {
   // to be pushed, and keys are attached in push order.
   void AttachKey(Pending* p, std::string_view key) {
     p->keyed = true;
-    p->key_off = key_arena_base_ + key_arena_.size();
+    p->key_off = key_arena_base_ + key_bytes_;
     p->key_len = static_cast<uint32_t>(key.size());
-    key_arena_.append(key.data(), key.size());
+    if (key_bytes_ + key.size() > key_arena_.size()) GrowKeys(key.size());
+    if (!key.empty()) std::memcpy(key_arena_.data() + key_bytes_, key.data(), key.size());
+    key_bytes_ += key.size();
   }
   std::string_view KeyOf(const Pending& p) const {
     return std::string_view(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
   }
-  size_t key_arena_bytes() const { return key_arena_.size(); }
+  size_t key_arena_bytes() const { return key_bytes_; }
   // Slots the ring holds (tests: it grows to the deepest queue, and no further).
   size_t capacity() const { return ring_.size(); }
 
@@ -216,9 +219,11 @@ class ReplyQueue {
   }
   void Grow();
   void TrimKeys();
+  // Room in the arena for `more` bytes after the ones in use.
+  void GrowKeys(size_t more);
   void ClearKeys() {
-    key_arena_base_ += key_arena_.size();
-    key_arena_.clear();
+    key_arena_base_ += key_bytes_;
+    key_bytes_ = 0;
   }
 
   std::vector<Pending> ring_;  // a power of two in size (or empty), entries from head_ on
@@ -226,7 +231,9 @@ class ReplyQueue {
   size_t size_ = 0;
   // Keys of pending entries, appended in request order; offsets are absolute (key_arena_base_ +
   // position), so the consumed front can be dropped without touching the entries.
+  // Its first key_bytes_ bytes are in use; it only grows (GrowKeys), so that a key is one copy.
   std::string key_arena_;
+  size_t key_bytes_ = 0;
   uint64_t key_arena_base_ = 0;
   std::deque<Renames> renames_;  // of the entries with `renamed`, in queue order
 };

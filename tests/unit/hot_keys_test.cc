@@ -289,7 +289,7 @@ class HotKeyHooksTest : public ::testing::Test {
   bool Request(std::vector<std::string_view> args, std::string_view tenant = "", size_t len = 20,
                uint32_t* bytes = nullptr) {
     uint32_t b = 0;
-    const bool want = HotKeyRequest(*hot_, commands::LookupCommand(args[0]), args, tenant, len, &b);
+    const bool want = hot_->Sample() && HotKeyRequest(*hot_, commands::LookupCommand(args[0]), args, tenant, len, &b);
     if (bytes != nullptr) *bytes = b;
     return want;
   }

@@ -189,7 +189,9 @@ class HotKeys {
   static size_t FilterBuckets(size_t capacity);
   bool enabled() const { return capacity_ > 0; }
   // Whether to count this command: about one in Settings::hot_keys_sample, at random gaps (a
-  // xorshift draw per sampled command, so periodic traffic cannot alias with the sampling).
+  // xorshift draw per sampled command, so periodic traffic cannot alias with the sampling). Asked
+  // of every command, keyed or not: each is sampled with the same chance. Never true while
+  // disabled.
   bool Sample() {
     if (--skip_ > 0) return false;
     rng_ ^= rng_ << 13;
@@ -218,7 +220,7 @@ class HotKeys {
  private:
   size_t capacity_;
   uint64_t sample_;
-  int64_t skip_ = 1;
+  int64_t skip_;  // commands until the next sampled one (INT64_MAX while disabled)
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   int64_t interval_ns_;
   int64_t interval_end_ns_ = -1;
