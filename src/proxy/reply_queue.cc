@@ -48,7 +48,6 @@ void ReplyQueue::TrimKeys() {
     ClearKeys();
     return;
   }
-  if (key_bytes_ < kTrimBytes) return;
   // Keys are appended in queue order: the first pending entry with a key holds the oldest one.
   for (const Pending& q : *this) {
     if (!q.keyed) continue;
@@ -60,6 +59,7 @@ void ReplyQueue::TrimKeys() {
     }
     return;
   }
+  ClearKeys();  // no pending entry holds a key
 }
 
 }  // namespace keyguard::proxy

@@ -148,12 +148,12 @@ class ReplyQueue {
     return slot;
   }
   void Commit() { ++size_; }
-  // Ends the head entry. Keys of entries no longer pending are dropped from the arena.
+  // Ends the head entry. An empty queue holds no keys (a long one drops its consumed keys when
+  // the next key is attached: AttachKey).
   void Pop() {
     if (front().renamed) renames_.pop_front();
     head_ = (head_ + 1) & (ring_.size() - 1);
-    --size_;
-    if (key_bytes_ != 0 && (size_ == 0 || key_bytes_ >= kTrimBytes)) TrimKeys();
+    if (--size_ == 0) ClearKeys();
   }
   // keyguard's own reply, in its place after every earlier reply. False when nothing is pending:
   // then nothing was queued and the caller sends `text` at once.
@@ -189,14 +189,24 @@ class ReplyQueue {
   const Renames& HeadRenames() const { return renames_.front(); }
 
   // The command's first key, kept for its reply (hygiene, hot keys): `p` must be the entry about
-  // to be pushed, and keys are attached in push order.
+  // to be pushed, and keys are attached in push order. Past kTrimBytes, the keys of entries no
+  // longer pending are dropped first.
   void AttachKey(Pending* p, std::string_view key) {
+    if (key_bytes_ >= kTrimBytes) TrimKeys();
     p->keyed = true;
     p->key_off = key_arena_base_ + key_bytes_;
     p->key_len = static_cast<uint32_t>(key.size());
     if (key_bytes_ + key.size() > key_arena_.size()) GrowKeys(key.size());
-    if (!key.empty()) std::memcpy(key_arena_.data() + key_bytes_, key.data(), key.size());
-    key_bytes_ += key.size();
+    char* const to = key_arena_.data() + key_bytes_;
+    const size_t n = key.size();
+    if (n >= 8 && n <= 16) {
+      // Most keys: two overlapping 8-byte moves inline, no call.
+      std::memcpy(to, key.data(), 8);
+      std::memcpy(to + n - 8, key.data() + n - 8, 8);
+    } else if (n > 0) {
+      std::memcpy(to, key.data(), n);
+    }
+    key_bytes_ += n;
   }
   std::string_view KeyOf(const Pending& p) const {
     return std::string_view(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
