@@ -50,9 +50,8 @@ uint64_t Load8(const char* p) {
 // Random per process, so that which keys collide in the index cannot be chosen by clients.
 const uint64_t kHashSeed = absl::Hash<const void*>{}(&kHashSeed) | 1;
 
-}  // namespace
-
-uint64_t SpaceSaving::Hash(absl::string_view item) {
+// SpaceSaving::Hash, inline here for HotKeys::Access.
+inline uint64_t HashItem(absl::string_view item) {
   // wyhash-style: 8 bytes at a time, the tail as the last 8 bytes (overlapping) or fewer.
   constexpr uint64_t k0 = 0xa0761d6478bd642full, k1 = 0xe7037ed1a0b428dbull;
   const char* p = item.data();
@@ -72,6 +71,10 @@ uint64_t SpaceSaving::Hash(absl::string_view item) {
   }
   return Mum(h, k1 ^ kHashSeed);
 }
+
+}  // namespace
+
+uint64_t SpaceSaving::Hash(absl::string_view item) { return HashItem(item); }
 
 // Hole-based sifts: the moving counter is written once, where it ends. They compare exactly as a
 // sift by swaps does, so ties are broken the same way.
@@ -277,7 +280,7 @@ absl::string_view HotKeyItem(absl::string_view tenant, absl::string_view key, st
   char* w = buffer->data();
   w[0] = static_cast<char>(t);
   if (t > 0) std::memcpy(w + 1, tenant.data(), t);
-  if (!key.empty()) std::memcpy(w + 1 + t, key.data(), key.size());
+  CopyBytes(w + 1 + t, key.data(), key.size());
   return absl::string_view(w, n);
 }
 
@@ -304,7 +307,7 @@ HotKeys::HotKeys(const Settings& s)
 
 void HotKeys::Access(absl::string_view tenant, absl::string_view key, uint64_t bytes) {
   const absl::string_view item = HotKeyItem(tenant, key, &item_);
-  const uint64_t hash = SpaceSaving::Hash(item);
+  const uint64_t hash = HashItem(item);
   by_count_.Add(item, hash, 1);
   by_bytes_.Add(item, hash, bytes);
 }

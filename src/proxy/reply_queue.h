@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::proxy {
 
@@ -197,16 +198,8 @@ class ReplyQueue {
     p->key_off = key_arena_base_ + key_bytes_;
     p->key_len = static_cast<uint32_t>(key.size());
     if (key_bytes_ + key.size() > key_arena_.size()) GrowKeys(key.size());
-    char* const to = key_arena_.data() + key_bytes_;
-    const size_t n = key.size();
-    if (n >= 8 && n <= 16) {
-      // Most keys: two overlapping 8-byte moves inline, no call.
-      std::memcpy(to, key.data(), 8);
-      std::memcpy(to + n - 8, key.data() + n - 8, 8);
-    } else if (n > 0) {
-      std::memcpy(to, key.data(), n);
-    }
-    key_bytes_ += n;
+    CopyBytes(key_arena_.data() + key_bytes_, key.data(), key.size());
+    key_bytes_ += key.size();
   }
   std::string_view KeyOf(const Pending& p) const {
     return std::string_view(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);

@@ -57,7 +57,7 @@ class SpaceSaving {
   // on a long tail of keys most additions only charge the item's filter bucket.
   void Add(absl::string_view item, uint64_t hash, uint64_t weight) {
     // Filtered and full, and no counter's item falls in the bucket: the item is absent.
-    if (!held_.empty() && held_[hash >> filter_shift_] == 0 && slots_.size() == capacity_) {
+    if (!held_.empty() && held_[hash >> filter_shift_] == 0 && heap_.size() == capacity_) {
       uint64_t& charge = filter_[hash >> filter_shift_];
       if (charge + weight <= heap_[0].count) {
         total_ += weight;
