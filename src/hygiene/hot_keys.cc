@@ -50,9 +50,8 @@ uint64_t Load8(const char* p) {
 // Random per process, so that which keys collide in the index cannot be chosen by clients.
 const uint64_t kHashSeed = absl::Hash<const void*>{}(&kHashSeed) | 1;
 
-}  // namespace
-
-uint64_t SpaceSaving::Hash(absl::string_view item) {
+// SpaceSaving::Hash, inline here for HotKeys::Access.
+inline uint64_t HashItem(absl::string_view item) {
   // wyhash-style: 8 bytes at a time, the tail as the last 8 bytes (overlapping) or fewer.
   constexpr uint64_t k0 = 0xa0761d6478bd642full, k1 = 0xe7037ed1a0b428dbull;
   const char* p = item.data();
@@ -72,6 +71,10 @@ uint64_t SpaceSaving::Hash(absl::string_view item) {
   }
   return Mum(h, k1 ^ kHashSeed);
 }
+
+}  // namespace
+
+uint64_t SpaceSaving::Hash(absl::string_view item) { return HashItem(item); }
 
 // Hole-based sifts: the moving counter is written once, where it ends. They compare exactly as a
 // sift by swaps does, so ties are broken the same way.
@@ -135,7 +138,7 @@ void SpaceSaving::Unindex(uint32_t slot) {
   if (!held_.empty()) --held_[slots_[slot].hash >> filter_shift_];
 }
 
-void SpaceSaving::Add(absl::string_view item, uint64_t hash, uint64_t weight) {
+void SpaceSaving::AddSlow(absl::string_view item, uint64_t hash, uint64_t weight) {
   if (capacity_ == 0) return;
   total_ += weight;
   // Filtered: a bucket that holds no counter's item tells at once that the item is absent.
@@ -260,6 +263,7 @@ void LargestKeys::Observe(absl::string_view item, uint64_t size, std::string_vie
     entries_[smallest] = Entry{std::string(item.data(), item.size()), size, command, type, now_ms};
     index_.emplace(entries_[smallest].item, static_cast<uint32_t>(smallest));
   }
+  ++version_;
   if (entries_.size() == capacity_) {
     admit_above_ = entries_[0].size;
     for (const Entry& e : entries_) admit_above_ = std::min(admit_above_, e.size);
@@ -269,13 +273,15 @@ void LargestKeys::Observe(absl::string_view item, uint64_t size, std::string_vie
 // ---------------------------------------------------------------------------------------------
 // Items
 
-void HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* out) {
+absl::string_view HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* buffer) {
   const size_t t = std::min<size_t>(tenant.size(), 255);
-  out->resize(1 + t + key.size());
-  char* w = out->data();
+  const size_t n = 1 + t + key.size();
+  if (buffer->size() < n) buffer->resize(std::max(n, 2 * buffer->size()));
+  char* w = buffer->data();
   w[0] = static_cast<char>(t);
   if (t > 0) std::memcpy(w + 1, tenant.data(), t);
-  if (!key.empty()) std::memcpy(w + 1 + t, key.data(), key.size());
+  CopyBytes(w + 1 + t, key.data(), key.size());
+  return absl::string_view(w, n);
 }
 
 TenantKey SplitHotKeyItem(absl::string_view item) {
@@ -292,6 +298,7 @@ size_t HotKeys::FilterBuckets(size_t capacity) { return std::min<size_t>(32 * ca
 HotKeys::HotKeys(const Settings& s)
     : capacity_(s.enabled ? s.hot_keys_capacity : 0),
       sample_(s.hot_keys_sample > 0 ? s.hot_keys_sample : 1),
+      skip_(capacity_ > 0 ? 1 : INT64_MAX),
       interval_ns_(s.hot_keys_interval_s * 1000000000),
       by_count_(capacity_, FilterBuckets(capacity_)),
       by_bytes_(capacity_, FilterBuckets(capacity_)),
@@ -299,18 +306,17 @@ HotKeys::HotKeys(const Settings& s)
       big_elements_(capacity_ > 0 ? kLargestKept : 0) {}
 
 void HotKeys::Access(absl::string_view tenant, absl::string_view key, uint64_t bytes) {
-  HotKeyItem(tenant, key, &item_);
-  const uint64_t hash = SpaceSaving::Hash(item_);
-  by_count_.Add(item_, hash, 1);
-  by_bytes_.Add(item_, hash, bytes);
+  const absl::string_view item = HotKeyItem(tenant, key, &item_);
+  const uint64_t hash = HashItem(item);
+  by_count_.Add(item, hash, 1);
+  by_bytes_.Add(item, hash, bytes);
 }
 
 void HotKeys::ObserveSize(absl::string_view tenant, absl::string_view key, bool elements, uint64_t size,
                           std::string_view command, std::string_view type) {
   LargestKeys& big = elements ? big_elements_ : big_bytes_;
   if (!big.Admits(size)) return;
-  HotKeyItem(tenant, key, &item_);
-  big.Observe(item_, size, command, type, UnixMs());
+  big.Observe(HotKeyItem(tenant, key, &item_), size, command, type, UnixMs());
 }
 
 void HotKeys::Tick(int64_t now_ns) {
@@ -331,8 +337,13 @@ void HotKeys::Tick(int64_t now_ns) {
   p.cur_count = Snapshot(by_count_);
   p.cur_bytes = Snapshot(by_bytes_);
   p.interval_start_ms = interval_start_ms_;
-  p.big_bytes = big_bytes_.entries();
-  p.big_elements = big_elements_.entries();
+  // The largest keys are copied only when they changed (most ticks of a steady workload).
+  if (const uint64_t big = big_bytes_.version() + big_elements_.version(); big != published_big_) {
+    p.has_big = true;
+    p.big_bytes = big_bytes_.entries();
+    p.big_elements = big_elements_.entries();
+    published_big_ = big;
+  }
   board_->Publish(slot_, std::move(p));
 }
 
@@ -353,6 +364,10 @@ void HotKeysBoard::Publish(size_t slot, Published p) {
     p.has_last = s.has_last;
     p.last_count = std::move(s.last_count);
     p.last_bytes = std::move(s.last_bytes);
+  }
+  if (!p.has_big) {
+    p.big_bytes = std::move(s.big_bytes);
+    p.big_elements = std::move(s.big_elements);
   }
   s = std::move(p);
 }

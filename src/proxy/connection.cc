@@ -323,9 +323,9 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   p.start_ns = now;
   p.reply_check = v.reply_check;
   pipeline_.Release();
-  const bool hot = shared_.stages.config.hygiene.enabled &&
-                   hygiene::HotKeyRequest(shared_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
-  if (p.reply_check != 0 || hot) queue_.AttachKey(&p, args[1]);
+  p.hot = shared_.stages.config.hygiene.enabled && shared_.hot.Sample() &&
+          hygiene::HotKeyRequest(shared_.hot, c.id, args, TenantName(), raw_len, &p.request_bytes);
+  if (p.reply_check != 0 || p.hot) queue_.AttachKey(&p, args[1]);
   const ConnectionState::Effects e = state_.OnForward(c.id, args, c.mode, tenant_ != nullptr, &p);
   if (e.stop_reading) [[unlikely]] {
     stop_reading_ = true;
@@ -726,18 +726,22 @@ std::string_view Connection::RewrittenReply(const Pending& p, char type, std::st
 void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bulk, size_t frame_len, int64_t now) {
   Pending& p = queue_.front();
   const bool error = reply_type == '-' || reply_type == '!';
-  if (p.reply_check != 0 && !error) {
-    detectors_.OnReply(p.command, p.reply_check, queue_.KeyOf(p), reply_type, size, bulk, reply_scope_);
+  // The detectors' and hot keys' hooks: only a command whose request asked for its reply kept its key.
+  if (p.keyed) {
+    const std::string_view key = queue_.KeyOf(p);
+    if (p.reply_check != 0 && !error) {
+      detectors_.OnReply(p.command, p.reply_check, key, reply_type, size, bulk, reply_scope_);
+    }
+    if (p.hot) {
+      hygiene::HotKeyReply(shared_.hot, p.command, TenantName(), key, p.request_bytes, reply_type, size, bulk,
+                           frame_len);
+    }
   }
   // A write refused by a replica: the primary may have moved (the transport asks Sentinel again).
   if (error && bulk.starts_with("READONLY")) readonly_seen_ = true;
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
     shard_.ObserveReply(p.command, frame_len, aggregate ? size : -1);
-  }
-  if (p.keyed && shared_.hot.enabled()) {
-    hygiene::HotKeyReply(shared_.hot, p.command, TenantName(), queue_.KeyOf(p), p.request_bytes, reply_type, size, bulk,
-                         frame_len);
   }
   if (state_.OnReply(p, error)) {
     reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again

@@ -41,22 +41,25 @@ void ReplyQueue::Grow() {
   head_ = 0;
 }
 
+void ReplyQueue::GrowKeys(size_t more) { key_arena_.resize(std::max(key_bytes_ + more, 2 * key_arena_.size())); }
+
 void ReplyQueue::TrimKeys() {
   if (empty()) {
     ClearKeys();
     return;
   }
-  if (key_arena_.size() < kTrimBytes) return;
   // Keys are appended in queue order: the first pending entry with a key holds the oldest one.
   for (const Pending& q : *this) {
     if (!q.keyed) continue;
     const size_t consumed = static_cast<size_t>(q.key_off - key_arena_base_);
-    if (consumed > key_arena_.size() / 2) {
-      key_arena_.erase(0, consumed);
+    if (consumed > key_bytes_ / 2) {
+      std::memmove(key_arena_.data(), key_arena_.data() + consumed, key_bytes_ - consumed);
+      key_bytes_ -= consumed;
       key_arena_base_ = q.key_off;
     }
     return;
   }
+  ClearKeys();  // no pending entry holds a key
 }
 
 }  // namespace keyguard::proxy

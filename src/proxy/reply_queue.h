@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstddef>
+#include <cstring>
 #include <deque>
 #include <iterator>
 #include <span>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "keyguard/commands/command_table.h"
+#include "keyguard/common/views.h"
 
 namespace keyguard::proxy {
 
@@ -43,6 +45,7 @@ struct PendingFields {
   uint32_t key_len = 0;     // with `keyed`: the key, in the queue's key arena
   uint64_t key_off = 0;
   bool keyed = false;          // the key (args[1]) is in the key arena, for reply_check or hot keys
+  bool hot = false;            // hot keys: the reply goes to HotKeyReply
   bool renamed = false;        // the reply's key names go back to the client's (ReplyQueue::RenamesOf)
   uint32_t request_bytes = 0;  // hot keys: the request's bytes; 0 when the command is not tracked
   // Tenancy: what the reply must be if the server's transaction state is the one keyguard
@@ -146,13 +149,12 @@ class ReplyQueue {
     return slot;
   }
   void Commit() { ++size_; }
-  // Ends the head entry. Keys of entries no longer pending are dropped from the arena. Inlined
-  // (it runs for every reply), the deque's pop out of line.
+  // Ends the head entry. An empty queue holds no keys (a long one drops its consumed keys when
+  // the next key is attached: AttachKey). Inlined: it runs for every reply.
   [[gnu::always_inline]] void Pop() {
     if (front().renamed) renames_.pop_front();
     head_ = (head_ + 1) & (ring_.size() - 1);
-    --size_;
-    if (!key_arena_.empty() && (size_ == 0 || key_arena_.size() >= kTrimBytes)) TrimKeys();
+    if (--size_ == 0) ClearKeys();
   }
   // keyguard's own reply, in its place after every earlier reply. False when nothing is pending:
   // then nothing was queued and the caller sends `text` at once.
@@ -188,17 +190,21 @@ class ReplyQueue {
   const Renames& HeadRenames() const { return renames_.front(); }
 
   // The command's first key, kept for its reply (hygiene, hot keys): `p` must be the entry about
-  // to be pushed, and keys are attached in push order.
+  // to be pushed, and keys are attached in push order. Past kTrimBytes, the keys of entries no
+  // longer pending are dropped first.
   void AttachKey(Pending* p, std::string_view key) {
+    if (key_bytes_ >= kTrimBytes) TrimKeys();
     p->keyed = true;
-    p->key_off = key_arena_base_ + key_arena_.size();
+    p->key_off = key_arena_base_ + key_bytes_;
     p->key_len = static_cast<uint32_t>(key.size());
-    key_arena_.append(key.data(), key.size());
+    if (key_bytes_ + key.size() > key_arena_.size()) GrowKeys(key.size());
+    CopyBytes(key_arena_.data() + key_bytes_, key.data(), key.size());
+    key_bytes_ += key.size();
   }
   std::string_view KeyOf(const Pending& p) const {
     return std::string_view(key_arena_.data() + (p.key_off - key_arena_base_), p.key_len);
   }
-  size_t key_arena_bytes() const { return key_arena_.size(); }
+  size_t key_arena_bytes() const { return key_bytes_; }
   // Slots the ring holds (tests: it grows to the deepest queue, and no further).
   size_t capacity() const { return ring_.size(); }
 
@@ -216,9 +222,11 @@ class ReplyQueue {
   }
   void Grow();
   void TrimKeys();
+  // Room in the arena for `more` bytes after the ones in use.
+  void GrowKeys(size_t more);
   void ClearKeys() {
-    key_arena_base_ += key_arena_.size();
-    key_arena_.clear();
+    key_arena_base_ += key_bytes_;
+    key_bytes_ = 0;
   }
 
   std::vector<Pending> ring_;  // a power of two in size (or empty), entries from head_ on
@@ -226,7 +234,9 @@ class ReplyQueue {
   size_t size_ = 0;
   // Keys of pending entries, appended in request order; offsets are absolute (key_arena_base_ +
   // position), so the consumed front can be dropped without touching the entries.
+  // Its first key_bytes_ bytes are in use; it only grows (GrowKeys), so that a key is one copy.
   std::string key_arena_;
+  size_t key_bytes_ = 0;
   uint64_t key_arena_base_ = 0;
   std::deque<Renames> renames_;  // of the entries with `renamed`, in queue order
 };

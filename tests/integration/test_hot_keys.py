@@ -88,7 +88,8 @@ def test_default_sampling_scales_counts_and_still_finds_the_hot_key(fresh):
 
 
 def test_big_string_and_big_hash_have_exact_sizes(fresh):
-    kg = Keyguard(fresh.port, threads=2)
+    # The largest keys see the commands hot keys sample: every one with hot_keys_sample: 1.
+    kg = Keyguard(fresh.port, config=EXACT, threads=2)
     try:
         r = redis.Redis(port=kg.port)
         r.set("blob:1", b"x" * 50000)

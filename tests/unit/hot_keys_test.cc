@@ -188,12 +188,11 @@ TEST(MergeTopTest, SumsPartsAndBoundsAbsentItems) {
 
 TEST(HotKeyItemTest, CarriesTheTenant) {
   std::string item;
-  HotKeyItem("svc", "user:1", &item);
-  EXPECT_EQ(SplitHotKeyItem(item).tenant, "svc");
-  EXPECT_EQ(SplitHotKeyItem(item).key, "user:1");
-  HotKeyItem("", std::string("a\0b", 3), &item);
-  EXPECT_EQ(SplitHotKeyItem(item).tenant, "");
-  EXPECT_EQ(SplitHotKeyItem(item).key, absl::string_view("a\0b", 3));
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("svc", "user:1", &item)).tenant, "svc");
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("svc", "user:1", &item)).key, "user:1");
+  // A shorter item in the same buffer: only its own bytes.
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("", std::string("a\0b", 3), &item)).tenant, "");
+  EXPECT_EQ(SplitHotKeyItem(HotKeyItem("", std::string("a\0b", 3), &item)).key, absl::string_view("a\0b", 3));
 }
 
 TEST(LargestKeysTest, KeepsTheLargestWithinItsBound) {
@@ -290,7 +289,7 @@ class HotKeyHooksTest : public ::testing::Test {
   bool Request(std::vector<std::string_view> args, std::string_view tenant = "", size_t len = 20,
                uint32_t* bytes = nullptr) {
     uint32_t b = 0;
-    const bool want = HotKeyRequest(*hot_, commands::LookupCommand(args[0]), args, tenant, len, &b);
+    const bool want = hot_->Sample() && HotKeyRequest(*hot_, commands::LookupCommand(args[0]), args, tenant, len, &b);
     if (bytes != nullptr) *bytes = b;
     return want;
   }
@@ -364,16 +363,24 @@ TEST_F(HotKeyHooksTest, RepliesCountAccessesAndShowSizes) {
   Expect(false, big, {R"("key":"s")", R"("key":"l")"});
 }
 
-TEST_F(HotKeyHooksTest, ReplyWantedOnlyForSampledAccessesAndSizes) {
+// The largest keys see the commands the sketches count: an unsampled command shows no size.
+TEST_F(HotKeyHooksTest, ReplyWantedAndSizesSeenOnlyForSampledCommands) {
   settings_.hot_keys_sample = 1000000000;
   Start();
   uint32_t bytes = 0;
-  EXPECT_TRUE(Request({"INCR", "c"}, "", 20, &bytes));  // the first command is sampled
-  EXPECT_EQ(bytes, 20u);
+  const std::string big(5000, 'v');
+  EXPECT_TRUE(Request({"SET", "first", big}, "", 5020, &bytes));  // the first command is sampled
+  EXPECT_EQ(bytes, 5020u);
+  bytes = 0;
   EXPECT_FALSE(Request({"INCR", "c"}, "", 20, &bytes));  // then about one in a billion
   EXPECT_EQ(bytes, 0u);
-  EXPECT_TRUE(Request({"GET", "c"}, "", 20, &bytes));  // a size to read
+  EXPECT_FALSE(Request({"SET", "unsampled", big + big}, "", 10020, &bytes));
   EXPECT_EQ(bytes, 0u);
+  EXPECT_FALSE(Request({"GET", "c"}, "", 20, &bytes));  // its reply's size is not read either
+  EXPECT_EQ(bytes, 0u);
+  const std::string sizes = BigJson();
+  Expect(true, sizes, {R"("key":"first","tenant":null,"key_pattern":"first","type":"string","bytes":5000,)"});
+  Expect(false, sizes, {R"("key":"unsampled")"});
   EXPECT_FALSE(Request({"SINTER", "a", "b"}));
   EXPECT_FALSE(Request({"OBJECT", "ENCODING", "c"}));  // args[1] is a subcommand
   EXPECT_FALSE(Request({"PING"}));

@@ -233,17 +233,21 @@ class AttributeTracker {
     // One pass from the end: digits first (an id, as in `order:1001`, is not an attribute: the
     // common case stops at its colon), 8 at a time, then the rest of the attribute up to its colon.
     size_t i = key.size();
-    while (i >= 8) {
+    for (;;) {
+      if (i < 8) {
+        while (i > 0 && static_cast<unsigned char>(key[i - 1] - '0') < 10) --i;
+        break;
+      }
       uint64_t x;
       std::memcpy(&x, key.data() + i - 8, 8);
       if (const uint64_t other = NonDigits(x); other != 0) {
-        // The last byte that is no digit: little-endian, the highest one flagged.
-        i = i - 8 + static_cast<size_t>(63 - __builtin_clzll(other)) / 8 + 1;
+        // Just past the last byte that is no digit: little-endian, the highest one flagged, whose
+        // top bit has 8 * (digits after it) zero bits above it.
+        i -= static_cast<size_t>(__builtin_clzll(other)) / 8;
         break;
       }
       i -= 8;
     }
-    while (i > 0 && static_cast<unsigned char>(key[i - 1] - '0') < 10) --i;
     if (i == 0 || (key[i - 1] == ':')) return false;  // all digits (or a trailing colon)
     while (i > 0 && key[i - 1] != ':') --i;
     if (i == 0) return false;  // no colon

@@ -53,8 +53,20 @@ class SpaceSaving {
   SpaceSaving& operator=(const SpaceSaving&) = delete;
 
   void Add(absl::string_view item, uint64_t weight = 1) { Add(item, Hash(item), weight); }
-  // The same with the item's Hash(), for callers that add one item to several sketches.
-  void Add(absl::string_view item, uint64_t hash, uint64_t weight);
+  // The same with the item's Hash(), for callers that add one item to several sketches. Inline:
+  // on a long tail of keys most additions only charge the item's filter bucket.
+  void Add(absl::string_view item, uint64_t hash, uint64_t weight) {
+    // Filtered and full, and no counter's item falls in the bucket: the item is absent.
+    if (!held_.empty() && held_[hash >> filter_shift_] == 0 && heap_.size() == capacity_) {
+      uint64_t& charge = filter_[hash >> filter_shift_];
+      if (charge + weight <= heap_[0].count) {
+        total_ += weight;
+        charge += weight;
+        return;
+      }
+    }
+    AddSlow(item, hash, weight);
+  }
   // An item's hash (wyhash-style, seeded per process: items are keys that clients choose).
   static uint64_t Hash(absl::string_view item);
   // Forgets everything (a new interval); keeps the reserved memory.
@@ -84,6 +96,8 @@ class SpaceSaving {
     uint64_t count;
     uint32_t slot;
   };
+  // Add's every other case.
+  void AddSlow(absl::string_view item, uint64_t hash, uint64_t weight);
   void SiftUp(uint32_t pos);
   void SiftDown(uint32_t pos);
   void Place(uint32_t pos, Counter c) {
@@ -141,17 +155,21 @@ class LargestKeys {
   void Observe(absl::string_view item, uint64_t size, std::string_view command, std::string_view type, int64_t now_ms);
   const std::vector<Entry>& entries() const { return entries_; }
   size_t capacity() const { return capacity_; }
+  // Counts the changes to entries(): equal versions, equal entries.
+  uint64_t version() const { return version_; }
 
  private:
   size_t capacity_;
+  uint64_t version_ = 0;
   uint64_t admit_above_;  // 0 while not full, then the smallest size held (UINT64_MAX: no capacity)
   std::vector<Entry> entries_;
   absl::flat_hash_map<std::string, uint32_t> index_;
 };
 
 // Sketch items carry the tenant: one length byte, the tenant name (at most 255 bytes, empty
-// without tenancy), then the key as the client named it.
-void HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* out);
+// without tenancy), then the key as the client named it. Written at the start of `*buffer`,
+// which only grows (no resize per item); the view is valid until the buffer's next use.
+absl::string_view HotKeyItem(absl::string_view tenant, absl::string_view key, std::string* buffer);
 struct TenantKey {
   absl::string_view tenant;
   absl::string_view key;
@@ -171,7 +189,9 @@ class HotKeys {
   static size_t FilterBuckets(size_t capacity);
   bool enabled() const { return capacity_ > 0; }
   // Whether to count this command: about one in Settings::hot_keys_sample, at random gaps (a
-  // xorshift draw per sampled command, so periodic traffic cannot alias with the sampling).
+  // xorshift draw per sampled command, so periodic traffic cannot alias with the sampling). Asked
+  // of every command, keyed or not: each is sampled with the same chance. Never true while
+  // disabled.
   bool Sample() {
     if (--skip_ > 0) return false;
     rng_ ^= rng_ << 13;
@@ -200,7 +220,7 @@ class HotKeys {
  private:
   size_t capacity_;
   uint64_t sample_;
-  int64_t skip_ = 1;
+  int64_t skip_;  // commands until the next sampled one (INT64_MAX while disabled)
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   int64_t interval_ns_;
   int64_t interval_end_ns_ = -1;
@@ -209,9 +229,10 @@ class HotKeys {
   SpaceSaving by_bytes_;
   LargestKeys big_bytes_;
   LargestKeys big_elements_;
-  std::string item_;  // scratch for HotKeyItem
+  std::string item_;  // HotKeyItem's buffer
   HotKeysBoard* board_ = nullptr;
   size_t slot_ = 0;
+  uint64_t published_big_ = UINT64_MAX;  // the largest keys' versions (summed) last published
 };
 
 // Where workers publish, and what the admin server renders. Thread-safe.
@@ -229,6 +250,7 @@ class HotKeysBoard {
     SketchSnapshot last_count, last_bytes;  // the last complete interval
     SketchSnapshot cur_count, cur_bytes;    // the current one, as of the last tick
     int64_t interval_start_ms = 0;          // of the current interval
+    bool has_big = false;                   // false: the largest keys did not change since the last Publish
     std::vector<LargestKeys::Entry> big_bytes, big_elements;
   };
   void Publish(size_t slot, Published p);

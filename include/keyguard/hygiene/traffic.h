@@ -55,7 +55,7 @@ class SharedSizeCache {
   std::atomic<int64_t> count_{0};
 };
 
-// What the detectors may do with a command, from its traits alone (SharedDetectors::PlanOf):
+// What the detectors may do with a command, from its traits alone (SharedDetectors::plans):
 // decided once per command id, so that a command with nothing to check before it is forwarded
 // (GET, INCR, HSET without ttl_patterns, ...) costs one lookup (ConnectionDetectors::Quick).
 enum Plan : uint8_t {
@@ -99,9 +99,9 @@ class SharedDetectors {
     uint8_t write;
   };
   static constexpr uint8_t kWriteReplaces = 0x80;
-  // Every id of the command table as it was when this was made; a later id gets every Plan bit
-  // (the full path).
-  CommandPlan PlanOf(commands::CommandId id) const { return (*plans_)[id]; }
+  // The plans by command id, for every id a CommandId can hold: those of the command table as it
+  // was when this was made; a later id gets every Plan bit (the full path).
+  const CommandPlan* plans() const { return plans_->data(); }
 
  private:
   struct Shard {
@@ -203,7 +203,7 @@ class ConnectionDetectors {
  public:
   // `connection`: a per-worker id for the trackers (which connection read and wrote a key).
   ConnectionDetectors(const Settings& settings, WorkerDetectors& worker, FindingSink& sink, uint64_t connection)
-      : settings_(settings), w_(worker), sink_(sink), connection_(connection) {}
+      : settings_(settings), w_(worker), sink_(sink), connection_(connection), plans_(worker.shared.plans()) {}
 
   // The scope of every key hash: the tenant's fingerprint (kFnvBasis without one).
   void set_scope(uint64_t scope) { scope_ = scope; }
@@ -221,9 +221,15 @@ class ConnectionDetectors {
   // (SET k v, SETNX, GETSET, APPEND) passes when it shows nothing (QuickWrite). Reads the
   // settings on every call, like OnRequest.
   bool Quick(commands::CommandId id, std::span<const std::string_view> args, uint8_t* check) const {
-    const SharedDetectors::CommandPlan p = w_.shared.PlanOf(id);
+    const SharedDetectors::CommandPlan p = plans_[id];
     const uint8_t plan = p.plan;
-    if (!pending_ttl_.empty() || (plan & kPlanRole) != 0) return false;
+    if (!pending_ttl_.empty()) return false;
+    // Nothing to check before it goes, whatever the settings (GET, INCR): one test.
+    if ((plan & ~kPlanCheck) == 0) {
+      *check = args.size() > 1 ? plan & kPlanCheck : kNoReplyCheck;
+      return true;
+    }
+    if ((plan & kPlanRole) != 0) return false;
     if ((plan & (kPlanWrite | kPlanTtl)) != 0 && !QuickWrite(p.write, args)) return false;
     if ((plan & kPlanTtlPattern) != 0 && !settings_.ttl_patterns.empty()) return false;
     if ((plan & kPlanProbe) != 0 && settings_.probe) return false;
@@ -285,6 +291,7 @@ class ConnectionDetectors {
   WorkerDetectors& w_;
   FindingSink& sink_;
   uint64_t connection_;
+  const SharedDetectors::CommandPlan* plans_;  // w_.shared's, by command id
   uint64_t scope_ = kFnvBasis;
   std::string* refusal_ = nullptr;  // during OnRequest: where a rejecting finding's text goes
   // Writes without a TTL to cache/session patterns, waiting for an EXPIRE on this connection.
@@ -305,13 +312,14 @@ class ConnectionDetectors {
 // FindKeys on the hot path), as the client named it (before tenant prefixing or key-policy
 // rewrites), with `tenant` ("" without tenancy) reported beside it.
 //
-// One command before it is forwarded: records the sizes its string writes show, and returns true
-// when its reply must come to HotKeyReply with args[1]: an access to count (sampled, about one in
-// Settings::hot_keys_sample: `*request_bytes` set to `request_len`, capped, else left as it is)
-// or a size to read from the reply.
+// One command HotKeys::Sample chose (about one in Settings::hot_keys_sample; the caller asks, so
+// that every other command costs only that), before it is forwarded: a command with a first key
+// records the sizes its string writes show, sets `*request_bytes` to `request_len` (capped), and
+// returns true: its reply must come to HotKeyReply with args[1], to count the access and read the
+// size the reply shows. The largest keys therefore see the sampled commands, as the sketches do
+// (every command with hot_keys_sample: 1).
 //
-// Inline: most commands only take the sampling decision here; sizes that could enter the largest
-// keys go to HotKeySize.
+// Inline: sizes that could enter the largest keys go to HotKeySize.
 inline bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
                           std::string_view tenant, size_t request_len, uint32_t* request_bytes);
 // The reply (an error too) to a command HotKeyRequest asked to see: `key` is its args[1],
@@ -332,8 +340,9 @@ void HotKeyReplySize(HotKeys& hot, commands::CommandId id, std::string_view tena
 
 inline bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const std::string_view> args,
                           std::string_view tenant, size_t request_len, uint32_t* request_bytes) {
-  if (!hot.enabled() || args.size() < 2) return false;
+  if (args.size() < 2) return false;
   const commands::Traits& info = commands::TraitsOf(id);
+  if (!info.first_key) return false;
   if (info.sized_write) {
     if (info.value_pos > 0 && args.size() > static_cast<size_t>(info.value_pos)) {
       const std::string_view value = args[info.value_pos];
@@ -342,14 +351,8 @@ inline bool HotKeyRequest(HotKeys& hot, commands::CommandId id, std::span<const 
       HotKeyPairs(hot, id, args, tenant);
     }
   }
-  if (!info.first_key) return false;
-  // Sampled commands count as accesses; the replies of sizing commands are always looked at.
-  if (hot.Sample()) {
-    *request_bytes = static_cast<uint32_t>(std::min<size_t>(request_len, UINT32_MAX));
-    return true;
-  }
-  return *request_bytes != 0 ||
-         (info.reply != commands::ReplyShows::kNothing && info.reply != commands::ReplyShows::kComputedMembers);
+  *request_bytes = static_cast<uint32_t>(std::min<size_t>(request_len, UINT32_MAX));
+  return true;
 }
 
 inline void HotKeyReply(HotKeys& hot, commands::CommandId id, std::string_view tenant, std::string_view key,
