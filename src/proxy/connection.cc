@@ -226,6 +226,9 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     }
     return false;
   }
+  // Tenancy, before AUTH: everything but AUTH, HELLO and QUIT is refused (NOAUTH), so only HELLO
+  // needs a connection; a client without credentials never holds one of the server's.
+  if (tenant_ == nullptr && shared_.stages.config.tenancy != nullptr && id != commands::Known().hello) return false;
   pin_wanted_ = r;
   return true;
 }

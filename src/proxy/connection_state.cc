@@ -86,9 +86,10 @@ ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id,
       p->rewrite = static_cast<uint8_t>(tenant::ReplyRewrite::kExec);
       p->exec_rewrites = std::move(multi_rewrites_);
     }
-    EndTransaction();
+    // Outside a transaction EXEC and DISCARD are errors that change nothing: the WATCH stays.
+    if (in_multi_) EndTransaction();
   } else if (role == kDiscard) {
-    EndTransaction();
+    if (in_multi_) EndTransaction();
   } else if (in_multi_) {
     // Queued like any command: UNWATCH, HELLO, MONITOR, CLIENT, SYNC, the subscribe family.
     Queued(tenant, p);

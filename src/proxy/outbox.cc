@@ -59,6 +59,7 @@ bool Outbox::Send(std::span<const std::string_view> pieces) {
     }
     if (ec) skip = 0;
     bytes_sent_->Add(skip);
+    sent_ += skip;
   }
   bool queued = false;
   for (std::string_view b : pieces) {
@@ -95,6 +96,7 @@ awaitable<void> Outbox::Drain(std::shared_ptr<void> keep_alive) {
         break;
       }
       written_ += n;
+      sent_ += n;
       bytes_sent_->Add(n);
       event_.cancel();  // progress: let waiters re-check the backlog
     }

@@ -41,6 +41,8 @@ class Outbox {
 
   // Bytes accepted by Send() but not yet written to the socket.
   size_t backlog() const { return pending_.size() + writing_.size() - written_; }
+  // Bytes written to the socket so far.
+  uint64_t sent() const { return sent_; }
   bool failed() const { return failed_; }
 
   // Waits until backlog() <= limit, or the socket failed, or Wake() was called.
@@ -61,6 +63,7 @@ class Outbox {
   std::string pending_;  // accepted, not yet handed to a write
   std::string writing_;  // owned by the write in flight
   size_t written_ = 0;
+  uint64_t sent_ = 0;
   bool draining_ = false;
   bool failed_ = false;
   int waiters_ = 0;

@@ -73,11 +73,22 @@ const Table& PinTable() {
   return table;
 }
 
-// XREAD and XREADGROUP block only with a BLOCK option (before STREAMS).
-bool HasBlockOption(std::span<const std::string_view> args) {
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (commands::EqualsIgnoreCase(args[i], "streams")) return false;
+// XREAD and XREADGROUP block only with a BLOCK option, among the options before STREAMS:
+// XREAD [COUNT n] [BLOCK ms] STREAMS ..., XREADGROUP GROUP g c [COUNT n] [BLOCK ms] [NOACK]
+// STREAMS ... (a group or consumer may be named "streams" or "block"). An option's value is
+// skipped; an unknown word ends the options (the server refuses the command).
+bool HasBlockOption(std::span<const std::string_view> args, bool group) {
+  size_t i = group ? 4 : 1;
+  if (group && (args.size() < 4 || !commands::EqualsIgnoreCase(args[1], "group"))) return false;
+  while (i < args.size()) {
     if (commands::EqualsIgnoreCase(args[i], "block")) return true;
+    if (commands::EqualsIgnoreCase(args[i], "count")) {
+      i += 2;
+    } else if (group && commands::EqualsIgnoreCase(args[i], "noack")) {
+      i += 1;
+    } else {
+      return false;  // STREAMS, or a word the server refuses
+    }
   }
   return false;
 }
@@ -122,7 +133,7 @@ PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args,
     // connection answers.
     return args.size() == 2 && commands::EqualsIgnoreCase(args[1], "getname") ? PinReason::kNone : PinReason::kClient;
   }
-  return HasBlockOption(args) ? PinReason::kBlocking : PinReason::kNone;
+  return HasBlockOption(args, id == t.xreadgroup) ? PinReason::kBlocking : PinReason::kNone;
 }
 
 }  // namespace keyguard::proxy

@@ -21,6 +21,7 @@
 #include "keyguard/resp/framer.h"
 #include "proxy/sentinel.h"
 #include "proxy/session.h"
+#include "proxy/session_pump.h"
 #include "proxy/size_probe.h"
 #include "proxy/worker.h"
 
@@ -52,6 +53,18 @@ void TickHotKeys(Worker& w, std::chrono::milliseconds period) {
   w.hot_timer.expires_after(period);
   w.hot_timer.async_wait([&w, period](error_code ec) {
     if (!ec) TickHotKeys(w, period);
+  });
+}
+
+// Each second: upstream connections that owe replies and have been silent are asked whether the
+// server closed them (Session::CheckUpstream).
+void TickLiveness(Worker& w) {
+  const int64_t now = NowNs();
+  for (const auto& s : w.sessions) s->CheckUpstream(now);
+  for (const auto& link : w.links) link->CheckLiveness(now);
+  w.liveness_timer.expires_after(std::chrono::seconds(1));
+  w.liveness_timer.async_wait([&w](error_code ec) {
+    if (!ec) TickLiveness(w);
   });
 }
 
@@ -287,6 +300,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
     if (workers[i]->probe != nullptr) workers[i]->probe->Start();
     for (auto& link : workers[i]->links) link->Start();
+    TickLiveness(*workers[i]);
     if (workers[i]->pins != nullptr) workers[i]->pins->Fill();
     if (workers[i]->hot.enabled()) {
       TickHotKeys(*workers[i],

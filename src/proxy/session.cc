@@ -171,6 +171,7 @@ void Session::WakeProbe() {
 
 awaitable<void> Session::UpstreamPump() {
   auto self = shared_from_this();
+  upstream_read_ns_ = NowNs();
   const size_t max_out = static_cast<size_t>(worker_.config.max_output_buffer);
   size_t hint = 0;
   while (!closed_) {
@@ -181,6 +182,7 @@ awaitable<void> Session::UpstreamPump() {
     const size_t n = co_await upstream_->ReadSome(upstream_buf_.free_space(), ec);
     if (closed_) break;
     if (ec) {
+      if (upstream_eof_) ec = asio::error::eof;  // CheckUpstream saw the close (and cancelled the read)
       if (!upstream_->tls_failure().empty()) {
         conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_->tls_failure()));
       }
@@ -192,7 +194,9 @@ awaitable<void> Session::UpstreamPump() {
     upstream_buf_.Commit(n);
     worker_.shard->upstream_bytes_received.Add(n);
     bool ok = true;
-    const size_t used = conn_.OnUpstreamBytes(upstream_buf_.data(), upstream_buf_.size(), NowNs(), &hint, &ok);
+    upstream_read_ns_ = NowNs();
+    const size_t used =
+        conn_.OnUpstreamBytes(upstream_buf_.data(), upstream_buf_.size(), upstream_read_ns_, &hint, &ok);
     FlushAs<false>();  // dedicated, or pinned: what goes upstream goes to upstream_
     upstream_buf_.Consume(used);
     NotifyQueue();
@@ -257,6 +261,17 @@ awaitable<void> Session::FlushAndClose() {
   while (!closed_ && client_out_.backlog() > 0 && !client_out_.failed()) co_await client_out_.WaitBelow(0);
   limit->cancel();
   Close();
+}
+
+void Session::CheckUpstream(int64_t now_ns) {
+  if (closed_ || conn_.pending() == 0 || on_link() || !conn_.upstream_ready() || upstream_eof_) return;
+  if (now_ns - upstream_read_ns_ < 1'000'000'000) return;
+  char c;
+  if (::recv(upstream_->socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+    upstream_eof_ = true;
+    error_code ignored;
+    upstream_->socket().cancel(ignored);  // the pending read completes, as at the end of the stream
+  }
 }
 
 void Session::Drain() {

@@ -31,6 +31,10 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void Start();
   // Stop gracefully: close once no reply is pending.
   void Drain();
+  // Called about once a second: an upstream connection owing replies that has sent nothing for a
+  // second is asked (a peek) whether the server closed it. A close that came with the last bytes
+  // raises no further epoll edge (async_read.h), so it is not waited for forever.
+  void CheckUpstream(int64_t now_ns);
   // Close both connections now.
   void Close();
 
@@ -61,6 +65,11 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void Unpin();
   // The pinned time, observed by reason (at Unpin, or when the client closes pinned).
   void ObservePin();
+  // Closes a client that does not read its replies from a shared link (slow_client_closed).
+  void CutOff();
+  // A window from now: a client still over its output bound that took nothing since `progress`
+  // is cut off.
+  void ArmWatchdog(uint64_t progress);
   // Where the client's commands go now: a shared link (not pinned), or upstream_.
   bool on_link() const { return link_ != nullptr && !conn_.pinned(); }
   // Closes the upstream connection (and counts it gone, if it was up).
@@ -75,7 +84,11 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void BeginLinkReplies() override;
   void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
   bool EndLinkReplies() override;
-  awaitable<void> WaitForClient() override;
+  std::shared_ptr<void> Hold() override { return shared_from_this(); }
+  // Bytes the client has taken: written to its socket and no longer queued there (SIOCOUTQ), so
+  // a client that reads is seen reading before its socket is writable again.
+  uint64_t ClientProgress() override;
+  awaitable<void> WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) override;
   void OnLinkFailed(metrics::UpstreamError reason) override;
 
   Worker& worker_;
@@ -83,8 +96,15 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   std::unique_ptr<Stream> upstream_;  // dedicated, or pinned (shared: nullptr while not pinned)
   SharedLink* link_ = nullptr;        // upstream_connections: shared
   int64_t pinned_at_ns_ = 0;
-  int64_t link_now_ns_ = 0;  // the time of the link's run of replies
-  bool link_ok_ = true;      // no frame from the link broke the connection (else it closes)
+  int64_t link_now_ns_ = 0;       // the time of the link's run of replies
+  int64_t upstream_read_ns_ = 0;  // the last read from upstream_ (or its start)
+  bool upstream_eof_ = false;     // CheckUpstream found the server closed upstream_
+  bool link_ok_ = true;           // no frame from the link broke the connection (else it closes)
+  bool watchdog_armed_ = false;   // a client over its output bound gets a window to read in
+  // The client's progress (ClientProgress) when last looked at, and when it last changed (0: not
+  // seen to change yet).
+  uint64_t progress_seen_ = UINT64_MAX;
+  int64_t progress_changed_ns_ = 0;
   PinReason pin_reason_ = PinReason::kNone;
   Outbox client_out_;
   Outbox upstream_out_;

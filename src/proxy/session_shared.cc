@@ -1,6 +1,9 @@
 // Session with shared upstream connections (upstream_connections: shared): the client pump that
 // submits to a link, pinning, and the replies and failures a link hands back. The dedicated
 // transport is session.cc.
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +41,7 @@ awaitable<void> Session::Pin() {
     }
   }
   upstream_ = std::move(stream);
+  upstream_eof_ = false;
   upstream_out_.Bind(*upstream_);
   pin_reason_ = conn_.OnPinned(fresh);  // keyguard's AUTH (a fresh connection) and CLIENT ID (tenancy)
   pinned_at_ns_ = NowNs();
@@ -94,31 +98,88 @@ bool Session::EndLinkReplies() {
     asio::co_spawn(
         worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
   }
-  return client_out_.backlog() > static_cast<size_t>(worker_.config.max_output_buffer);
+  const size_t bound = static_cast<size_t>(worker_.config.max_output_buffer);
+  if (client_out_.backlog() <= bound) [[likely]] {
+    return false;
+  }
+  // Over its bound. A client that reads is waited for: the link reads on once it is below (as
+  // its own connection would, behind a big reply). One not seen reading is not waited for (any
+  // number of them would stall the link a window each): a watchdog cuts it off if it reads
+  // nothing within a window.
+  const uint64_t progress = ClientProgress();
+  const int64_t now = NowNs();
+  if (progress_seen_ != UINT64_MAX && progress != progress_seen_) progress_changed_ns_ = now;
+  progress_seen_ = progress;
+  const bool reading =
+      progress_changed_ns_ != 0 &&
+      now - progress_changed_ns_ < std::chrono::duration_cast<std::chrono::nanoseconds>(kSlowClientWindow).count();
+  if (reading) return true;
+  // Past 16 times its bound, its replies are not buffered further: the link waits for it, and
+  // cuts it off if it reads nothing within a window.
+  if (client_out_.backlog() > 16 * bound) return true;
+  if (!watchdog_armed_) {
+    watchdog_armed_ = true;
+    ArmWatchdog(progress);
+  }
+  return false;
 }
 
-awaitable<void> Session::WaitForClient() {
+void Session::ArmWatchdog(uint64_t progress) {
+  auto timer = std::make_shared<Timer>(worker_.io, kSlowClientWindow);
+  std::weak_ptr<Session> weak = shared_from_this();
+  timer->async_wait([weak, timer, progress](error_code e) {
+    auto s = weak.lock();
+    if (s == nullptr || e || s->closed_) return;
+    if (s->client_out_.backlog() <= static_cast<size_t>(s->worker_.config.max_output_buffer)) {
+      s->watchdog_armed_ = false;  // it caught up
+      return;
+    }
+    // Still over its bound: cut off when it took nothing in the window (its socket's receive
+    // buffer full, nothing read), else look again after another.
+    const uint64_t now = s->ClientProgress();
+    if (now == progress) {
+      s->CutOff();
+    } else {
+      s->ArmWatchdog(now);
+    }
+  });
+}
+
+uint64_t Session::ClientProgress() {
+  int queued = 0;
+  if (::ioctl(client_.socket().native_handle(), SIOCOUTQ, &queued) != 0) queued = 0;
+  return client_out_.sent() - static_cast<uint64_t>(queued);
+}
+
+void Session::CutOff() {
+  EventLine("warn", "slow_client_closed")
+      .Int("unsent_bytes", static_cast<int64_t>(client_out_.backlog()))
+      .Write(stderr);
+  Close();
+}
+
+awaitable<void> Session::WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) {
   auto self = shared_from_this();
   const size_t low = static_cast<size_t>(worker_.config.max_output_buffer) / 2;
-  // The other clients of the link wait meanwhile: one that reads nothing for a second is cut off.
+  // The other clients of the link wait meanwhile: one that writes nothing in a window is cut off;
+  // one that reads, however slowly, is waited for.
   while (!closed_ && !client_out_.failed() && client_out_.backlog() > low) {
-    const size_t before = client_out_.backlog();
-    auto expired = std::make_shared<bool>(false);
-    Timer timer(worker_.io, std::chrono::seconds(1));
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (ClientProgress() == progress) {
+        CutOff();
+        co_return;
+      }
+      progress = ClientProgress();
+      deadline = std::chrono::steady_clock::now() + kSlowClientWindow;
+    }
+    Timer timer(worker_.io);
+    timer.expires_at(deadline);
     std::weak_ptr<Session> weak = self;
-    timer.async_wait([weak, expired](error_code e) {
-      if (e) return;
-      *expired = true;
-      if (auto s = weak.lock()) s->client_out_.Wake();
+    timer.async_wait([weak](error_code e) {
+      if (auto s = weak.lock(); s && !e) s->client_out_.Wake();
     });
     co_await client_out_.WaitBelow(low);
     timer.cancel();
-    if (*expired && client_out_.backlog() >= before) {
-      EventLine("warn", "slow_client_closed")
-          .Int("unsent_bytes", static_cast<int64_t>(client_out_.backlog()))
-          .Write(stderr);
-      Close();
-    }
   }
 }
 

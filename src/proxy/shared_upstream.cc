@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "keyguard/common/json_line.h"
+#include "proxy/session_pump.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
@@ -171,33 +172,43 @@ awaitable<bool> SharedLink::Open() {
 
 awaitable<metrics::UpstreamError> SharedLink::Pump() {
   size_t hint = 0;
+  eof_ = false;
+  last_read_ns_ = NowNs();
   for (;;) {
     buf_.Prepare(hint);
     error_code ec;
     const size_t n = co_await conn_->stream.ReadSome(buf_.free_space(), ec);
     if (ec) {
-      co_return ec == asio::error::eof      ? metrics::UpstreamError::kClosed
-      : conn_->stream.tls_failure().empty() ? metrics::UpstreamError::kReset
-                                            : metrics::UpstreamError::kTls;
+      co_return ec == asio::error::eof || eof_ ? metrics::UpstreamError::kClosed
+      : conn_->stream.tls_failure().empty()    ? metrics::UpstreamError::kReset
+                                               : metrics::UpstreamError::kTls;
     }
     buf_.Commit(n);
     worker_.shard->upstream_bytes_received.Add(n);
-    LinkClient* slow = nullptr;
-    if (!Deliver(&hint, &slow)) co_return metrics::UpstreamError::kProtocol;
-    // A client whose output is over its bound: the replies after its own wait until it reads
-    // (or is cut off), as on a connection of its own; the others' are delivered already.
-    if (slow != nullptr) co_await slow->WaitForClient();
+    last_read_ns_ = NowNs();
+    slow_.clear();
+    if (!Deliver(&hint, &slow_)) co_return metrics::UpstreamError::kProtocol;
+    if (!slow_.empty()) [[unlikely]] {
+      // Clients whose output is over its bound: the replies after theirs wait until they read, as
+      // on connections of their own (the others' are delivered already). One window for all of
+      // them: a client that wrote nothing by its end is cut off, however many there are.
+      const auto deadline = std::chrono::steady_clock::now() + kSlowClientWindow;
+      std::vector<Slow> slow = std::move(slow_);
+      for (Slow& s : slow) co_await s.client->WaitForClient(s.progress, deadline);
+    }
   }
 }
 
-bool SharedLink::Deliver(size_t* hint, LinkClient** slow) {
+bool SharedLink::Deliver(size_t* hint, std::vector<Slow>* slow) {
   const char* data = buf_.data();
   const size_t len = buf_.size();
   size_t pos = 0;
   LinkClient* run_client = nullptr;
   bool ok = true;
   auto end_run = [&]() {
-    if (run_client != nullptr && run_client->EndLinkReplies() && *slow == nullptr) *slow = run_client;
+    if (run_client != nullptr && run_client->EndLinkReplies()) {
+      slow->push_back(Slow{run_client, run_client->Hold(), run_client->ClientProgress()});
+    }
   };
   *hint = 0;
   while (pos < len) {
@@ -253,6 +264,16 @@ void SharedLink::Flush() {
   }
   batch_.clear();
   batch_commands_ = 0;
+}
+
+void SharedLink::CheckLiveness(int64_t now_ns) {
+  if (!up_ || owed_.empty() || eof_ || now_ns - last_read_ns_ < 1'000'000'000) return;
+  char c;
+  if (::recv(conn_->stream.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+    eof_ = true;
+    error_code ignored;
+    conn_->stream.socket().cancel(ignored);  // the pending read completes, as at the end of the stream
+  }
 }
 
 void SharedLink::Forget(LinkClient* client) {

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <chrono>
 #include <vector>
 
 #include "keyguard/metrics/registry.h"
@@ -38,8 +39,13 @@ class LinkClient {
   // Returns true when the client's output is over its bound: the link reads nothing more until
   // WaitForClient() completes.
   virtual bool EndLinkReplies() = 0;
-  // The client's output goes below its bound, or the client is cut off (no progress in time).
-  virtual awaitable<void> WaitForClient() = 0;
+  // Keeps the client alive while the link waits for it.
+  virtual std::shared_ptr<void> Hold() = 0;
+  // Bytes written to the client so far (its progress).
+  virtual uint64_t ClientProgress() = 0;
+  // Completes when the client's output is below its bound, or the client is cut off: it wrote
+  // nothing more than `progress` by `deadline` (or in any later window of the same length).
+  virtual awaitable<void> WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) = 0;
   // The link failed: every command of this client in flight on it is lost.
   virtual void OnLinkFailed(metrics::UpstreamError reason) = 0;
 
@@ -77,6 +83,9 @@ class PinPool {
   bool stopped_ = false;
 };
 
+// How long a client over its output bound may go without reading before it is cut off.
+inline constexpr std::chrono::milliseconds kSlowClientWindow(1000);
+
 class SharedLink : public std::enable_shared_from_this<SharedLink> {
  public:
   explicit SharedLink(Worker& worker);
@@ -99,6 +108,9 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   bool Submit(LinkClient* client, std::span<const std::string_view> pieces, uint32_t commands);
   // `client` goes away: the replies it still owes are read and dropped.
   void Forget(LinkClient* client);
+  // Called about once a second: owing replies and silent for a second, the link asks (a peek)
+  // whether the server closed it (Session::CheckUpstream says why).
+  void CheckLiveness(int64_t now_ns);
   // Bytes queued or being written: clients stop reading while it is over the output bound.
   // (What this turn queued goes out with the turn: not counted, so a waiter never spins on it.)
   size_t backlog() const { return conn_ != nullptr ? conn_->out.backlog() : 0; }
@@ -110,9 +122,15 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   awaitable<bool> Open();
   // Reads replies until the connection fails; returns why.
   awaitable<metrics::UpstreamError> Pump();
+  // A client whose output went over its bound, held while the link waits for it.
+  struct Slow {
+    LinkClient* client;
+    std::shared_ptr<void> hold;
+    uint64_t progress;
+  };
   // Frames the replies in the buffer and hands each run of one client's frames over. False on a
-  // protocol error or a frame nobody owes. `*slow`: a client whose output went over its bound.
-  bool Deliver(size_t* hint, LinkClient** slow);
+  // protocol error or a frame nobody owes. Appends the clients over their bound to `*slow`.
+  bool Deliver(size_t* hint, std::vector<Slow>* slow);
   void Flush();
   void Fail(metrics::UpstreamError reason);
 
@@ -159,12 +177,15 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   ReadBuffer buf_;
   resp::ReplyFramer framer_;
   OwedQueue owed_;
-  std::string batch_;  // submitted this turn, written by Flush
+  std::vector<Slow> slow_;  // reused by Pump
+  std::string batch_;       // submitted this turn, written by Flush
   uint32_t batch_commands_ = 0;
   bool flush_posted_ = false;
   bool up_ = false;
   bool stopped_ = false;
   std::string failure_;
+  int64_t last_read_ns_ = 0;
+  bool eof_ = false;  // CheckLiveness found the server closed the connection
   Timer backoff_;
 };
 

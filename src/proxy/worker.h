@@ -73,6 +73,7 @@ struct Worker {
   hygiene::FindingLog* findings = nullptr;
   hygiene::HotKeys hot{config.hygiene};  // hot and big keys; published on hot_timer's ticks
   Timer hot_timer{io};
+  Timer liveness_timer{io};          // Session::CheckUpstream, SharedLink::CheckLiveness, every second
   std::shared_ptr<SizeProbe> probe;  // with hygiene.probe
   tenant::Connections* connections;  // with tenancy: which tenant each upstream connection serves
   StageShared stages;                // what the command pipeline reads and counts (live settings, deny list)

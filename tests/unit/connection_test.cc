@@ -462,6 +462,10 @@ TEST(PinFor, ConnectionStateCommandsPinAndPlainOnesDoNot) {
   EXPECT_EQ(pin({"XREAD", "COUNT", "1", "STREAMS", "s", "0"}), PinReason::kNone);
   EXPECT_EQ(pin({"XREAD", "block", "0", "STREAMS", "s", "$"}), PinReason::kBlocking);
   EXPECT_EQ(pin({"XREADGROUP", "GROUP", "g", "c", "STREAMS", "block", ">"}), PinReason::kNone);  // a stream named block
+  EXPECT_EQ(pin({"XREADGROUP", "GROUP", "streams", "c1", "BLOCK", "0", "STREAMS", "s", ">"}), PinReason::kBlocking);
+  EXPECT_EQ(pin({"XREADGROUP", "GROUP", "g", "STREAMS", "COUNT", "1", "NOACK", "BLOCK", "0", "STREAMS", "s", ">"}),
+            PinReason::kBlocking);
+  EXPECT_EQ(pin({"XREAD", "COUNT", "block", "STREAMS", "s", "0"}), PinReason::kNone);  // COUNT's value
   EXPECT_EQ(pin({"SUBSCRIBE", "c"}), PinReason::kPubSub);
   EXPECT_EQ(pin({"PUNSUBSCRIBE"}), PinReason::kPubSub);
   EXPECT_EQ(pin({"MONITOR"}), PinReason::kMonitor);

@@ -204,6 +204,15 @@ TEST(ConnectionStateTest, WatchFollowsTheServer) {
   Send(s, "WATCH a");  // refused by Redis inside MULTI: no watch starts
   Send(s, "DISCARD");
   EXPECT_FALSE(s.watching());
+  // EXEC and DISCARD without MULTI are errors that leave the WATCH (a shared connection's pin
+  // must not end with it).
+  Send(s, "WATCH a");
+  Send(s, "EXEC");
+  EXPECT_TRUE(s.watching());
+  Send(s, "DISCARD");
+  EXPECT_TRUE(s.watching());
+  Send(s, "UNWATCH");
+  EXPECT_FALSE(s.watching());
 }
 
 TEST(ConnectionStateTest, ClientReplyOffSkipOn) {

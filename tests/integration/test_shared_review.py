@@ -1,0 +1,232 @@
+"""Regressions from an adversarial review of shared upstream connections (#14): each test was a
+reproduction of a finding, and asserts what a connection of the client's own does."""
+import socket
+import time
+
+import pytest
+import redis
+
+from conftest import wait_until
+from resp import RespConn, encode
+from test_shared_upstream import kind, shared
+
+
+@pytest.mark.parametrize("ender", ["EXEC", "DISCARD"])
+def test_exec_or_discard_without_multi_keeps_the_watch_and_the_pin(ender):
+    """Redis answers EXEC/DISCARD without MULTI with an error and keeps the WATCH: the client stays
+    pinned (its connection, still watching, must not go back to the idle pool, where another
+    client's transaction would be aborted by it) until the WATCH ends."""
+    with shared(threads=1) as (server, kg):
+        a = RespConn(kg.port)
+        a.send_raw(encode("WATCH", "watched") + encode(ender))
+        assert a.value() == "OK"
+        err = a.value()
+        assert isinstance(err, Exception) and str(err) == "ERR %s without MULTI" % ender
+        time.sleep(0.2)
+        assert kind(kg, "pinned") == 1
+        assert a.call("UNWATCH") == "OK"
+        wait_until(lambda: kind(kg, "pinned") == 0, "a unpinned once the WATCH ended")
+        # The pooled connections watch nothing: transactions of clients that never watched run.
+        c = RespConn(kg.port)
+        assert c.call("SET", "watched", "changed") == "OK"
+        bs = [RespConn(kg.port) for _ in range(3)]
+        for b in bs:
+            assert b.call("MULTI") == "OK"
+            assert b.call("SET", "other", "1") == "QUEUED"
+        assert [b.call("EXEC") for b in bs] == [["OK"]] * 3
+        for x in [a, c, *bs]:
+            x.close()
+
+
+def test_own_watch_holds_after_exec_without_multi():
+    """The other side of the same bug: a's own WATCH must still hold after the failed EXEC."""
+    with shared(threads=1) as (server, kg):
+        a = RespConn(kg.port)
+        c = RespConn(kg.port)
+        assert a.call("SET", "acct", "1") == "OK"
+        assert a.call("WATCH", "acct") == "OK"
+        assert isinstance(a.call("EXEC"), Exception)
+        # Occupy the pooled connection a used, so a's next pin is on another one.
+        c.send("BLPOP", "never", "0")
+        time.sleep(0.3)
+        d = RespConn(kg.port)
+        assert d.call("SET", "acct", "2") == "OK"
+        assert a.call("MULTI") == "OK"
+        assert a.call("INCR", "acct") == "QUEUED"
+        assert a.call("EXEC") is None, "a's WATCH was dropped: its transaction ran over a changed key"
+        for x in (a, c, d):
+            x.close()
+
+
+@pytest.mark.parametrize("group,consumer", [("streams", "c1"), ("g", "STREAMS")])
+def test_xreadgroup_with_a_group_or_consumer_named_streams_is_pinned(group, consumer):
+    """A group or consumer may be named STREAMS: XREADGROUP GROUP streams c BLOCK 0 STREAMS s > still
+    blocks, so it is pinned, and the other clients of the shared connection go on."""
+    with shared(threads=1) as (server, kg):
+        redis.Redis(port=server.port).xgroup_create("s", group, id="$", mkstream=True)
+        a = RespConn(kg.port)
+        b = RespConn(kg.port, timeout=3)
+        a.send("XREADGROUP", "GROUP", group, consumer, "BLOCK", "0", "STREAMS", "s", ">")
+        wait_until(lambda: kind(kg, "pinned") == 1, "the blocking XREADGROUP pinned")
+        assert b.call("PING") == "PONG"  # hung (socket timeout) while the shared connection blocked
+        a.close()
+        b.close()
+
+
+def test_a_client_reading_steadily_is_not_cut_off_as_slow():
+    """A client that reads steadily (~1 MB/s here) is waited for, never closed as slow: its progress
+    is what it took from its socket (SIOCOUTQ), not keyguard's backlog, which shrinks only once the
+    socket turns writable again."""
+    import threading
+    with shared(threads=1) as (server, kg):
+        redis.Redis(port=server.port).set("big", b"x" * (1 << 20))
+        s = socket.create_connection(("127.0.0.1", kg.port))
+        s.sendall(encode("GET", "big") * 48)  # 48 MB of replies, read at about 1.3 MB/s
+        got = [0, False]
+
+        def reader():
+            s.settimeout(5)
+            t0 = time.time()
+            while time.time() - t0 < 6:
+                d = s.recv(262144)
+                if not d:
+                    got[1] = True
+                    return
+                got[0] += len(d)
+                time.sleep(0.2)
+
+        th = threading.Thread(target=reader)
+        th.start()
+        th.join()
+        assert not got[1], "closed as a slow client after reading %d bytes steadily" % got[0]
+        s.close()
+
+
+def test_clients_that_have_not_authenticated_hold_no_upstream_connection():
+    """With tenancy, NeedsPin runs before the verdict: a client that has not authenticated and
+    sends CLIENT LIST, SELECT 1, WATCH, SUBSCRIBE, MONITOR... is answered -NOAUTH by keyguard, but
+    has already been given an upstream connection of its own, kept until it closes (sticky, or for
+    WATCH never unpinned because CanUnpin is only looked at after an upstream read). Anyone who can
+    reach the port holds one Redis connection per socket: the point of shared mode is lost and the
+    server's maxclients can be exhausted without credentials."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    config = open(os.path.join(root, "examples", "tenants.yaml")).read() + \
+        "upstream_connections: shared\nshared_connections: 1\npinned_idle_connections: 2\n"
+    from conftest import Keyguard, Redis
+    server = Redis()
+    kg = Keyguard(server.port, config=config, threads=1)
+    try:
+        wait_until(lambda: kind(kg, "shared") == 1 and kind(kg, "idle") == 2, "the shared connections")
+        cs = []
+        for cmd in (["CLIENT", "LIST"], ["SELECT", "1"], ["WATCH", "x"], ["SUBSCRIBE", "c"], ["MONITOR"]):
+            for _ in range(4):
+                c = RespConn(kg.port)
+                cs.append(c)
+                assert str(c.call(*cmd)).startswith("NOAUTH")
+        time.sleep(0.3)
+        assert kind(kg, "pinned") == 0, "%d upstream connections held by clients that never authenticated" % kind(
+            kg, "pinned")
+    finally:
+        kg.stop()
+        server.stop()
+
+
+def _kill_link_under_big_replies(kg, server):
+    """Six clients (three per link) pipeline ECHO + GET of a 300 kB value; one shared connection
+    is killed from outside (CLIENT KILL). Returns each client's outcome."""
+    import threading
+    r = redis.Redis(port=server.port)
+    r.set("big", b"y" * 300000)
+    res = {}
+
+    def vic(n):
+        c = RespConn(kg.port, timeout=8)
+        errs = 0
+        rnd = i = 0
+        try:
+            for rnd in range(40):
+                c.send_raw(b"".join(encode("ECHO", "x") + encode("GET", "big") for _ in range(50)))
+                for i in range(100):
+                    if isinstance(c.value(), Exception):
+                        errs += 1
+            res[n] = ("done", errs)
+        except Exception as e:  # noqa: BLE001
+            res[n] = ("hung", rnd, i, errs, repr(e))
+
+    ths = [threading.Thread(target=vic, args=(n,)) for n in range(6)]
+    for t in ths:
+        t.start()
+    time.sleep(0.1)
+    ids = [c["id"] for c in r.client_list() if c["cmd"] in ("echo", "get")]
+    r.client_kill_filter(_id=ids[0])
+    for t in ths:
+        t.join()
+    return res
+
+
+def test_killed_shared_connection_answers_every_client_in_flight():
+    """Docs: a failed shared connection gives each command in flight -ERR keyguard: upstream
+    unavailable and the clients stay. Under big replies (the link's Pump parked in WaitForClient)
+    the killed connection sits in CLOSE-WAIT unread, the clients of that link get neither replies
+    nor errors (8 s socket timeouts, 0 errors), and the link comes back only once they give up."""
+    import os
+    config = "upstream_connections: shared\nshared_connections: 2\npinned_idle_connections: 2\n"
+    from conftest import Keyguard, Redis
+    for attempt in range(2):  # a race: it used to hang within a few attempts
+        server = Redis()
+        kg = Keyguard(server.port, config=config, threads=1)
+        try:
+            wait_until(lambda: kind(kg, "shared") == 2, "the shared connections")
+            res = _kill_link_under_big_replies(kg, server)
+            hung = {n: v for n, v in res.items() if v[0] == "hung"}
+            assert not hung, "attempt %d: clients of the killed link never answered: %r" % (attempt, hung)
+        finally:
+            kg.stop()
+            server.stop()
+
+
+def test_a_killed_dedicated_connection_answers_its_client():
+    """Not new in #14 but the same root cause (suspected: AsyncReadSome's short-read-exhausts
+    assumption, async_read.h: when data and the FIN are both queued before a read is started, the
+    speculative recv() returns the data short, the socket is marked exhausted, and the EOF never
+    raises another edge). With a dedicated connection only its own client hangs; with a shared one
+    every client of the link does and the link does not reconnect until something is written."""
+    config = "upstream_connections: dedicated\n"
+    from conftest import Keyguard, Redis
+    for attempt in range(2):
+        server = Redis()
+        kg = Keyguard(server.port, config=config, threads=1, extra=("--upstream-connections", "dedicated"))
+        try:
+            res = _kill_link_under_big_replies(kg, server)
+            hung = {n: v for n, v in res.items() if v[0] == "hung" and "Timeout" in v[-1]}
+            assert not hung, "attempt %d: the killed connection's client got no error and no close: %r" % (
+                attempt, hung)
+        finally:
+            kg.stop()
+            server.stop()
+
+
+def test_non_reading_clients_do_not_stall_the_link():
+    """N connections that ask for a 2 MB value and never read must not stall the other clients of
+    the link (a wait of a second each was linear in N); each is cut off within about a second."""
+    with shared(threads=1) as (server, kg):
+        redis.Redis(port=server.port).set("big", b"x" * (2 << 20))
+        atts = []
+        for _ in range(10):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", kg.port))
+            s.sendall(encode("GET", "big") * 4)
+            atts.append(s)
+        time.sleep(0.05)
+        v = RespConn(kg.port, timeout=60)
+        t = time.time()
+        assert v.call("PING") == "PONG"
+        took = time.time() - t
+        assert took < 1.5, "a PING waited %.1f s behind clients that do not read" % took
+        wait_until(lambda: len([e for e in kg.log_lines() if e.get("event") == "slow_client_closed"]) == 10,
+                   "the ten clients that do not read cut off")
+        for s in atts:
+            s.close()
+        v.close()
