@@ -14,9 +14,13 @@
 // raises a new edge: either the queued read is performed then, or, if no read is queued yet, the
 // edge sets the flag and the next read tries recv() first. A read that fills the buffer (a backlog
 // larger than it, a multi-MB value) leaves the flag set, so the next read tries recv() first, as
-// before; nothing is ever waited for that is already there. The one exception is TCP urgent data
+// before; nothing is ever waited for that is already there. Two exceptions: TCP urgent data
 // (MSG_OOB), which no Redis client or server sends: recv() stops short at the urgent mark, and the
-// bytes after it are read with the next bytes that arrive.
+// bytes after it are read with the next bytes that arrive; and a FIN that arrived with the last
+// bytes: the short read leaves it queued and no edge follows, so the end of the stream would be
+// seen only with the next write. For the upstream, where replies are waited for, a worker looks
+// each second (Session::CheckUpstream, SharedLink::CheckLiveness: a peek on a connection that owes
+// replies and has been silent for a second) and cancels the read of one the server closed.
 //
 // Waiting with async_wait(wait_read) and then reading would not save the call: Asio's async_wait
 // re-arms the socket with epoll_ctl(EPOLL_CTL_MOD) every time (which also makes it safe with edge
