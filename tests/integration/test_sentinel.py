@@ -1,8 +1,11 @@
 """A Sentinel-managed upstream: a real primary, a replica and three Sentinels on loopback; keyguard
 finds the primary through them and follows a failover."""
 import os
+import signal
 import subprocess
 import tempfile
+import threading
+import time
 
 import redis
 
@@ -77,6 +80,69 @@ def test_keyguard_finds_the_primary_and_follows_a_failover():
         assert "name=kg-new" in client_names(replica.port)
         assert redis.Redis(port=replica.port).get("after") == b"2"
         assert kg.http("/readyz") == (200, "ready\n")
+        assert [e["to"] for e in kg.events("upstream_failover")] == ["127.0.0.1:%d" % replica.port]
+    finally:
+        if kg is not None:
+            kg.stop()
+        for s in sentinels:
+            s.stop()
+        replica.stop()
+        primary.stop()
+
+
+def test_a_killed_primary_under_write_load():
+    """kill -9 of the primary while a client writes through keyguard: the writes fail for a window
+    (measured and printed), then go to the promoted replica, and every write acknowledged after the
+    window is there."""
+    primary = Redis()
+    replica = Redis("--replicaof", "127.0.0.1", str(primary.port))
+    sentinels = []
+    kg = None
+    try:
+        wait_until(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"] == "up",
+                   "the replica in sync")
+        sentinels = [Sentinel(primary.port) for _ in range(3)]
+        wait_until(lambda: all(len(s.client.execute_command("SENTINEL", "REPLICAS", MASTER)) == 1 and
+                               len(s.client.execute_command("SENTINEL", "SENTINELS", MASTER)) == 2
+                               for s in sentinels), "the Sentinels to know the group")
+        url = "redis-sentinel://%s@%s" % (MASTER, ",".join("127.0.0.1:%d" % s.port for s in sentinels))
+        kg = Keyguard(primary.port, upstream=url)
+        acked, failures, stop = [], [], threading.Event()
+
+        def writer():
+            c = redis.Redis(port=kg.port, socket_timeout=5)
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    assert c.set("w:%d" % i, i) is True
+                    acked.append((time.monotonic(), i))
+                except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError):
+                    failures.append(time.monotonic())
+                    time.sleep(0.01)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        wait_until(lambda: len(acked) >= 200, "writes through keyguard")
+        killed_at = time.monotonic()
+        primary.stop(signal.SIGKILL)
+        wait_until(lambda: role(replica.port) == b"master", "the replica promoted")
+        wait_until(lambda: kg.metric("keyguard_upstream_failovers_total") == 1, "keyguard to follow the failover")
+        wait_until(lambda: acked[-1][0] > killed_at and len([a for a in acked if a[0] > killed_at]) >= 200,
+                   "writes acknowledged by the new primary")
+        stop.set()
+        t.join()
+        assert failures, "no write failed while there was no primary"
+        window = max(failures) - killed_at
+        resumed = min(a[0] for a in acked if a[0] > max(failures))
+        print("\nkilled primary: writes failed for %.2f s (%d failed attempts), resumed %.2f s after the kill"
+              % (window, len(failures), resumed - killed_at))
+        assert window < 30
+        # Every write acknowledged after the last failure is on the new primary.
+        after = [i for ts, i in acked if ts > max(failures)]
+        assert len(after) >= 200
+        stored = redis.Redis(port=replica.port).mget(["w:%d" % i for i in after])
+        assert stored == [str(i).encode() for i in after]
         assert [e["to"] for e in kg.events("upstream_failover")] == ["127.0.0.1:%d" % replica.port]
     finally:
         if kg is not None:
