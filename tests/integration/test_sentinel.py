@@ -1,5 +1,6 @@
 """A Sentinel-managed upstream: a real primary, a replica and three Sentinels on loopback; keyguard
 finds the primary through them and follows a failover."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -44,7 +45,10 @@ def client_names(port):
     return redis.Redis(port=port, decode_responses=True).execute_command("CLIENT", "LIST")
 
 
-def test_keyguard_finds_the_primary_and_follows_a_failover():
+@contextlib.contextmanager
+def sentinel_group():
+    """A primary, its replica in sync, three Sentinels that know the group, and keyguard in front of
+    it through them: yields (primary, replica, sentinels, kg); all stopped afterwards."""
     primary = Redis()
     replica = Redis("--replicaof", "127.0.0.1", str(primary.port))
     sentinels = []
@@ -59,6 +63,18 @@ def test_keyguard_finds_the_primary_and_follows_a_failover():
                                for s in sentinels), "the Sentinels to know the group")
         url = "redis-sentinel://%s@%s" % (MASTER, ",".join("127.0.0.1:%d" % s.port for s in sentinels))
         kg = Keyguard(primary.port, upstream=url)
+        yield primary, replica, sentinels, kg
+    finally:
+        if kg is not None:
+            kg.stop()
+        for s in sentinels:
+            s.stop()
+        replica.stop()
+        primary.stop()
+
+
+def test_keyguard_finds_the_primary_and_follows_a_failover():
+    with sentinel_group() as (primary, replica, sentinels, kg):
         c = redis.Redis(port=kg.port)
         assert c.set("before", "1") is True
         assert redis.Redis(port=primary.port).get("before") == b"1"
@@ -81,32 +97,13 @@ def test_keyguard_finds_the_primary_and_follows_a_failover():
         assert redis.Redis(port=replica.port).get("after") == b"2"
         assert kg.http("/readyz") == (200, "ready\n")
         assert [e["to"] for e in kg.events("upstream_failover")] == ["127.0.0.1:%d" % replica.port]
-    finally:
-        if kg is not None:
-            kg.stop()
-        for s in sentinels:
-            s.stop()
-        replica.stop()
-        primary.stop()
 
 
 def test_a_killed_primary_under_write_load():
     """kill -9 of the primary while a client writes through keyguard: the writes fail for a window
     (measured and printed), then go to the promoted replica, and every write acknowledged after the
     window is there."""
-    primary = Redis()
-    replica = Redis("--replicaof", "127.0.0.1", str(primary.port))
-    sentinels = []
-    kg = None
-    try:
-        wait_until(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"] == "up",
-                   "the replica in sync")
-        sentinels = [Sentinel(primary.port) for _ in range(3)]
-        wait_until(lambda: all(len(s.client.execute_command("SENTINEL", "REPLICAS", MASTER)) == 1 and
-                               len(s.client.execute_command("SENTINEL", "SENTINELS", MASTER)) == 2
-                               for s in sentinels), "the Sentinels to know the group")
-        url = "redis-sentinel://%s@%s" % (MASTER, ",".join("127.0.0.1:%d" % s.port for s in sentinels))
-        kg = Keyguard(primary.port, upstream=url)
+    with sentinel_group() as (primary, replica, sentinels, kg):
         acked, failures, stop = [], [], threading.Event()
 
         def writer():
@@ -144,13 +141,6 @@ def test_a_killed_primary_under_write_load():
         stored = redis.Redis(port=replica.port).mget(["w:%d" % i for i in after])
         assert stored == [str(i).encode() for i in after]
         assert [e["to"] for e in kg.events("upstream_failover")] == ["127.0.0.1:%d" % replica.port]
-    finally:
-        if kg is not None:
-            kg.stop()
-        for s in sentinels:
-            s.stop()
-        replica.stop()
-        primary.stop()
 
 
 def test_no_sentinel_that_knows_the_master_is_a_startup_error():
