@@ -255,14 +255,11 @@ void Connection::OnUnpinned() {
 
 void Connection::CountUpstream(int n) {
   owns_upstream_ = n > 0;
-  shard_.upstream_connections.Add(n);
-  shard_.UpstreamOf(multiplexed_ ? metrics::UpstreamKind::kPinned : metrics::UpstreamKind::kDedicated).Add(n);
+  shard_.CountUpstream(multiplexed_ ? metrics::UpstreamKind::kPinned : metrics::UpstreamKind::kDedicated, n);
 }
 
 std::string Connection::OnSharedFailed() {
-  std::vector<commands::CommandId> failed;
-  std::string owed = queue_.Abort(desynced_ ? std::string(kDesynced) : UpstreamUnavailable(), &failed);
-  for (commands::CommandId id : failed) shard_.CountCommand(id, metrics::Outcome::kFailed);
+  std::string owed = FailPending(desynced_ ? std::string(kDesynced) : UpstreamUnavailable());
   if (walk_.active() || holding_) {
     // The walk's step was in flight: its command got the error.
     walk_.Finish();
@@ -787,11 +784,16 @@ std::string Connection::UpstreamUnavailable() const {
 
 void Connection::AbortPending(std::string_view error, std::string* owed) {
   OnUpstreamClosed();
+  *owed = FailPending(error);
+  stop_reading_ = true;
+}
+
+std::string Connection::FailPending(std::string_view error) {
   // Every command still waiting gets an error, in order with keyguard's own replies.
   std::vector<commands::CommandId> failed;
-  *owed = queue_.Abort(error, &failed);
+  std::string owed = queue_.Abort(error, &failed);
   for (commands::CommandId id : failed) shard_.CountCommand(id, metrics::Outcome::kFailed);
-  stop_reading_ = true;
+  return owed;
 }
 
 }  // namespace keyguard::proxy

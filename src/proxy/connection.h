@@ -285,6 +285,8 @@ class Connection {
   void AppendOut(std::string_view bytes);
   // Every command still waiting gets `error` (in `*owed`); nothing more is read.
   void AbortPending(std::string_view error, std::string* owed);
+  // What the client is owed when every pending command fails with `error` (counted failed).
+  std::string FailPending(std::string_view error);
 
   const ConnectionShared shared_;
   ConnectionHost& host_;

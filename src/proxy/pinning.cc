@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "keyguard/commands/traits.h"
+#include "keyguard/metrics/registry.h"
 
 namespace keyguard::proxy {
 namespace {
@@ -95,22 +96,11 @@ bool HasBlockOption(std::span<const std::string_view> args, bool group) {
 
 }  // namespace
 
+static_assert(static_cast<size_t>(PinReason::kCount) == metrics::kPinReasons, "a name for each reason");
+
 const char* PinReasonName(PinReason r) {
-  switch (r) {
-    case PinReason::kNone: return "none";
-    case PinReason::kTransaction: return "transaction";
-    case PinReason::kBlocking: return "blocking";
-    case PinReason::kPubSub: return "pubsub";
-    case PinReason::kMonitor: return "monitor";
-    case PinReason::kClient: return "client";
-    case PinReason::kSelect: return "select";
-    case PinReason::kHello: return "hello";
-    case PinReason::kAuth: return "auth";
-    case PinReason::kReset: return "reset";
-    case PinReason::kReplication: return "replication";
-    case PinReason::kCount: break;
-  }
-  return "none";
+  const auto i = static_cast<size_t>(r);
+  return i < metrics::kPinReasons ? metrics::kPinReasonNames[i] : "none";
 }
 
 const uint8_t* PinClasses() { return PinTable().by_id.data(); }

@@ -32,7 +32,8 @@ enum class PinReason : uint8_t {
   kCount,
 };
 
-// "transaction", "blocking", ... (the label of keyguard_upstream_pins_total).
+// "transaction", "blocking", ... (the label of keyguard_upstream_pins_total: metrics::kPinReasonNames,
+// in this enum's order).
 const char* PinReasonName(PinReason r);
 
 // Whether a pin for `r` ends with its state (the client goes back to the shared connection).

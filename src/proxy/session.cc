@@ -1,8 +1,5 @@
 #include "proxy/session.h"
 
-#include <sys/socket.h>
-
-#include <cerrno>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -142,9 +139,8 @@ void Session::ArmWalkTimer(int64_t wait_ns) {
 
 bool Session::ClientGone() {
   if (client_buf_.size() != 0) return false;  // commands held behind the walk are still served
-  char c;
-  const ssize_t n = ::recv(client_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  const Peeked p = Peek(client_.socket());
+  return p == Peeked::kClosed || p == Peeked::kError;
 }
 
 void ReportFinding(Worker& worker, hygiene::Finding f) {
@@ -233,11 +229,7 @@ void Session::FailUpstream(metrics::UpstreamError reason) {
   CloseUpstream();
   if (!owed.empty()) client_out_.Send(owed);
   NotifyQueue();
-  if (after == Connection::AfterFailure::kClose && !closing_) {
-    auto self = shared_from_this();
-    asio::co_spawn(
-        worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
-  }
+  if (after == Connection::AfterFailure::kClose) StartFlushAndClose();
 }
 
 void Session::CloseUpstream() {
@@ -266,12 +258,18 @@ awaitable<void> Session::FlushAndClose() {
 void Session::CheckUpstream(int64_t now_ns) {
   if (closed_ || conn_.pending() == 0 || on_link() || !conn_.upstream_ready() || upstream_eof_) return;
   if (now_ns - upstream_read_ns_ < 1'000'000'000) return;
-  char c;
-  if (::recv(upstream_->socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+  if (Peek(upstream_->socket()) == Peeked::kClosed) {
     upstream_eof_ = true;
     error_code ignored;
     upstream_->socket().cancel(ignored);  // the pending read completes, as at the end of the stream
   }
+}
+
+void Session::StartFlushAndClose() {
+  if (closing_) return;
+  auto self = shared_from_this();
+  asio::co_spawn(
+      worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
 }
 
 void Session::Drain() {
@@ -281,12 +279,8 @@ void Session::Drain() {
     return;
   }
   conn_.StopReading();  // commands already read are still served
-  if (conn_.pending() == 0 && !closing_) {
-    auto self = shared_from_this();
-    asio::co_spawn(
-        worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
-  }
-  // Otherwise UpstreamPump closes once the last pending reply is delivered.
+  if (conn_.pending() == 0) StartFlushAndClose();
+  // Otherwise the last pending reply closes it (UpstreamPump, or EndLinkReplies on a shared link).
 }
 
 void Session::Close() {

@@ -47,6 +47,8 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   awaitable<void> ClientPump();
   awaitable<void> UpstreamPump();
   awaitable<void> FlushAndClose();
+  // FlushAndClose in its own coroutine, unless it runs already.
+  void StartFlushAndClose();
 
   // Reads the commands in the client buffer, and writes what they became. Inlined into the pump,
   // as is Flush: at pipeline depth 1 each runs once per command.

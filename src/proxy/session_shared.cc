@@ -85,19 +85,11 @@ bool Session::EndLinkReplies() {
     std::string owed = conn_.OnSharedFailed();
     if (!owed.empty()) client_out_.Send(owed);
     conn_.StopReading();
-    if (!closing_) {
-      auto self = shared_from_this();
-      asio::co_spawn(
-          worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
-    }
+    StartFlushAndClose();
     return false;
   }
   // Draining, QUIT or a protocol error: once the last reply is out, the connection closes.
-  if ((worker_.draining || conn_.stop_reading()) && conn_.idle() && !closing_) {
-    auto self = shared_from_this();
-    asio::co_spawn(
-        worker_.io, [self]() { return self->FlushAndClose(); }, asio::detached);
-  }
+  if ((worker_.draining || conn_.stop_reading()) && conn_.idle()) StartFlushAndClose();
   const size_t bound = static_cast<size_t>(worker_.config.max_output_buffer);
   if (client_out_.backlog() <= bound) [[likely]] {
     return false;

@@ -1,9 +1,6 @@
 #include "proxy/shared_upstream.h"
 
-#include <sys/socket.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 
 #include "keyguard/common/json_line.h"
@@ -61,8 +58,7 @@ void PinPool::Stop(bool for_good) {
   if (for_good) stopped_ = true;
   ++generation_;
   for (auto& s : idle_) s->Close();
-  worker_.shard->upstream_connections.Add(-static_cast<int64_t>(idle_.size()));
-  worker_.shard->UpstreamOf(metrics::UpstreamKind::kIdle).Add(-static_cast<int64_t>(idle_.size()));
+  worker_.shard->CountUpstream(metrics::UpstreamKind::kIdle, -static_cast<int64_t>(idle_.size()));
   idle_.clear();
 }
 
@@ -71,14 +67,11 @@ std::unique_ptr<Stream> PinPool::Take() {
   while (found == nullptr && !idle_.empty()) {
     std::unique_ptr<Stream> s = std::move(idle_.back());
     idle_.pop_back();
-    worker_.shard->upstream_connections.Add(-1);
-    worker_.shard->UpstreamOf(metrics::UpstreamKind::kIdle).Add(-1);
+    worker_.shard->CountUpstream(metrics::UpstreamKind::kIdle, -1);
     // Closed by the server while idle (a timeout, a restart)? An idle connection has nothing to
     // read; over TLS a record may wait (a session ticket), which is not a close.
-    char c;
-    const ssize_t n = ::recv(s->socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    const bool open = (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) || (n > 0 && s->tls());
-    if (open) found = std::move(s);
+    const Peeked p = Peek(s->socket());
+    if (p == Peeked::kNothing || (p == Peeked::kData && s->tls())) found = std::move(s);
   }
   Fill();
   return found;
@@ -90,8 +83,7 @@ void PinPool::Return(std::unique_ptr<Stream> stream) {
     return;
   }
   idle_.push_back(std::move(stream));
-  worker_.shard->upstream_connections.Add(1);
-  worker_.shard->UpstreamOf(metrics::UpstreamKind::kIdle).Add(1);
+  worker_.shard->CountUpstream(metrics::UpstreamKind::kIdle, 1);
 }
 
 void PinPool::Fill() {
@@ -165,8 +157,7 @@ awaitable<bool> SharedLink::Open() {
   buf_ = ReadBuffer(static_cast<size_t>(worker_.config.read_buffer_size));
   framer_.Reset();
   up_ = true;
-  worker_.shard->upstream_connections.Add(1);
-  worker_.shard->UpstreamOf(metrics::UpstreamKind::kShared).Add(1);
+  worker_.shard->CountUpstream(metrics::UpstreamKind::kShared, 1);
   co_return true;
 }
 
@@ -268,8 +259,7 @@ void SharedLink::Flush() {
 
 void SharedLink::CheckLiveness(int64_t now_ns) {
   if (!up_ || owed_.empty() || eof_ || now_ns - last_read_ns_ < 1'000'000'000) return;
-  char c;
-  if (::recv(conn_->stream.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+  if (Peek(conn_->stream.socket()) == Peeked::kClosed) {
     eof_ = true;
     error_code ignored;
     conn_->stream.socket().cancel(ignored);  // the pending read completes, as at the end of the stream
@@ -289,8 +279,7 @@ awaitable<void> SharedLink::WaitBelow(size_t limit) {
 void SharedLink::Fail(metrics::UpstreamError reason) {
   if (!up_) return;
   up_ = false;
-  worker_.shard->upstream_connections.Add(-1);
-  worker_.shard->UpstreamOf(metrics::UpstreamKind::kShared).Add(-1);
+  worker_.shard->CountUpstream(metrics::UpstreamKind::kShared, -1);
   worker_.shard->CountUpstreamError(reason);
   EventLine("warn", "shared_upstream_failed")
       .Str("reason", metrics::kUpstreamErrorNames[static_cast<size_t>(reason)])

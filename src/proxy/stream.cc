@@ -1,6 +1,18 @@
 #include "proxy/stream.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 namespace keyguard::proxy {
+
+Peeked Peek(Socket& socket) {
+  char c;
+  const ssize_t n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return Peeked::kData;
+  if (n == 0) return Peeked::kClosed;
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Peeked::kNothing : Peeked::kError;
+}
 
 namespace {
 

@@ -21,6 +21,11 @@
 
 namespace keyguard::proxy {
 
+// What a socket holds, seen without reading it (a non-blocking MSG_PEEK): bytes, nothing yet, the
+// peer's close (a FIN queued), or an error (a reset).
+enum class Peeked : uint8_t { kData, kNothing, kClosed, kError };
+Peeked Peek(Socket& socket);
+
 class Stream {
  public:
   explicit Stream(asio::io_context& io) : socket_(io) {}

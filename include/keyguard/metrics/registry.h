@@ -204,6 +204,11 @@ class WorkerShard {
   }
   void CountUpstreamError(UpstreamError e) { upstream_errors[static_cast<size_t>(e)].Add(); }
   Gauge& UpstreamOf(UpstreamKind k) { return upstream_kinds[static_cast<size_t>(k)]; }
+  // `n` upstream connections of kind `k` opened (or closed, n < 0): the total and the kind's gauge.
+  void CountUpstream(UpstreamKind k, int64_t n) {
+    upstream_connections.Add(n);
+    UpstreamOf(k).Add(n);
+  }
 
   Counter client_connections_total;
   Gauge client_connections;
