@@ -1,0 +1,151 @@
+// Redis Cluster, sans-io: key slots against values a Redis 7.0 server computed (CLUSTER KEYSLOT),
+// the slot map of a captured CLUSTER SLOTS reply, redirections, the SCAN cursor and merges.
+#include "proxy/cluster_map.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace keyguard::proxy::cluster {
+namespace {
+
+TEST(KeySlot, MatchesRedis) {
+  // From redis-server 7.0's CLUSTER KEYSLOT.
+  EXPECT_EQ(KeySlot("foo"), 12182);
+  EXPECT_EQ(KeySlot("bar"), 5061);
+  EXPECT_EQ(KeySlot("123456789"), 12739);
+  EXPECT_EQ(KeySlot("user:1001:profile"), 2549);
+  // Hash tags: the first '{' and the next '}', when something is between them.
+  EXPECT_EQ(KeySlot("{bar"), 4015);
+  EXPECT_EQ(KeySlot("foo{}{bar}"), 8363);  // an empty tag: the whole key
+  EXPECT_EQ(KeySlot("{user1000}.following"), KeySlot("{user1000}.followers"));
+  EXPECT_EQ(KeySlot("{user1000}.following"), KeySlot("user1000"));
+  EXPECT_EQ(KeySlot("foo{bar}{zap}"), KeySlot("bar"));
+  EXPECT_EQ(KeySlot("foo{{bar}}zap"), KeySlot("{bar"));
+  EXPECT_EQ(KeySlot(""), 0);
+}
+
+// A three-primary cluster's CLUSTER SLOTS, as redis-server 7.0 sent it (ids shortened).
+constexpr std::string_view kSlots =
+    "*3\r\n*3\r\n:0\r\n:5460\r\n*4\r\n$9\r\n127.0.0.1\r\n:7101\r\n$2\r\nid\r\n*0\r\n"
+    "*4\r\n:5461\r\n:10922\r\n*4\r\n$9\r\n127.0.0.1\r\n:7102\r\n$2\r\nid\r\n*0\r\n"
+    "*4\r\n$9\r\n127.0.0.1\r\n:7105\r\n$2\r\nir\r\n*0\r\n"
+    "*3\r\n:10923\r\n:16383\r\n*4\r\n$0\r\n\r\n:7103\r\n$2\r\nid\r\n*0\r\n";
+
+TEST(SlotMap, ParsedFromClusterSlots) {
+  auto m = ParseClusterSlots(kSlots, "10.0.0.9");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->primaries.size(), 3u);
+  EXPECT_EQ(m->primaries[0].ToString(), "127.0.0.1:7101");
+  EXPECT_EQ(m->primaries[1].ToString(), "127.0.0.1:7102");
+  EXPECT_EQ(m->primaries[2].ToString(), "10.0.0.9:7103") << "an empty host is the host asked";
+  ASSERT_EQ(m->replicas[1].size(), 1u);
+  EXPECT_EQ(m->replicas[1][0].port, 7105);
+  EXPECT_EQ(m->owner[0], 0);
+  EXPECT_EQ(m->owner[5460], 0);
+  EXPECT_EQ(m->owner[5461], 1);
+  EXPECT_EQ(m->owner[16383], 2);
+  EXPECT_TRUE(m->complete());
+  auto again = ParseClusterSlots(kSlots, "10.0.0.9");
+  EXPECT_TRUE(m->SameAs(*again));
+  again->owner[100] = 2;
+  EXPECT_FALSE(m->SameAs(*again));
+}
+
+TEST(SlotMap, PrimariesInTheOrderOfTheirFirstSlot) {
+  // The node of the high range listed first: still node 1 (the SCAN cursor's order is stable).
+  constexpr std::string_view reordered =
+      "*2\r\n*3\r\n:8192\r\n:16383\r\n*2\r\n$1\r\nb\r\n:2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$1\r\na\r\n:1\r\n";
+  auto m = ParseClusterSlots(reordered, "x");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->primaries[0].host, "a");
+  EXPECT_EQ(m->primaries[1].host, "b");
+  EXPECT_EQ(m->owner[8192], 1);
+}
+
+TEST(SlotMap, RefusesWhatIsNotAMap) {
+  EXPECT_FALSE(ParseClusterSlots("-ERR This instance has cluster support disabled\r\n", "x").ok());
+  EXPECT_FALSE(ParseClusterSlots("*0\r\n", "x").ok());
+  EXPECT_FALSE(ParseClusterSlots("*1\r\n*3\r\n:0\r\n:99999\r\n*2\r\n$1\r\na\r\n:1\r\n", "x").ok());
+  EXPECT_FALSE(ParseClusterSlots("*1\r\n", "x").ok());
+  auto partial = ParseClusterSlots("*1\r\n*3\r\n:0\r\n:10\r\n*2\r\n$1\r\na\r\n:1\r\n", "x");
+  ASSERT_TRUE(partial.ok());
+  EXPECT_FALSE(partial->complete());
+  EXPECT_EQ(partial->owner[11], SlotMap::kNoOwner);
+}
+
+TEST(Redirect, MovedAndAsk) {
+  auto m = ParseRedirect("MOVED 3999 127.0.0.1:6381");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->ask);
+  EXPECT_EQ(m->slot, 3999);
+  EXPECT_EQ(m->host, "127.0.0.1");
+  EXPECT_EQ(m->port, 6381);
+  auto a = ParseRedirect("ASK 1 [::1]:7000");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(a->ask);
+  EXPECT_EQ(a->host, "::1");
+  EXPECT_FALSE(ParseRedirect("ERR wrong number of arguments").has_value());
+  EXPECT_FALSE(ParseRedirect("MOVED 16384 h:1").has_value());
+  EXPECT_FALSE(ParseRedirect("MOVED 1 nohost").has_value());
+}
+
+TEST(ScanCursor, WalksEveryNodeAndSurvivesIntegerClients) {
+  auto start = DecodeScanCursor("0");
+  ASSERT_TRUE(start.has_value());
+  EXPECT_EQ(start->node, 0);
+  EXPECT_EQ(start->node_cursor, "0");
+  // Node 0 is not done: its cursor, on node 0.
+  EXPECT_EQ(EncodeScanCursor("17", 0, 3), "17");
+  // Node 0 is done: node 1 from its start; node 2 done: the end.
+  const std::string next = EncodeScanCursor("0", 0, 3);
+  EXPECT_NE(next, "0");
+  auto d = DecodeScanCursor(next);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->node, 1);
+  EXPECT_EQ(d->node_cursor, "0");
+  EXPECT_EQ(EncodeScanCursor("0", 2, 3), "0");
+  auto mid = DecodeScanCursor(EncodeScanCursor("12345", 2, 3));
+  EXPECT_EQ(mid->node, 2);
+  EXPECT_EQ(mid->node_cursor, "12345");
+  EXPECT_FALSE(DecodeScanCursor("abc").has_value());
+  EXPECT_FALSE(DecodeScanCursor("-1").has_value());
+}
+
+TEST(Merge, RepliesOfEveryNode) {
+  const std::vector<std::string> sizes = {":3\r\n", ":0\r\n", ":4\r\n"};
+  EXPECT_EQ(MergeReplies(Merge::kSum, sizes), ":7\r\n");
+  const std::vector<std::string> keys = {"*1\r\n$1\r\na\r\n", "*0\r\n", "*2\r\n$1\r\nb\r\n$2\r\ncc\r\n"};
+  EXPECT_EQ(MergeReplies(Merge::kConcat, keys), "*3\r\n$1\r\na\r\n$1\r\nb\r\n$2\r\ncc\r\n");
+  const std::vector<std::string> oks = {"+OK\r\n", "-ERR boom\r\n", "+OK\r\n"};
+  EXPECT_EQ(MergeReplies(Merge::kAllOk, oks), "-ERR boom\r\n");
+  const std::vector<std::string> random = {"$-1\r\n", "$1\r\nk\r\n"};
+  EXPECT_EQ(MergeReplies(Merge::kRandom, random), "$1\r\nk\r\n");
+  const std::vector<std::string> exists = {"*2\r\n:1\r\n:1\r\n", "*2\r\n:1\r\n:0\r\n"};
+  EXPECT_EQ(MergeReplies(Merge::kAllOf, exists), "*2\r\n:1\r\n:0\r\n");
+}
+
+TEST(Merge, ScanReplyGetsTheClientsCursor) {
+  EXPECT_EQ(RewriteScanReply("*2\r\n$1\r\n0\r\n*1\r\n$1\r\nk\r\n", 2, 3), "*2\r\n$1\r\n0\r\n*1\r\n$1\r\nk\r\n");
+  const std::string r = RewriteScanReply("*2\r\n$1\r\n0\r\n*1\r\n$1\r\nk\r\n", 0, 3);
+  EXPECT_EQ(r, "*2\r\n$" + std::to_string(EncodeScanCursor("0", 0, 3).size()) + "\r\n" + EncodeScanCursor("0", 0, 3) +
+                   "\r\n*1\r\n$1\r\nk\r\n");
+}
+
+TEST(LocalReplies, OneNodeOwningEverySlot) {
+  const std::string slots = LocalClusterReply("slots", "127.0.0.1", 7200);
+  auto m = ParseClusterSlots(slots, "x");
+  ASSERT_TRUE(m.ok()) << slots;
+  ASSERT_EQ(m->primaries.size(), 1u);
+  EXPECT_EQ(m->primaries[0].ToString(), "127.0.0.1:7200");
+  EXPECT_TRUE(m->complete());
+  EXPECT_NE(LocalClusterReply("info", "127.0.0.1", 7200).find("cluster_state:ok\r\n"), std::string::npos);
+  EXPECT_NE(LocalClusterReply("nodes", "127.0.0.1", 7200).find(" 127.0.0.1:7200@0 myself,master - 0 0 1 connected 0-16383\n"),
+            std::string::npos);
+  EXPECT_EQ(LocalClusterReply("myid", "127.0.0.1", 7200).size(), 47u);  // $40\r\n + 40 + \r\n
+  EXPECT_EQ(LocalClusterReply("failover", "127.0.0.1", 7200), "");
+}
+
+}  // namespace
+}  // namespace keyguard::proxy::cluster
