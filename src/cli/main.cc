@@ -119,7 +119,12 @@ int main(int argc, char** argv) {
       return FailToStart(absl::StrCat("--upstream-connections: '", mode, "' is not one of dedicated, shared"));
     }
     config.shared_upstream = mode == "shared";
+    if (!config.shared_upstream && config.upstream.kind == keyguard::config::Upstream::Kind::kCluster) {
+      return FailToStart("--upstream-connections: a Redis Cluster upstream is always served with shared connections");
+    }
   }
+  // A Redis Cluster is always served with shared connections, one per primary per worker.
+  if (config.upstream.kind == keyguard::config::Upstream::Kind::kCluster) config.shared_upstream = true;
   if (auto s = keyguard::config::Validate(config); !s.ok()) return FailToStart(std::string(s.message()));
   auto status = keyguard::proxy::RunServer(config, flags.Str("--config"));
   if (!status.ok()) return FailToStart(std::string(status.message()));

@@ -223,6 +223,12 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     c.upstream_connect_timeout_ms = static_cast<int>(p.upstream_connect_timeout_ms());
   }
   c.shared_upstream = p.upstream_connections() == v1::Config::SHARED;
+  if (c.upstream.kind == Upstream::Kind::kCluster) {
+    if (p.upstream_connections() == v1::Config::DEDICATED) {
+      return FieldError("upstream_connections", "a Redis Cluster upstream is always served with shared connections");
+    }
+    c.shared_upstream = true;
+  }
   if (p.has_shared_connections()) {
     if (auto s = range("shared_connections", p.shared_connections(), 1, 64); !s.ok()) return s;
     c.shared_connections = static_cast<int>(p.shared_connections());

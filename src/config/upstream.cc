@@ -1,4 +1,5 @@
-// The upstream URL: "HOST:PORT", redis://, rediss://, redis-sentinel://, rediss-sentinel://.
+// The upstream URL: "HOST:PORT", redis://, rediss://, redis-sentinel://, rediss-sentinel://,
+// redis-cluster://, rediss-cluster://.
 #include <string>
 
 #include "absl/strings/match.h"
@@ -22,6 +23,12 @@ std::string Upstream::ToString() const {
     std::vector<std::string> list;
     for (const HostPort& s : sentinels) list.push_back(s.ToString());
     return absl::StrCat(tls ? "rediss" : "redis", "-sentinel://", master, "@", absl::StrJoin(list, ","));
+  }
+  if (kind == Kind::kCluster) {
+    std::vector<std::string> list;
+    for (const HostPort& s : seeds) list.push_back(s.ToString());
+    return absl::StrCat(tls ? "rediss" : "redis", "-cluster://", user, user.empty() ? "" : "@",
+                        absl::StrJoin(list, ","));
   }
   if (!tls && user.empty()) return address.ToString();
   return absl::StrCat(tls ? "rediss" : "redis", "://", user, user.empty() ? "" : "@", address.ToString());
@@ -52,6 +59,9 @@ absl::StatusOr<Upstream> ParseUpstream(std::string_view text_in, std::string_vie
   } else if (scheme == "redis-sentinel" || scheme == "rediss-sentinel") {
     u.kind = Upstream::Kind::kSentinel;
     u.tls = scheme == "rediss-sentinel";
+  } else if (scheme == "redis-cluster" || scheme == "rediss-cluster") {
+    u.kind = Upstream::Kind::kCluster;
+    u.tls = scheme == "rediss-cluster";
   } else {
     return FieldError(field, absl::StrCat("unknown scheme '", scheme,
                                           "://' (use HOST:PORT, redis://, rediss://, redis-sentinel:// or "
@@ -78,6 +88,19 @@ absl::StatusOr<Upstream> ParseUpstream(std::string_view text_in, std::string_vie
     auto hp = ParseHostPort(AsStd(rest), field_in);
     if (!hp.ok()) return hp.status();
     u.address = *std::move(hp);
+    return u;
+  }
+  if (u.kind == Upstream::Kind::kCluster) {
+    if (at != absl::string_view::npos && userinfo.empty()) {
+      return FieldError(field, absl::StrCat("'", text, "': empty user before '@'"));
+    }
+    u.user = std::string(userinfo);
+    for (absl::string_view s : absl::StrSplit(rest, ',')) {
+      auto hp = ParseHostPort(AsStd(s), absl::StrCat(field, " (seed ", u.seeds.size() + 1, ")"));
+      if (!hp.ok()) return hp.status();
+      u.seeds.push_back(*std::move(hp));
+    }
+    u.address = u.seeds.front();
     return u;
   }
   if (userinfo.empty()) {

@@ -89,6 +89,12 @@ std::string Registry::Render() const {
   }
   counter(FamilyId::kSharedWrites, &WorkerShard::shared_writes);
   counter(FamilyId::kSharedCommands, &WorkerShard::shared_commands);
+  const Family& redirects = Of(FamilyId::kClusterRedirects);
+  w.Header(redirects);
+  for (size_t k = 0; k < 2; ++k) {
+    w.Sample(redirects, {k == 0 ? "moved" : "ask"},
+             Sum(shards_, [&](const WorkerShard& s) { return s.cluster_redirects[k].Get(); }));
+  }
 
   // Series summed over the shards and ordered by their label text.
   auto labeled = [&](auto WorkerShard::*field) {

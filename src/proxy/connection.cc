@@ -141,6 +141,7 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
       if (pin_check_ && pin_classes_[id] != 0 && NeedsPin(id, args)) [[unlikely]] {
+        if (cluster_ && id == commands::Known().multi) pin_slot_ = LookAheadSlot(data + pos + n, len - pos - n);
         break;
       }
       HandleCommand(id, args, data + pos, n, now);
@@ -150,7 +151,11 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
   return pos;
 }
 
-void Connection::ForwardRaw(std::string_view bytes) { AppendPiece(&out_.upstream, bytes); }
+void Connection::ForwardRaw(std::string_view bytes) {
+  AppendPiece(&out_.upstream, bytes);
+  if (cluster_) [[unlikely]]
+    route_bytes_ += static_cast<uint32_t>(bytes.size());
+}
 
 bool Connection::Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
                         std::span<const std::string_view> out, std::string_view* bytes) {
@@ -218,6 +223,7 @@ std::string_view Connection::Encode(std::span<const std::string_view> args) {
 bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_view> args) {
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
   if (r == PinReason::kNone) return false;
+  if (cluster_ && r == PinReason::kClient && ClusterAnswers(id, args)) return false;  // keyguard answers it
   if (pinned_) {
     // Already on a connection of its own: state that lasts keeps it there for good.
     if (!PinEnds(r)) {
@@ -230,6 +236,10 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   // needs a connection; a client without credentials never holds one of the server's.
   if (tenant_ == nullptr && shared_.stages.config.tenancy != nullptr && id != commands::Known().hello) return false;
   pin_wanted_ = r;
+  if (cluster_) {
+    const int32_t slot = SlotOf(id, args);
+    pin_slot_ = slot >= 0 ? slot : kAnyNode;
+  }
   return true;
 }
 
@@ -238,6 +248,10 @@ PinReason Connection::OnPinned(bool fresh) {
   const PinReason r = pin_wanted_;
   pin_wanted_ = PinReason::kNone;
   pinned_ = true;
+  if (cluster_ && shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr) {
+    const cluster::SlotMap& m = **shared_.cluster_map;
+    pinned_node_ = pin_slot_ >= 0 ? m.owner[static_cast<size_t>(pin_slot_)] : uint16_t{0};
+  }
   sticky_ = !PinEnds(r);
   pin_check_ = !sticky_;
   upstream_ready_ = true;
@@ -250,6 +264,8 @@ PinReason Connection::OnPinned(bool fresh) {
 void Connection::OnUnpinned() {
   OnUpstreamClosed();  // unregistered, counted gone
   pinned_ = sticky_ = false;
+  pin_slot_ = kAnyNode;
+  pinned_node_ = cluster::SlotMap::kNoOwner;
   pin_check_ = true;
 }
 
@@ -293,7 +309,12 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   }
   const Verdict& v = pipeline_.Run(c);
   switch (v.action) {
-    case Verdict::Action::kForward: break;
+    case Verdict::Action::kForward:
+      if (cluster_ && !RouteCluster(c, v)) [[unlikely]] {
+        pipeline_.Release();
+        return;
+      }
+      break;
     case Verdict::Action::kRefuse: Refuse(c, v.reason, v.message); return;
     case Verdict::Action::kLogin: Login(c, v, now); return;
     case Verdict::Action::kUnavailable:
@@ -304,6 +325,12 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
       return;
     case Verdict::Action::kWalk:
       pipeline_.Release();
+      if (cluster_) {
+        Refuse(c, Refusal::kCluster,
+               "ERR keyguard: a tenant's DBSIZE, FLUSHDB, FLUSHALL and RANDOMKEY are not served with a Redis "
+               "Cluster upstream yet");
+        return;
+      }
       StartWalk(v.walk, c.id, now);
       return;
   }
@@ -343,12 +370,18 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
     bytes = kDiscard;
     splice_.clear();
   }
-  if (!splice_.empty()) {
+  if (cluster_ && !split_.empty()) [[unlikely]] {
+    ForwardSplit();
+  } else if (!splice_.empty()) {
     for (std::string_view b : splice_) ForwardRaw(b);
     ++out_.commands;
+    if (cluster_) [[unlikely]]
+      EndRoute();
   } else {
     ForwardCommand(bytes);
   }
+  if (cluster_) [[unlikely]]
+    route_ = Route{};  // keyguard's own commands: any node
   if (e.silent) {
     if (!v.renamed.empty()) queue_.UnstageRenames();
     shard_.CountCommand(c.id, metrics::Outcome::kNoReply);

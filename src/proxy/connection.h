@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include "keyguard/resp/framer.h"
 #include "keyguard/tenant/rewrite.h"
 #include "keyguard/tenant/walk.h"
+#include "proxy/cluster_map.h"
 #include "proxy/connection_state.h"
 #include "proxy/pinning.h"
 #include "proxy/pipeline.h"
@@ -35,6 +37,21 @@
 #include "proxy/scratch.h"
 
 namespace keyguard::proxy {
+
+// Redis Cluster upstream: where one command of Connection::Output goes.
+inline constexpr int32_t kAnyNode = -1;    // no key: any primary
+inline constexpr int32_t kEveryNode = -2;  // every primary, the replies merged
+struct Route {
+  uint32_t bytes = 0;                            // the command's bytes in Output::upstream (after the previous route's)
+  int32_t slot = kAnyNode;                       // its keys' slot, or kAnyNode / kEveryNode
+  cluster::Merge merge = cluster::Merge::kNone;  // kEveryNode: how the replies become one
+  bool scan = false;                             // SCAN: the cursor names the node
+  // A multi-key command split by slot (MGET, MSET, DEL, UNLINK, EXISTS, TOUCH): 1 on its first
+  // part, 2 on the others (their replies merge into the one the client gets, by `merge`);
+  // kMget's `positions` are the places of the part's keys in the client's command.
+  uint8_t split = 0;
+  std::span<const uint32_t> positions;
+};
 
 // What a Connection asks of the transport that carries it, while a call runs.
 class ConnectionHost {
@@ -59,6 +76,8 @@ struct ConnectionShared {
   std::string_view upstream_auth;  // keyguard's encoded upstream AUTH, or empty
   // Tenancy: each tenant's budget of key-walk steps on this worker.
   std::unordered_map<const tenant::Tenant*, tenant::StepBudget>& walk_budget;
+  // A Redis Cluster upstream: the worker's slot map (nullptr without one).
+  const std::shared_ptr<cluster::SlotMap>* cluster_map = nullptr;
 };
 
 class Connection {
@@ -76,6 +95,8 @@ class Connection {
     // The commands in `upstream`. On a shared upstream connection each is answered by exactly one
     // reply frame (nothing that answers otherwise goes there: it pins).
     uint32_t commands = 0;
+    // Redis Cluster upstream (set_cluster): where each of the commands goes, in order.
+    std::vector<Route> routes;
   };
   const Output& output() const { return out_; }
 
@@ -141,6 +162,18 @@ class Connection {
     upstream_ready_ = false;
   }
   bool multiplexed() const { return multiplexed_; }
+  // A Redis Cluster upstream (after set_multiplexed): each command's route goes in the output
+  // (slot, any node, every node), multi-key commands across slots get CROSSSLOT, and keyguard
+  // answers CLUSTER SLOTS/SHARDS/NODES/INFO/MYID/KEYSLOT as a one-node cluster at `host:port`
+  // (where the client reached keyguard), CLIENT SETNAME/GETNAME/SETINFO and READONLY/READWRITE.
+  void set_cluster(std::string host, uint16_t port) {
+    cluster_ = true;
+    cluster_host_ = std::move(host);
+    cluster_port_ = port;
+  }
+  // The slot the client waits to be pinned for (its node serves the pinned connection): the
+  // pinning command's first key, or for MULTI the first keyed command queued after it; kAnyNode.
+  int32_t pin_slot() const { return pin_slot_; }
   bool pinned() const { return pinned_; }
   // Why the client waits to be pinned (kNone: it does not).
   PinReason pin_wanted() const { return pin_wanted_; }
@@ -205,6 +238,8 @@ class Connection {
     out_.upstream.clear();
     out_.client.clear();
     out_.commands = 0;
+    out_.routes.clear();
+    if (!split_keys_.empty()) split_keys_.clear();
     if (!held_.empty()) ClearHeld();
   }
   // Out of line: the deque's clear would put its register saves on every call's path.
@@ -217,6 +252,25 @@ class Connection {
                      int64_t now);
   // Shared upstream: whether command `id` must wait to be pinned (pin_wanted_ set).
   [[gnu::noinline]] bool NeedsPin(commands::CommandId id, std::span<const std::string_view> args);
+  // A Redis Cluster upstream: the route of the command of `v` (route_), or keyguard answers it
+  // (false: nothing is forwarded).
+  bool RouteCluster(const CommandContext& c, const Verdict& v);
+  // The slot of the keys of `args`: kAnyNode when it has none, -3 when they are in different slots.
+  int32_t SlotOf(commands::CommandId id, std::span<const std::string_view> args);
+  // CLIENT SETNAME/GETNAME/SETINFO, READONLY, READWRITE: keyguard answers them (a shared
+  // connection per node cannot carry the client's name or mode).
+  bool ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const;
+  // MULTI: the slot of the first keyed command among those queued after it in `data` (up to EXEC).
+  int32_t LookAheadSlot(const char* data, size_t len);
+  // A command ends in the output: its route.
+  void EndRoute() {
+    out_.routes.push_back(Route{route_bytes_, route_.slot, route_.merge, route_.scan});
+    route_bytes_ = 0;
+  }
+  // A multi-key command whose keys are in several slots: one command per slot (split_), each with
+  // its route. False when `id` is not one keyguard splits.
+  bool SplitBySlot(commands::CommandId id, std::span<const std::string_view> args);
+  void ForwardSplit();
   // QUIT on a shared connection: keyguard answers, the shared connection stays.
   void QuitLocally(commands::CommandId id);
   void ForwardRaw(std::string_view bytes);
@@ -224,6 +278,8 @@ class Connection {
   void ForwardCommand(std::string_view bytes) {
     ForwardRaw(bytes);
     ++out_.commands;
+    if (cluster_) [[unlikely]]
+      EndRoute();
   }
   // Encodes a rewritten command into the batch's scratch chunks (valid until the next call).
   std::string_view Encode(std::span<const std::string_view> args);
@@ -348,6 +404,24 @@ class Connection {
   // The gauges of upstream connections, by kind: +1 when one of its own comes up, -1 when it goes.
   void CountUpstream(int n);
   PinReason pin_wanted_ = PinReason::kNone;
+
+  // A Redis Cluster upstream.
+  bool cluster_ = false;
+  std::string cluster_host_;
+  uint16_t cluster_port_ = 0;
+  Route route_;               // of the command being forwarded (internal ones: any node)
+  uint32_t route_bytes_ = 0;  // its bytes so far
+  int32_t pin_slot_ = kAnyNode;
+  uint16_t pinned_node_ = cluster::SlotMap::kNoOwner;  // the node of the pinned connection
+  std::string client_name_;                            // CLIENT SETNAME, answered by keyguard
+  std::vector<commands::KeyRef> cluster_keys_;         // reused by SlotOf
+  struct SplitPart {
+    std::string_view command;  // encoded in scratch_
+    int32_t slot;
+    std::span<const uint32_t> positions;
+  };
+  std::vector<SplitPart> split_;                  // of the command being forwarded
+  std::deque<std::vector<uint32_t>> split_keys_;  // the parts' positions, for this call
 };
 
 }  // namespace keyguard::proxy

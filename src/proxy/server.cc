@@ -20,6 +20,8 @@
 #include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/framer.h"
 #include "proxy/sentinel.h"
+#include "proxy/cluster_client.h"
+#include "proxy/cluster_watch.h"
 #include "proxy/session.h"
 #include "proxy/session_pump.h"
 #include "proxy/size_probe.h"
@@ -62,10 +64,24 @@ void TickLiveness(Worker& w) {
   const int64_t now = NowNs();
   for (const auto& s : w.sessions) s->CheckUpstream(now);
   for (const auto& link : w.links) link->CheckLiveness(now);
+  if (w.cluster != nullptr) {
+    for (const auto& [addr, link] : w.cluster->links) link->CheckLiveness(now);
+  }
   w.liveness_timer.expires_after(std::chrono::seconds(1));
   w.liveness_timer.async_wait([&w](error_code ec) {
     if (!ec) TickLiveness(w);
   });
+}
+
+// Runs `ask` on the control io_context before anything else runs there, and returns its answer.
+template <typename T>
+absl::StatusOr<T> AskNow(asio::io_context& control, awaitable<absl::StatusOr<T>> ask) {
+  absl::StatusOr<T> answer = absl::UnknownError("not asked");
+  asio::co_spawn(
+      control, [&]() -> awaitable<void> { answer = co_await std::move(ask); }, asio::detached);
+  control.run();
+  control.restart();
+  return answer;
 }
 
 absl::StatusOr<tcp::endpoint> Resolve(asio::io_context& io, const config::HostPort& hp, const char* what) {
@@ -184,15 +200,13 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   absl::StatusOr<tcp::endpoint> upstream = absl::UnknownError("");
   std::string upstream_host = config.upstream.address.host;
   std::unique_ptr<SentinelWatch> sentinel;
+  std::unique_ptr<ClusterWatch> cluster_watch;
+  std::shared_ptr<const cluster::SlotMap> first_map;
   Primary first_primary;
   if (config.upstream.kind == config::Upstream::Kind::kSentinel) {
     // Ask the Sentinels now (control's first run; nothing else waits on it yet).
     sentinel = std::make_unique<SentinelWatch>(control, config, upstream_tls.get(), credentials.get());
-    absl::StatusOr<Primary> found = absl::UnknownError("");
-    asio::co_spawn(
-        control, [&]() -> awaitable<void> { found = co_await sentinel->Resolve(); }, asio::detached);
-    control.run();
-    control.restart();
+    auto found = AskNow(control, sentinel->Resolve());
     if (!found.ok()) return absl::UnavailableError(absl::StrCat("upstream: ", found.status().message()));
     first_primary = *found;
     upstream = found->endpoint;
@@ -201,6 +215,26 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
       using metrics::FamilyId, metrics::Of;
       w.Header(Of(FamilyId::kUpstreamFailovers));
       w.Sample(Of(FamilyId::kUpstreamFailovers), {}, s->failovers());
+    });
+  } else if (config.upstream.kind == config::Upstream::Kind::kCluster) {
+    // Ask the seeds for the slot map now; its first primary stands for "the upstream" where one
+    // server is asked (the command table, the admin's /readyz).
+    cluster_watch = std::make_unique<ClusterWatch>(control, config, upstream_tls.get(), credentials.get());
+    auto found = AskNow(control, cluster_watch->Resolve());
+    if (!found.ok()) return absl::UnavailableError(absl::StrCat("upstream: ", found.status().message()));
+    first_map = *found;
+    const cluster::Node& n = first_map->primaries.front();
+    upstream = Resolve(control, config::HostPort{n.host, n.port}, "upstream");
+    upstream_host = n.host;
+    registry.AddCollector([w = cluster_watch.get()](metrics::TextWriter& tw) {
+      using metrics::FamilyId, metrics::Of;
+      tw.Header(Of(FamilyId::kClusterMapRefreshes));
+      tw.Sample(Of(FamilyId::kClusterMapRefreshes), {}, w->refreshes());
+      tw.Header(Of(FamilyId::kClusterMapChanges));
+      tw.Sample(Of(FamilyId::kClusterMapChanges), {}, w->changes());
+      tw.Header(Of(FamilyId::kClusterPrimaries));
+      auto m = w->current();
+      tw.Sample(Of(FamilyId::kClusterPrimaries), {}, m != nullptr ? m->primaries.size() : 0);
     });
   } else {
     upstream = Resolve(control, config.upstream.address, "upstream");
@@ -251,11 +285,14 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     workers.back()->upstream_credentials = credentials;
     workers.back()->upstream_host = upstream_host;
     if (sentinel != nullptr) workers.back()->upstream_failed = [s = sentinel.get()] { s->Recheck(); };
-    if (config.hygiene.enabled && config.hygiene.probe) {
+    if (config.hygiene.enabled && config.hygiene.probe && cluster_watch == nullptr) {
       workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());
     }
     workers.back()->hot.Attach(&hot_keys, hot_keys.AddWorker());
-    if (config.shared_upstream) {
+    if (cluster_watch != nullptr) {
+      workers.back()->cluster = std::make_unique<ClusterState>();
+      workers.back()->cluster->refresh = [w = cluster_watch.get()] { w->Refresh(); };
+    } else if (config.shared_upstream) {
       for (int j = 0; j < config.shared_connections; ++j) {
         workers.back()->links.push_back(std::make_shared<SharedLink>(*workers.back()));
       }
@@ -300,6 +337,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
     if (workers[i]->probe != nullptr) workers[i]->probe->Start();
     for (auto& link : workers[i]->links) link->Start();
+    if (workers[i]->cluster != nullptr) AdoptClusterMap(*workers[i], first_map);
     TickLiveness(*workers[i]);
     if (workers[i]->pins != nullptr) workers[i]->pins->Fill();
     if (workers[i]->hot.enabled()) {
@@ -322,6 +360,15 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
           for (auto& link : worker->links) link->Restart();
           if (worker->pins != nullptr) worker->pins->Stop(/*for_good=*/false);
         });
+      }
+    });
+  }
+  if (cluster_watch != nullptr) {
+    // A new slot map (resharding, failover): each worker routes by it from its next command.
+    cluster_watch->Start(first_map, [&workers](std::shared_ptr<const cluster::SlotMap> m) {
+      for (auto& w : workers) {
+        Worker* worker = w.get();
+        asio::post(worker->io, [worker, m] { AdoptClusterMap(*worker, m); });
       }
     });
   }
@@ -401,6 +448,9 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     sessions.clear();
     if (w->probe != nullptr) w->probe->Stop();
     for (auto& link : w->links) link->Stop();
+    if (w->cluster != nullptr) {
+      for (auto& [addr, link] : w->cluster->links) link->Stop();
+    }
     if (w->pins != nullptr) w->pins->Stop();
     w->io.restart();
     w->io.poll();

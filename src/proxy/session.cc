@@ -16,7 +16,8 @@ namespace {
 constexpr std::chrono::seconds kTlsHandshakeTimeout(10);
 
 ConnectionShared SharedOf(Worker& w, const std::string& upstream_auth) {
-  return ConnectionShared{w.stages, w.hygiene, w.hot, upstream_auth, w.walk_budget};
+  return ConnectionShared{w.stages,      w.hygiene,     w.hot,
+                          upstream_auth, w.walk_budget, w.cluster != nullptr ? &w.cluster->map : nullptr};
 }
 
 }  // namespace
@@ -66,6 +67,15 @@ awaitable<void> Session::Run() {
   if (!ec) conn_.set_client_address(absl::StrCat(peer.address().to_string(), ":", peer.port()));
   if (worker_.listen_tls != nullptr && !co_await AcceptTls()) co_return;
 
+  if (worker_.cluster != nullptr) {
+    // A Redis Cluster: each command goes to its slot's node (ClusterClient), until pinned.
+    conn_.set_multiplexed();
+    const tcp::endpoint local = client_.socket().local_endpoint(ec);
+    conn_.set_cluster(ec ? std::string("127.0.0.1") : local.address().to_string(), ec ? 0 : local.port());
+    cluster_ = std::make_unique<ClusterClient>(worker_, static_cast<LinkClient&>(*this));
+    co_await ClientPump<true>();
+    co_return;
+  }
   if (!worker_.links.empty()) {
     // Shared upstream connections: the client's commands go to one of the worker's links (all of
     // them to the same one, so they stay in order) until it is pinned.
@@ -118,7 +128,7 @@ awaitable<bool> Session::AcceptTls() {
 template awaitable<void> Session::ClientPump<false>();
 
 void Session::Flush() {
-  if (link_ != nullptr) {
+  if (multiplexed()) {
     FlushAs<true>();
   } else {
     FlushAs<false>();
@@ -202,7 +212,7 @@ awaitable<void> Session::UpstreamPump() {
       FailUpstream(conn_.read_error());
       co_return;
     }
-    if (link_ != nullptr && conn_.CanUnpin() && upstream_buf_.size() == 0 && upstream_out_.backlog() == 0) {
+    if (multiplexed() && conn_.CanUnpin() && upstream_buf_.size() == 0 && upstream_out_.backlog() == 0) {
       // The transaction or blocking command ended: back to the shared connection.
       Unpin();
       co_return;
@@ -291,10 +301,9 @@ void Session::Close() {
   error_code ignored;
   client_.socket().shutdown(Socket::shutdown_both, ignored);
   client_.Close();
-  if (link_ != nullptr) {
-    link_->Forget(this);
-    if (conn_.pinned()) ObservePin();
-  }
+  if (link_ != nullptr) link_->Forget(this);
+  if (cluster_ != nullptr) cluster_->Detach();
+  if (multiplexed() && conn_.pinned()) ObservePin();
   CloseUpstream();
   queue_event_.cancel();
   client_out_.Wake();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "proxy/asio.h"
+#include "proxy/cluster_client.h"
 #include "proxy/connection.h"
 #include "proxy/outbox.h"
 #include "proxy/stream.h"
@@ -73,7 +74,9 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // is cut off.
   void ArmWatchdog(uint64_t progress);
   // Where the client's commands go now: a shared link (not pinned), or upstream_.
-  bool on_link() const { return link_ != nullptr && !conn_.pinned(); }
+  bool on_link() const { return multiplexed() && !conn_.pinned(); }
+  // Shared upstream connections: one link, or a cluster's (not dedicated).
+  bool multiplexed() const { return link_ != nullptr || cluster_ != nullptr; }
   // Closes the upstream connection (and counts it gone, if it was up).
   void CloseUpstream();
   void NotifyQueue();
@@ -83,7 +86,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void Report(hygiene::Finding f) override;
   void WakeProbe() override;
   // LinkClient.
-  void BeginLinkReplies() override;
+  void BeginLinkReplies(SharedLink* from) override;
   void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
   bool EndLinkReplies() override;
   std::shared_ptr<void> Hold() override { return shared_from_this(); }
@@ -91,12 +94,13 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // a client that reads is seen reading before its socket is writable again.
   uint64_t ClientProgress() override;
   awaitable<void> WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) override;
-  void OnLinkFailed(metrics::UpstreamError reason) override;
+  void OnLinkFailed(SharedLink* from, metrics::UpstreamError reason) override;
 
   Worker& worker_;
   Stream client_;
-  std::unique_ptr<Stream> upstream_;  // dedicated, or pinned (shared: nullptr while not pinned)
-  SharedLink* link_ = nullptr;        // upstream_connections: shared
+  std::unique_ptr<Stream> upstream_;        // dedicated, or pinned (shared: nullptr while not pinned)
+  SharedLink* link_ = nullptr;              // upstream_connections: shared
+  std::unique_ptr<ClusterClient> cluster_;  // a Redis Cluster upstream (instead of link_)
   int64_t pinned_at_ns_ = 0;
   int64_t link_now_ns_ = 0;       // the time of the link's run of replies
   int64_t upstream_read_ns_ = 0;  // the last read from upstream_ (or its start)

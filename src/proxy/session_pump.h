@@ -28,7 +28,11 @@ awaitable<void> Session::ClientPump() {
   while (!closed_ && !conn_.stop_reading()) {
     // Backpressure: a slow upstream or a client that does not read its replies stops our reads.
     if (kShared && on_link()) {
-      while (!closed_ && on_link() && link_->backlog() > max_out) co_await link_->WaitBelow(max_out / 2);
+      if (cluster_ != nullptr) {
+        while (!closed_ && on_link() && cluster_->backlog() > max_out) co_await cluster_->WaitBelow(max_out / 2);
+      } else {
+        while (!closed_ && on_link() && link_->backlog() > max_out) co_await link_->WaitBelow(max_out / 2);
+      }
     } else {
       while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
     }
@@ -89,8 +93,12 @@ awaitable<void> Session::ClientPump() {
 template <bool kShared>
 void Session::ProcessClientBytes(size_t* hint) {
   if (kShared && !conn_.pinned()) {
-    conn_.set_shared_ready(link_->up());
-    if (!link_->up()) conn_.set_upstream_failure(link_->failure());  // the TLS reason, if that is why
+    if (cluster_ != nullptr) {
+      conn_.set_shared_ready(cluster_->ready());
+    } else {
+      conn_.set_shared_ready(link_->up());
+      if (!link_->up()) conn_.set_upstream_failure(link_->failure());  // the TLS reason, if that is why
+    }
   }
   const size_t used = conn_.OnClientBytes(client_buf_.data(), client_buf_.size(), NowNs(), hint);
   FlushAs<kShared>();
@@ -106,9 +114,11 @@ void Session::FlushAs() {
   if (!out.upstream.empty()) {
     if (!kShared || conn_.pinned()) {
       upstream_out_.Send(out.upstream);
+    } else if (cluster_ != nullptr) {
+      cluster_->Submit(out.upstream, out.routes);
     } else if (!link_->Submit(this, out.upstream, out.commands)) [[unlikely]] {
       // The link failed since this batch began: its commands fail as those in flight do.
-      OnLinkFailed(metrics::UpstreamError::kClosed);
+      OnLinkFailed(link_, metrics::UpstreamError::kClosed);
     }
   }
   if (const int64_t wait = conn_.TakeWalkWait(); wait != 0) ArmWalkTimer(wait);

@@ -19,13 +19,20 @@ template awaitable<void> Session::ClientPump<true>();
 
 awaitable<void> Session::Pin() {
   auto self = shared_from_this();
-  std::unique_ptr<Stream> stream = worker_.pins->Take();
+  // A cluster's client is pinned to the node of its command's slot (a new connection each time).
+  std::optional<UpstreamAddress> node;
+  if (cluster_ != nullptr) node = ClusterNodeAddress(worker_, conn_.pin_slot());
+  std::unique_ptr<Stream> stream = cluster_ == nullptr ? worker_.pins->Take() : nullptr;
   const bool fresh = stream == nullptr;
   if (fresh) {
     stream = std::make_unique<Stream>(worker_.io);
+    const bool known = node.has_value() && node->endpoint.has_value();
     const error_code ec =
-        co_await stream->Connect(worker_.upstream, worker_.upstream_tls.get(), worker_.upstream_host,
-                                 std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
+        cluster_ != nullptr && !known
+            ? asio::error::host_unreachable
+            : co_await stream->Connect(known ? *node->endpoint : worker_.upstream, worker_.upstream_tls.get(),
+                                       known ? node->host : worker_.upstream_host,
+                                       std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
     if (closed_) co_return;
     if (ec) {
       // As a dedicated connection that cannot connect: the command gets the error (nothing is
@@ -54,7 +61,11 @@ awaitable<void> Session::Pin() {
 void Session::Unpin() {
   ObservePin();
   conn_.OnUnpinned();
-  worker_.pins->Return(std::move(upstream_));
+  if (cluster_ != nullptr) {
+    upstream_->Close();  // (a cluster's pins are not pooled)
+  } else {
+    worker_.pins->Return(std::move(upstream_));
+  }
   upstream_ = std::make_unique<Stream>(worker_.io);  // not connected: written to only once pinned again
   upstream_out_.Bind(*upstream_);
   NotifyQueue();
@@ -66,7 +77,7 @@ void Session::ObservePin() {
                                                                         static_cast<double>(ns) * 1e-9, ns);
 }
 
-void Session::BeginLinkReplies() {
+void Session::BeginLinkReplies(SharedLink* /*from*/) {
   link_now_ns_ = NowNs();
   if (!closed_) conn_.BeginUpstream();
 }
@@ -175,7 +186,7 @@ awaitable<void> Session::WaitForClient(uint64_t progress, std::chrono::steady_cl
   }
 }
 
-void Session::OnLinkFailed(metrics::UpstreamError /*reason: counted by the link*/) {
+void Session::OnLinkFailed(SharedLink* /*from*/, metrics::UpstreamError /*reason: counted by the link*/) {
   if (closed_) return;
   const std::string owed = conn_.OnSharedFailed();
   if (!owed.empty()) client_out_.Send(owed);

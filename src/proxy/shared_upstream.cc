@@ -9,15 +9,18 @@
 
 namespace keyguard::proxy {
 
-awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure) {
+awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure, const UpstreamAddress* to) {
   metrics::WorkerShard& shard = *worker.shard;
-  error_code ec = co_await stream.Connect(worker.upstream, worker.upstream_tls.get(), worker.upstream_host,
+  const bool node = to != nullptr && to->endpoint.has_value();
+  error_code ec = co_await stream.Connect(node ? *to->endpoint : worker.upstream, worker.upstream_tls.get(),
+                                          node ? to->host : worker.upstream_host,
                                           std::chrono::milliseconds(worker.config.upstream_connect_timeout_ms));
   if (tls_failure != nullptr) *tls_failure = stream.tls_failure();
   if (ec) {
     shard.CountUpstreamError(stream.tls_failure().empty() ? metrics::UpstreamError::kConnect
                                                           : metrics::UpstreamError::kTls);
     if (worker.upstream_failed) worker.upstream_failed();
+    if (node && worker.cluster != nullptr && worker.cluster->refresh) worker.cluster->refresh();
     co_return false;
   }
   // keyguard's AUTH (the password file's current secret), and its one reply.
@@ -112,6 +115,11 @@ SharedLink::SharedLink(Worker& worker)
       framer_(worker.config.limits),
       backoff_(worker.io) {}
 
+SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host) : SharedLink(worker) {
+  to_.endpoint = node;
+  to_.host = std::move(host);
+}
+
 void SharedLink::Start() {
   auto self = shared_from_this();
   asio::co_spawn(
@@ -145,7 +153,7 @@ awaitable<void> SharedLink::Run() {
 awaitable<bool> SharedLink::Open() {
   conn_ = std::make_shared<Conn>(worker_.io, &worker_.shard->upstream_bytes_sent);
   std::string tls;
-  const bool ok = co_await ConnectUpstream(worker_, conn_->stream, &tls);
+  const bool ok = co_await ConnectUpstream(worker_, conn_->stream, &tls, &to_);
   failure_ = tls.empty() ? std::string() : "upstream TLS: " + tls;
   if (!ok || stopped_) co_return false;
   conn_->out.set_owner(conn_);
@@ -216,7 +224,7 @@ bool SharedLink::Deliver(size_t* hint, std::vector<Slow>* slow) {
     if (owed_.front().client != run_client) {
       end_run();
       run_client = owed_.front().client;
-      if (run_client != nullptr) run_client->BeginLinkReplies();
+      if (run_client != nullptr) run_client->BeginLinkReplies(this);
     }
     const size_t n = framer_.consumed();
     if (run_client != nullptr) run_client->OnLinkFrame(std::string_view(data + pos, n), framer_);
@@ -296,7 +304,7 @@ void SharedLink::Fail(metrics::UpstreamError reason) {
   owed_.clear();
   batch_.clear();
   batch_commands_ = 0;
-  for (LinkClient* c : clients) c->OnLinkFailed(reason);
+  for (LinkClient* c : clients) c->OnLinkFailed(this, reason);
 }
 
 }  // namespace keyguard::proxy

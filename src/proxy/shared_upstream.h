@@ -16,8 +16,10 @@
 #include <string>
 #include <string_view>
 #include <chrono>
+#include <optional>
 #include <vector>
 
+#include "keyguard/config/config.h"
 #include "keyguard/metrics/registry.h"
 #include "keyguard/resp/framer.h"
 #include "proxy/asio.h"
@@ -28,13 +30,14 @@
 namespace keyguard::proxy {
 
 struct Worker;
+class SharedLink;
 
 // A client of a shared link (a Session), told about its replies and failures.
 class LinkClient {
  public:
   // The reply frames of this client's commands, in order, framed by the link (`f` holds each
   // frame's facts; the bytes are valid during the call): a run of them between Begin and End.
-  virtual void BeginLinkReplies() = 0;
+  virtual void BeginLinkReplies(SharedLink* from) = 0;
   virtual void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) = 0;
   // Returns true when the client's output is over its bound: the link reads nothing more until
   // WaitForClient() completes.
@@ -47,16 +50,23 @@ class LinkClient {
   // nothing more than `progress` by `deadline` (or in any later window of the same length).
   virtual awaitable<void> WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) = 0;
   // The link failed: every command of this client in flight on it is lost.
-  virtual void OnLinkFailed(metrics::UpstreamError reason) = 0;
+  virtual void OnLinkFailed(SharedLink* from, metrics::UpstreamError reason) = 0;
 
  protected:
   ~LinkClient() = default;
 };
 
-// Connects `stream` to the worker's upstream, sends keyguard's AUTH (when configured) and reads
-// its answer. false on any failure, counted (keyguard_upstream_errors_total) and logged; a TLS
-// failure's reason in `*tls_failure` ("" for any other).
-awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure = nullptr);
+// Where an upstream connection goes: the worker's upstream (`endpoint` unset), or a cluster node.
+struct UpstreamAddress {
+  std::optional<tcp::endpoint> endpoint;
+  std::string host;  // its name, for TLS verification
+};
+
+// Connects `stream` to the worker's upstream (or `to`), sends keyguard's AUTH (when configured) and
+// reads its answer. false on any failure, counted (keyguard_upstream_errors_total) and logged; a
+// TLS failure's reason in `*tls_failure` ("" for any other).
+awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure = nullptr,
+                                const UpstreamAddress* to = nullptr);
 
 // Upstream connections kept connected and authenticated for clients that get pinned, up to
 // pinned_idle_connections per worker.
@@ -88,7 +98,9 @@ inline constexpr std::chrono::milliseconds kSlowClientWindow(1000);
 
 class SharedLink : public std::enable_shared_from_this<SharedLink> {
  public:
+  // To the worker's upstream, or (`node`, `host`) a cluster node.
   explicit SharedLink(Worker& worker);
+  SharedLink(Worker& worker, tcp::endpoint node, std::string host);
   SharedLink(const SharedLink&) = delete;
   SharedLink& operator=(const SharedLink&) = delete;
 
@@ -100,6 +112,10 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
     if (conn_ != nullptr) conn_->stream.Close();
   }
   bool up() const { return up_; }
+  // "host:port" of a cluster node ("" for the worker's upstream).
+  std::string address() const {
+    return to_.host.empty() ? std::string() : config::HostPort{to_.host, to_.endpoint->port()}.ToString();
+  }
   // While down after a TLS failure: "upstream TLS: <reason>" (the error clients get), else "".
   const std::string& failure() const { return failure_; }
 
@@ -173,6 +189,7 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   };
 
   Worker& worker_;
+  UpstreamAddress to_;
   std::shared_ptr<Conn> conn_;
   ReadBuffer buf_;
   resp::ReplyFramer framer_;

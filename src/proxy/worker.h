@@ -6,6 +6,7 @@
 #include <functional>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <unordered_set>
@@ -23,6 +24,7 @@
 #include "keyguard/tenant/rewrite.h"
 #include "keyguard/tenant/walk.h"
 #include "proxy/asio.h"
+#include "proxy/cluster_map.h"
 #include "proxy/credentials.h"
 #include "proxy/pipeline.h"
 #include "proxy/refusal.h"
@@ -33,6 +35,15 @@ namespace keyguard::proxy {
 
 class Session;
 class SizeProbe;
+
+// A Redis Cluster upstream, as one worker routes to it (cluster_client.h).
+struct ClusterState {
+  std::shared_ptr<cluster::SlotMap> map;  // this worker's copy: MOVED updates a slot at once
+  std::vector<SharedLink*> node_links;    // by index in map->primaries (nullptr: not made yet)
+  std::unordered_map<std::string, std::shared_ptr<SharedLink>> links;  // by "host:port", kept across maps
+  std::function<void()> refresh;  // asks the control thread for the map again (any thread)
+  size_t next_any = 0;            // keyless commands are spread over the primaries
+};
 
 struct Worker {
   // `conns`: the process-wide registry of tenant connections (with tenancy), `detectors` the
@@ -65,6 +76,7 @@ struct Worker {
   // the idle connections pinned clients take.
   std::vector<std::shared_ptr<SharedLink>> links;
   std::unique_ptr<PinPool> pins;
+  std::unique_ptr<ClusterState> cluster;  // a Redis Cluster upstream
   size_t next_link = 0;
   SharedLink* PickLink() { return links[next_link++ % links.size()].get(); }
   std::atomic<int> session_count{0};
@@ -91,6 +103,18 @@ struct Worker {
   }
   metrics::HandleCache<std::pair<hygiene::Kind, hygiene::Action>> hygiene_action_handles;
 };
+
+// A Redis Cluster upstream (cluster_client.cc). The worker routes by `map` from now on (its node
+// links made as needed; those of nodes that left stay idle).
+void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map);
+// The shared link of primary `index` of the worker's map (made and started on first use), or
+// nullptr.
+SharedLink* ClusterNodeLink(Worker& worker, uint16_t index);
+// Where a client pinned for `slot` connects: its owner (kAnyNode: the first primary), or nullopt
+// while no map is known.
+std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot);
+// A MOVED: the slot's owner is the node named, and the control thread is asked for the map.
+void OnClusterMoved(Worker& worker, const cluster::Redirect& r);
 
 // Counts a finding (keyguard_findings_total, keyguard_bigkey_access_total) and hands it to the
 // finding log. `f` is complete: key, pattern, command, client and action filled.

@@ -29,13 +29,14 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view f
 
 // Where keyguard forwards to: one server, or the primary of a Sentinel group; over TLS or not.
 struct Upstream {
-  enum class Kind { kDirect, kSentinel };
+  enum class Kind { kDirect, kSentinel, kCluster };
   Kind kind = Kind::kDirect;
   bool tls = false;                     // rediss:// or rediss-sentinel://
   HostPort address{"127.0.0.1", 6379};  // kDirect: the server
   std::string user;                     // redis://USER@HOST:PORT: the ACL user keyguard AUTHs as
   std::string master;                   // kSentinel: the master name the Sentinels know
   std::vector<HostPort> sentinels;      // kSentinel: every Sentinel, in the order given
+  std::vector<HostPort> seeds;          // kCluster: the nodes asked for the slot map, in order
   // The canonical URL ("HOST:PORT" stays as written): no secret is ever part of it.
   std::string ToString() const;
 };

@@ -229,6 +229,7 @@ class WorkerShard {
   std::array<Histogram<kLatencyBuckets.size()>, kPinReasons> pin_duration;  // seconds; sum in nanoseconds
   Counter shared_writes;
   Counter shared_commands;
+  std::array<Counter, 2> cluster_redirects;                        // moved, ask
   LabeledCounters<FamilyId::kKeyViolations> key_violations;        // rule, action, key_pattern
   LabeledCounters<FamilyId::kKeysRewritten> keys_rewritten;        // rule
   LabeledCounters<FamilyId::kCommandsRejected> commands_rejected;  // reason

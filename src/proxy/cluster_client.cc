@@ -1,0 +1,397 @@
+#include "proxy/cluster_client.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "keyguard/common/json_line.h"
+#include "keyguard/resp/encoder.h"
+#include "proxy/worker.h"
+
+namespace keyguard::proxy {
+namespace {
+
+constexpr std::string_view kAsking = "*1\r\n$6\r\nASKING\r\n";
+
+std::string NodeUnavailable(const SharedLink* link) {
+  return absl::StrCat("-ERR keyguard: cluster node ", link != nullptr ? link->address() : std::string("(none)"),
+                      " unavailable\r\n");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The worker's view of the cluster
+
+void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map) {
+  ClusterState& c = *worker.cluster;
+  c.map = std::make_shared<cluster::SlotMap>(*map);
+  c.node_links.assign(c.map->primaries.size(), nullptr);
+  for (size_t i = 0; i < c.map->primaries.size(); ++i) c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
+}
+
+SharedLink* ClusterNodeLink(Worker& worker, uint16_t index) {
+  ClusterState& c = *worker.cluster;
+  if (c.map == nullptr || index >= c.map->primaries.size()) return nullptr;
+  if (index < c.node_links.size() && c.node_links[index] != nullptr) return c.node_links[index];
+  const cluster::Node& n = c.map->primaries[index];
+  const std::string addr = n.ToString();
+  auto it = c.links.find(addr);
+  if (it == c.links.end()) {
+    error_code ec;
+    const auto ip = asio::ip::make_address(n.host, ec);
+    if (ec) {
+      EventLine("warn", "cluster_node_unusable").Str("node", addr).Str("error", "not an IP address").Write(stderr);
+      return nullptr;
+    }
+    auto link = std::make_shared<SharedLink>(worker, tcp::endpoint(ip, n.port), n.host);
+    link->Start();
+    it = c.links.emplace(addr, std::move(link)).first;
+  }
+  if (c.node_links.size() <= index) c.node_links.resize(index + 1, nullptr);
+  c.node_links[index] = it->second.get();
+  return it->second.get();
+}
+
+std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot) {
+  ClusterState& c = *worker.cluster;
+  if (c.map == nullptr || c.map->primaries.empty()) return std::nullopt;
+  uint16_t index = 0;
+  if (slot >= 0) index = c.map->owner[static_cast<size_t>(slot)];
+  if (index == cluster::SlotMap::kNoOwner) return std::nullopt;
+  const cluster::Node& n = c.map->primaries[index];
+  error_code ec;
+  const auto ip = asio::ip::make_address(n.host, ec);
+  if (ec) return std::nullopt;
+  return UpstreamAddress{tcp::endpoint(ip, n.port), n.host};
+}
+
+void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {
+  ClusterState& c = *worker.cluster;
+  if (c.map == nullptr) return;
+  c.map->owner[r.slot] = c.map->NodeIndex(r.host, r.port);
+  worker.shard->cluster_redirects[0].Add();
+  if (c.refresh) c.refresh();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ClusterClient
+
+ClusterClient::ClusterClient(Worker& worker, LinkClient& session) : worker_(worker), session_(session) {}
+
+ClusterClient::~ClusterClient() {
+  *alive_ = false;
+  Detach();
+}
+
+void ClusterClient::Detach() {
+  for (LinkQueue& q : queues_) q.link->Forget(this);
+  queues_.clear();
+}
+
+bool ClusterClient::ready() const {
+  const ClusterState& c = *worker_.cluster;
+  return c.map != nullptr && !c.node_links.empty();
+}
+
+size_t ClusterClient::backlog() const {
+  size_t most = 0;
+  for (const LinkQueue& q : queues_) most = std::max(most, q.link->backlog());
+  return most;
+}
+
+awaitable<void> ClusterClient::WaitBelow(size_t limit) {
+  SharedLink* busiest = nullptr;
+  for (const LinkQueue& q : queues_) {
+    if (busiest == nullptr || q.link->backlog() > busiest->backlog()) busiest = q.link;
+  }
+  if (busiest != nullptr) co_await busiest->WaitBelow(limit);
+}
+
+ClusterClient::LinkQueue& ClusterClient::QueueOf(SharedLink* link) {
+  for (LinkQueue& q : queues_) {
+    if (q.link == link) return q;
+  }
+  queues_.push_back(LinkQueue{link, {}});
+  return queues_.back();
+}
+
+SharedLink* ClusterClient::LinkForSlot(int32_t slot) {
+  ClusterState& c = *worker_.cluster;
+  if (c.map == nullptr || c.map->primaries.empty()) return nullptr;
+  if (slot < 0) {
+    // Any node: one that is up, spread over the primaries.
+    for (size_t i = 0; i < c.map->primaries.size(); ++i) {
+      SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(c.next_any++ % c.map->primaries.size()));
+      if (l != nullptr && l->up()) return l;
+    }
+    return ClusterNodeLink(worker_, 0);
+  }
+  const uint16_t owner = c.map->owner[static_cast<size_t>(slot)];
+  if (owner == cluster::SlotMap::kNoOwner) return nullptr;
+  return ClusterNodeLink(worker_, owner);
+}
+
+bool ClusterClient::Send(Entry* e, int part, SharedLink* link, bool asking) {
+  if (link == nullptr) return false;
+  bool ok;
+  const std::string& command = e->split_commands.empty() ? e->command : e->split_commands[static_cast<size_t>(part)];
+  if (asking) {
+    const std::string_view pieces[] = {kAsking, command};
+    ok = link->Submit(this, pieces, 2);
+  } else {
+    const std::string_view pieces[] = {command};
+    ok = link->Submit(this, pieces, 1);
+  }
+  if (!ok) return false;
+  QueueOf(link).items.push_back(InFlight{e, part, static_cast<uint8_t>(asking ? 1 : 0)});
+  return true;
+}
+
+void ClusterClient::Submit(std::span<const std::string_view> pieces, std::span<const Route> routes) {
+  size_t piece = 0, offset = 0;
+  auto take = [&](size_t need, std::string* out) {
+    out->reserve(need);
+    while (need > 0 && piece < pieces.size()) {
+      const size_t n = std::min(need, pieces[piece].size() - offset);
+      out->append(pieces[piece].data() + offset, n);
+      need -= n;
+      offset += n;
+      if (offset == pieces[piece].size()) {
+        ++piece;
+        offset = 0;
+      }
+    }
+  };
+  Entry* last = nullptr;  // sent once its parts are all known
+  for (const Route& r : routes) {
+    if (r.split == 2 && last != nullptr) {
+      take(r.bytes, &last->split_commands.emplace_back());
+      last->split_slots.push_back(r.slot);
+      last->positions.emplace_back(r.positions.begin(), r.positions.end());
+      continue;
+    }
+    if (last != nullptr) Dispatch(last);
+    Entry& e = entries_.emplace_back();
+    last = &e;
+    e.slot = r.slot;
+    e.merge = r.merge;
+    e.scan = r.scan;
+    if (r.split != 0) {
+      take(r.bytes, &e.split_commands.emplace_back());
+      e.split_slots.push_back(r.slot);
+      e.positions.emplace_back(r.positions.begin(), r.positions.end());
+    } else {
+      take(r.bytes, &e.command);
+    }
+  }
+  if (last != nullptr) Dispatch(last);
+  // Replies already complete (a node that is down) are handed over once the call has returned:
+  // the connection's output of this call is still being written.
+  if (!entries_.empty() && entries_.front().done) {
+    std::weak_ptr<bool> alive = alive_;
+    asio::post(worker_.io, [this, alive]() {
+      if (auto a = alive.lock(); a && *a) {
+        DeliverReady();
+        if (run_open_ && !in_link_run_) EndRun();
+      }
+    });
+  }
+}
+
+void ClusterClient::Dispatch(Entry* e) {
+  ClusterState& c = *worker_.cluster;
+  if (!e->split_commands.empty()) {
+    // One part per slot; the client gets their merge.
+    const size_t n = e->split_commands.size();
+    e->parts.assign(n, std::string());
+    e->parts_left = static_cast<int>(n);
+    for (size_t i = 0; i < n; ++i) {
+      SharedLink* l = LinkForSlot(e->split_slots[i]);
+      if (!Send(e, static_cast<int>(i), l, false)) Fail(e, static_cast<int>(i), NodeUnavailable(l));
+    }
+    return;
+  }
+  if (e->slot == kEveryNode) {
+    const size_t n = c.map != nullptr ? c.map->primaries.size() : 0;
+    e->parts.assign(n, std::string());
+    e->parts_left = static_cast<int>(n);
+    if (n == 0) {
+      e->done = true;
+      e->reply = "-ERR keyguard: no cluster slot map yet\r\n";
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(i));
+      if (!Send(e, static_cast<int>(i), l, false)) Fail(e, static_cast<int>(i), NodeUnavailable(l));
+    }
+    return;
+  }
+  if (e->scan) {
+    // SCAN cursor [options]: the node the cursor names, with that node's cursor.
+    resp::RequestFramer framer;
+    std::string_view cursor;
+    std::vector<std::string_view> args;
+    if (framer.Next(e->command.data(), e->command.size()) == resp::Status::kOk && framer.args().size() >= 2) {
+      args.assign(framer.args().begin(), framer.args().end());
+      cursor = args[1];
+    }
+    const auto decoded = cluster::DecodeScanCursor(cursor);
+    const int nodes = c.map != nullptr ? static_cast<int>(c.map->primaries.size()) : 0;
+    if (!decoded.has_value() || decoded->node >= nodes) {
+      e->done = true;
+      e->reply = "-ERR invalid cursor\r\n";
+      return;
+    }
+    e->scan_node = decoded->node;
+    args[1] = decoded->node_cursor;
+    std::string command;
+    resp::AppendCommand(&command, args);
+    e->command = std::move(command);
+    SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node));
+    if (!Send(e, 0, l, false)) Fail(e, 0, NodeUnavailable(l));
+    return;
+  }
+  SharedLink* l = LinkForSlot(e->slot);
+  if (!Send(e, 0, l, false)) {
+    if (c.refresh) c.refresh();
+    Fail(e, 0, NodeUnavailable(l));
+  }
+}
+
+void ClusterClient::Complete(Entry* e, int part, std::string_view reply) {
+  if (e->merge != cluster::Merge::kNone) {
+    if (part >= 0 && static_cast<size_t>(part) < e->parts.size()) e->parts[static_cast<size_t>(part)] = reply;
+    if (--e->parts_left > 0) return;
+    if (e->merge == cluster::Merge::kMget) {
+      size_t total = 0;
+      for (const auto& p : e->positions) total += p.size();
+      e->reply = cluster::MergeMget(e->parts, e->positions, total);
+    } else {
+      e->reply = cluster::MergeReplies(e->merge, e->parts);
+    }
+    e->parts.clear();
+  } else if (e->scan && !reply.starts_with("-")) {
+    const ClusterState& c = *worker_.cluster;
+    e->reply = cluster::RewriteScanReply(reply, e->scan_node, static_cast<int>(c.map->primaries.size()));
+  } else {
+    e->reply = reply;
+  }
+  e->done = true;
+}
+
+void ClusterClient::Fail(Entry* e, int part, std::string_view error) { Complete(e, part, error); }
+
+void ClusterClient::BeginLinkReplies(SharedLink* from) {
+  from_ = from;
+  in_link_run_ = true;
+}
+
+void ClusterClient::OpenRun() {
+  if (!run_open_) {
+    run_open_ = true;
+    session_.BeginLinkReplies(from_);
+  }
+}
+
+void ClusterClient::Deliver(std::string_view frame, const resp::ReplyFramer& f) {
+  OpenRun();
+  session_.OnLinkFrame(frame, f);
+}
+
+void ClusterClient::DeliverReady() {
+  while (!entries_.empty() && entries_.front().done) {
+    // The connection keeps views of the frame until the run ends: the bytes are kept until then.
+    const std::string& reply = delivered_.emplace_back(std::move(entries_.front().reply));
+    entries_.pop_front();
+    reframer_.Reset();
+    if (reframer_.Next(reply.data(), reply.size()) == resp::Status::kOk) {
+      Deliver(std::string_view(reply.data(), reframer_.consumed()), reframer_);
+    }
+  }
+}
+
+void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
+  LinkQueue& q = QueueOf(from_);
+  if (q.items.empty()) return;  // (the link owes this client nothing: cannot happen)
+  InFlight& head = q.items.front();
+  if (head.skip > 0) {
+    --head.skip;  // ASKING's +OK
+    return;
+  }
+  Entry* e = head.entry;
+  const int part = head.part;
+  q.items.pop_front();
+  if (f.type() == '-' && !f.head().empty()) [[unlikely]] {
+    const std::string_view text = f.head()[0].text;
+    if (auto r = cluster::ParseRedirect(text); r.has_value() && e->redirects < kMaxRedirects) {
+      ++e->redirects;
+      if (!r->ask) {
+        OnClusterMoved(worker_, *r);
+      } else {
+        worker_.shard->cluster_redirects[1].Add();
+      }
+      ClusterState& c = *worker_.cluster;
+      SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port));
+      if (Send(e, part, target, r->ask)) return;
+    } else if (text.starts_with("TRYAGAIN") && e->tries < kMaxTryAgain) {
+      ++e->tries;
+      RetryLater(e, part);
+      return;
+    }
+  }
+  if (e == &entries_.front() && e->merge == cluster::Merge::kNone && !e->scan) [[likely]] {
+    // In order: handed over as the link framed it.
+    Deliver(frame, f);
+    entries_.pop_front();
+  } else {
+    Complete(e, part, frame);
+  }
+  DeliverReady();
+}
+
+bool ClusterClient::EndLinkReplies() {
+  in_link_run_ = false;
+  if (!run_open_) return false;
+  return EndRun();
+}
+
+bool ClusterClient::EndRun() {
+  run_open_ = false;
+  const bool slow = session_.EndLinkReplies();
+  delivered_.clear();
+  return slow;
+}
+
+void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reason*/) {
+  for (size_t i = 0; i < queues_.size(); ++i) {
+    if (queues_[i].link != from) continue;
+    std::deque<InFlight> items = std::move(queues_[i].items);
+    queues_.erase(queues_.begin() + static_cast<std::ptrdiff_t>(i));
+    for (const InFlight& it : items) Fail(it.entry, it.part, NodeUnavailable(from));
+    break;
+  }
+  if (worker_.cluster->refresh) worker_.cluster->refresh();
+  from_ = from;
+  DeliverReady();
+  if (run_open_ && !in_link_run_) EndRun();
+}
+
+void ClusterClient::RetryLater(Entry* e, int part) {
+  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * e->tries));
+  std::weak_ptr<bool> alive = alive_;
+  timer->async_wait([this, alive, timer, e, part](error_code ec) {
+    auto a = alive.lock();
+    if (ec || a == nullptr || !*a) return;
+    SharedLink* l = !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
+                    : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part))
+                    : e->scan ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node))
+                              : LinkForSlot(e->slot);
+    if (Send(e, part, l, false)) return;
+    Fail(e, part, NodeUnavailable(l));
+    DeliverReady();
+    if (run_open_ && !in_link_run_) EndRun();
+  });
+}
+
+}  // namespace keyguard::proxy

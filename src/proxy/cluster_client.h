@@ -1,0 +1,125 @@
+// One client's commands over a Redis Cluster (upstream redis-cluster://): each command goes to the
+// shared link of the primary that owns its slot (Connection::Output::routes says which slot, or any
+// node, or every node), and the replies come back to the client in the order of its commands
+// whatever order the nodes answer in. Redirections never reach the client: MOVED updates the
+// worker's slot map and sends the command again to the node named (the map is refreshed too), ASK
+// sends ASKING and the command to the node named, TRYAGAIN sends it again after a pause; each
+// within a bound. A command sent to every primary (DBSIZE, KEYS, FLUSHALL, ...) gets the merge of
+// their replies (cluster::MergeReplies); SCAN walks the nodes one after the other.
+//
+// A ClusterClient is the LinkClient of the node links for its session, and hands the session its
+// replies through the session's own LinkClient calls, as one link would.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keyguard/resp/framer.h"
+#include "proxy/cluster_map.h"
+#include "proxy/connection.h"
+#include "proxy/shared_upstream.h"
+
+namespace keyguard::proxy {
+
+struct Worker;
+
+class ClusterClient final : public LinkClient {
+ public:
+  ClusterClient(Worker& worker, LinkClient& session);
+  ~ClusterClient();
+  ClusterClient(const ClusterClient&) = delete;
+  ClusterClient& operator=(const ClusterClient&) = delete;
+
+  // Whether a slot map is known (commands can be routed).
+  bool ready() const;
+  // Sends the commands of one call: `pieces` hold them in order, `routes` says where each goes.
+  void Submit(std::span<const std::string_view> pieces, std::span<const Route> routes);
+  // The largest backlog of the links this client's commands wait on.
+  size_t backlog() const;
+  awaitable<void> WaitBelow(size_t limit);
+  // The session goes away: the links drop the replies still owed to it.
+  void Detach();
+
+  // LinkClient (called by the node links).
+  void BeginLinkReplies(SharedLink* from) override;
+  void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
+  bool EndLinkReplies() override;
+  std::shared_ptr<void> Hold() override { return session_.Hold(); }
+  uint64_t ClientProgress() override { return session_.ClientProgress(); }
+  awaitable<void> WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) override {
+    return session_.WaitForClient(progress, deadline);
+  }
+  void OnLinkFailed(SharedLink* from, metrics::UpstreamError reason) override;
+
+  // Redirections followed for one command before its error is given to the client.
+  static constexpr int kMaxRedirects = 5;
+  static constexpr int kMaxTryAgain = 20;
+
+ private:
+  // One client command: its bytes (kept to send again), and its reply once it is complete.
+  struct Entry {
+    std::string command;
+    int32_t slot = kAnyNode;
+    cluster::Merge merge = cluster::Merge::kNone;
+    bool scan = false;
+    int scan_node = 0;
+    uint8_t redirects = 0;
+    uint8_t tries = 0;
+    int parts_left = 1;
+    std::vector<std::string> parts;  // fanned out or split: each part's reply
+    // Split by slot (Route::split): each part's command, slot, and (MGET) its keys' places.
+    std::vector<std::string> split_commands;
+    std::vector<int32_t> split_slots;
+    std::vector<std::vector<uint32_t>> positions;
+    bool done = false;
+    std::string reply;
+  };
+  // A command in flight on a link: the entry (and which part of a fanned-out one), and how many
+  // replies to drop first (ASKING's +OK).
+  struct InFlight {
+    Entry* entry;
+    int part;
+    uint8_t skip;
+  };
+  struct LinkQueue {
+    SharedLink* link;
+    std::deque<InFlight> items;
+  };
+
+  // Sends `e` (part `part`) to `link`, ASKING first when `asking`. False when the link is down.
+  bool Send(Entry* e, int part, SharedLink* link, bool asking);
+  // Sends a new entry: to its slot's node, any node, or every node.
+  void Dispatch(Entry* e);
+  // The link of the node owning `slot` (kAnyNode: a node), or nullptr while none is known.
+  SharedLink* LinkForSlot(int32_t slot);
+  void Complete(Entry* e, int part, std::string_view reply);
+  void Fail(Entry* e, int part, std::string_view error);
+  // Delivers the complete entries at the head, in order. `direct`: the head's frame as framed by
+  // the link (when the head completes with it), passed on without a copy.
+  void DeliverReady();
+  void Deliver(std::string_view frame, const resp::ReplyFramer& f);
+  void OpenRun();
+  // Ends the session's run of replies; true when the client is over its output bound.
+  bool EndRun();
+  LinkQueue& QueueOf(SharedLink* link);
+  // A TRYAGAIN: the entry goes again after a pause.
+  void RetryLater(Entry* e, int part);
+
+  Worker& worker_;
+  LinkClient& session_;
+  std::deque<Entry> entries_;
+  std::vector<LinkQueue> queues_;  // one per link used (a few)
+  SharedLink* from_ = nullptr;     // the link whose replies are being handed over
+  bool run_open_ = false;          // the session's Begin was called, its End is due
+  bool in_link_run_ = false;
+  resp::ReplyFramer reframer_;     // frames a reply kept out of order, to hand it over
+  std::deque<std::string> delivered_;  // replies handed over in this run (the connection holds views)
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace keyguard::proxy

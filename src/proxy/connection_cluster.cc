@@ -1,0 +1,218 @@
+// Connection with a Redis Cluster upstream: each command's route (its keys' slot, any node, every
+// node with a merge), CROSSSLOT, and what keyguard answers as a one-node cluster. The transport
+// (ClusterClient) sends each command where its route says.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "keyguard/common/views.h"
+#include "proxy/connection.h"
+
+namespace keyguard::proxy {
+namespace {
+
+constexpr int32_t kCrossSlot = -3;
+constexpr std::string_view kCrossSlotError = "CROSSSLOT Keys in request don't hash to the same slot";
+
+struct ClusterIds {
+  commands::CommandId cluster, dbsize, keys, flushall, flushdb, randomkey, script, function, scan, client, readonly,
+      readwrite, mget, mset, del, unlink, exists, touch;
+};
+const ClusterIds& Ids() {
+  static const ClusterIds ids{
+      commands::LookupCommand("cluster"),  commands::LookupCommand("dbsize"),   commands::LookupCommand("keys"),
+      commands::LookupCommand("flushall"), commands::LookupCommand("flushdb"),  commands::LookupCommand("randomkey"),
+      commands::LookupCommand("script"),   commands::LookupCommand("function"), commands::LookupCommand("scan"),
+      commands::LookupCommand("client"),   commands::LookupCommand("readonly"), commands::LookupCommand("readwrite"),
+      commands::LookupCommand("mget"),     commands::LookupCommand("mset"),     commands::LookupCommand("del"),
+      commands::LookupCommand("unlink"),   commands::LookupCommand("exists"),   commands::LookupCommand("touch")};
+  return ids;
+}
+
+std::string Lower(std::string_view s) { return absl::AsciiStrToLower(absl::string_view(s.data(), s.size())); }
+
+std::string Bulk(std::string_view s) { return absl::StrCat("$", s.size(), "\r\n", AsAbsl(s), "\r\n"); }
+
+}  // namespace
+
+bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
+  const ClusterIds& ids = Ids();
+  if (id == ids.readonly || id == ids.readwrite) return true;
+  if (id != ids.client || args.size() < 2) return false;
+  const std::string sub = Lower(args[1]);
+  return sub == "setname" || sub == "getname" || sub == "setinfo";
+}
+
+int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_view> args) {
+  const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
+  if (spec == nullptr) return kAnyNode;
+  cluster_keys_.clear();
+  if (!commands::FindKeys(*spec, args, &cluster_keys_) || cluster_keys_.empty()) return kAnyNode;
+  int32_t slot = kAnyNode;
+  for (const commands::KeyRef& k : cluster_keys_) {
+    const int32_t s = cluster::KeySlot(args[k.pos]);
+    if (slot == kAnyNode) {
+      slot = s;
+    } else if (slot != s) {
+      return kCrossSlot;
+    }
+  }
+  return slot;
+}
+
+int32_t Connection::LookAheadSlot(const char* data, size_t len) {
+  resp::RequestFramer framer;
+  size_t pos = 0;
+  for (int i = 0; i < 64 && pos < len; ++i) {
+    if (framer.Next(data + pos, len - pos) != resp::Status::kOk) break;
+    pos += framer.consumed();
+    const auto args = framer.args();
+    if (args.empty()) continue;
+    const commands::CommandId id = commands::LookupCommand(args[0]);
+    if (id == commands::Known().exec || id == commands::Known().discard) break;
+    if (const int32_t slot = SlotOf(id, args); slot >= 0) return slot;
+  }
+  return kAnyNode;
+}
+
+bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
+  const ClusterIds& ids = Ids();
+  const std::span<const std::string_view> args = v.args;
+  route_ = Route{};
+  auto answer = [&](std::string reply) {
+    shard_.CountCommand(c.id, metrics::Outcome::kOk);
+    if (!c.mode.silent) Reply(std::move(reply), c.id, false);
+    return false;
+  };
+  if (c.id == ids.cluster && args.size() >= 2) {
+    const std::string sub = Lower(args[1]);
+    if (std::string r = cluster::LocalClusterReply(sub, cluster_host_, cluster_port_); !r.empty()) return answer(r);
+    if (sub == "keyslot" && args.size() == 3) return answer(absl::StrCat(":", cluster::KeySlot(args[2]), "\r\n"));
+    if ((sub == "countkeysinslot" || sub == "getkeysinslot") && args.size() >= 3) {
+      uint32_t slot = 0;
+      if (!absl::SimpleAtoi(absl::string_view(args[2].data(), args[2].size()), &slot) || slot >= cluster::kSlots) {
+        return answer("-ERR Invalid slot\r\n");
+      }
+      route_.slot = static_cast<int32_t>(slot);
+      return true;
+    }
+    if (sub == "help") return true;
+    Refuse(c, Refusal::kCluster,
+           absl::StrCat("ERR keyguard: CLUSTER ", absl::AsciiStrToUpper(sub),
+                        " is not served through keyguard (ask the cluster's nodes directly)"));
+    return false;
+  }
+  if (ClusterAnswers(c.id, args)) {
+    if (c.id != ids.client) return answer("+OK\r\n");  // READONLY, READWRITE: reads go to the primaries
+    const std::string sub = Lower(args[1]);
+    if (sub == "getname") return answer(client_name_.empty() ? std::string("$-1\r\n") : Bulk(client_name_));
+    if (sub == "setname" && args.size() == 3) {
+      for (char ch : args[2]) {
+        if (ch == ' ' || ch == '\n' || ch == '\r') {
+          return answer("-ERR Client names cannot contain spaces, newlines or special characters.\r\n");
+        }
+      }
+      client_name_ = std::string(args[2]);
+    }
+    return answer("+OK\r\n");
+  }
+  // Every primary, the replies merged.
+  auto every = [&](cluster::Merge how) {
+    route_.slot = kEveryNode;
+    route_.merge = how;
+    return true;
+  };
+  if (c.id == ids.dbsize) return every(cluster::Merge::kSum);
+  if (c.id == ids.keys) return every(cluster::Merge::kConcat);
+  if (c.id == ids.flushall || c.id == ids.flushdb) return every(cluster::Merge::kAllOk);
+  if (c.id == ids.randomkey) return every(cluster::Merge::kRandom);
+  if ((c.id == ids.script || c.id == ids.function) && args.size() >= 2) {
+    const std::string sub = Lower(args[1]);
+    if (c.id == ids.script && sub == "exists") return every(cluster::Merge::kAllOf);
+    if (sub == "load" || sub == "flush" || sub == "delete" || sub == "restore") return every(cluster::Merge::kAllOk);
+  }
+  if (c.id == ids.scan) {
+    route_.scan = true;
+    return true;
+  }
+  const int32_t slot = SlotOf(c.id, args);
+  if (slot == kCrossSlot) {
+    if (!pinned_ && SplitBySlot(c.id, args)) return true;
+    Refuse(c, Refusal::kCluster, kCrossSlotError);
+    return false;
+  }
+  if (pinned_ && slot >= 0 && shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr &&
+      (*shared_.cluster_map)->owner[static_cast<size_t>(slot)] != pinned_node_) {
+    // A transaction (or a blocking command) is on one node's connection: a key of another node's
+    // slot cannot be served on it.
+    Refuse(c, Refusal::kCluster,
+           absl::StrCat("ERR keyguard: slot ", slot,
+                        " is on another cluster node than this connection's transaction or subscription (keys of "
+                        "one transaction must share a node: use a hash tag)"));
+    return false;
+  }
+  route_.slot = slot;
+  return true;
+}
+
+bool Connection::SplitBySlot(commands::CommandId id, std::span<const std::string_view> args) {
+  const ClusterIds& ids = Ids();
+  cluster::Merge how;
+  size_t step = 1;  // arguments per key
+  if (id == ids.mget) {
+    how = cluster::Merge::kMget;
+  } else if (id == ids.mset) {
+    how = cluster::Merge::kAllOk;
+    step = 2;
+    if (args.size() < 3 || (args.size() - 1) % 2 != 0) return false;
+  } else if (id == ids.del || id == ids.unlink || id == ids.exists || id == ids.touch) {
+    how = cluster::Merge::kSum;
+  } else {
+    return false;
+  }
+  // One part per slot, in the order each slot first appears; each part's keys in their order.
+  std::vector<std::pair<int32_t, std::vector<uint32_t>>> groups;
+  for (size_t i = 1; i + step - 1 < args.size(); i += step) {
+    const int32_t slot = cluster::KeySlot(args[i]);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == slot; });
+    if (it == groups.end()) {
+      groups.emplace_back(slot, std::vector<uint32_t>());
+      it = groups.end() - 1;
+    }
+    it->second.push_back(static_cast<uint32_t>((i - 1) / step));
+  }
+  split_.clear();
+  std::vector<std::string_view> part;
+  for (auto& [slot, keys] : groups) {
+    part.assign(1, args[0]);
+    for (uint32_t k : keys) {
+      for (size_t j = 0; j < step; ++j) part.push_back(args[1 + k * step + j]);
+    }
+    const std::string_view bytes = Encode(part);
+    std::vector<uint32_t>& positions = split_keys_.emplace_back(std::move(keys));
+    split_.push_back(SplitPart{bytes, slot, positions});
+  }
+  route_.merge = how;
+  return true;
+}
+
+void Connection::ForwardSplit() {
+  for (size_t i = 0; i < split_.size(); ++i) {
+    ForwardRaw(split_[i].command);
+    ++out_.commands;
+    Route r;
+    r.bytes = route_bytes_;
+    r.slot = split_[i].slot;
+    r.merge = route_.merge;
+    r.split = i == 0 ? 1 : 2;
+    if (route_.merge == cluster::Merge::kMget) r.positions = split_[i].positions;
+    out_.routes.push_back(r);
+    route_bytes_ = 0;
+  }
+  split_.clear();
+}
+
+}  // namespace keyguard::proxy
