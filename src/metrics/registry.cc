@@ -118,6 +118,8 @@ std::string Registry::Render() const {
   labeled(&WorkerShard::findings);
   labeled(&WorkerShard::bigkey_access);
   labeled(&WorkerShard::hygiene_actions);
+  labeled(&WorkerShard::cluster_node_commands);
+  labeled(&WorkerShard::cluster_node_errors);
   labeled(&WorkerShard::tenant_commands);
   labeled(&WorkerShard::tenant_received_bytes);
   labeled(&WorkerShard::tenant_sent_bytes);

@@ -19,7 +19,7 @@ constexpr std::string_view kCrossSlotError = "CROSSSLOT Keys in request don't ha
 
 struct ClusterIds {
   commands::CommandId cluster, dbsize, keys, flushall, flushdb, randomkey, script, function, scan, client, readonly,
-      readwrite, mget, mset, del, unlink, exists, touch;
+      readwrite, mget, mset, del, unlink, exists, touch, spublish, ssubscribe, sunsubscribe;
 };
 const ClusterIds& Ids() {
   static const ClusterIds ids{
@@ -28,7 +28,8 @@ const ClusterIds& Ids() {
       commands::LookupCommand("script"),   commands::LookupCommand("function"), commands::LookupCommand("scan"),
       commands::LookupCommand("client"),   commands::LookupCommand("readonly"), commands::LookupCommand("readwrite"),
       commands::LookupCommand("mget"),     commands::LookupCommand("mset"),     commands::LookupCommand("del"),
-      commands::LookupCommand("unlink"),   commands::LookupCommand("exists"),   commands::LookupCommand("touch")};
+      commands::LookupCommand("unlink"),   commands::LookupCommand("exists"),   commands::LookupCommand("touch"),
+      commands::LookupCommand("spublish"), commands::LookupCommand("ssubscribe"), commands::LookupCommand("sunsubscribe")};
   return ids;
 }
 
@@ -47,6 +48,16 @@ bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::str
 }
 
 int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_view> args) {
+  const ClusterIds& ids = Ids();
+  if ((id == ids.spublish || id == ids.ssubscribe || id == ids.sunsubscribe) && args.size() >= 2) {
+    // Shard channels hash as keys do (their specs are not keys): every channel of one command in one slot.
+    const size_t last = id == ids.spublish ? 2 : args.size();
+    int32_t slot = cluster::KeySlot(args[1]);
+    for (size_t i = 2; i < last; ++i) {
+      if (cluster::KeySlot(args[i]) != slot) return kCrossSlot;
+    }
+    return slot;
+  }
   const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
   if (spec == nullptr) return kAnyNode;
   cluster_keys_.clear();

@@ -118,6 +118,8 @@ SharedLink::SharedLink(Worker& worker)
 SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host) : SharedLink(worker) {
   to_.endpoint = node;
   to_.host = std::move(host);
+  node_commands_ = &worker.shard->cluster_node_commands.Get({address()});
+  node_errors_ = &worker.shard->cluster_node_errors.Get({address()});
 }
 
 void SharedLink::Start() {
@@ -240,6 +242,7 @@ bool SharedLink::Submit(LinkClient* client, std::span<const std::string_view> pi
   if (!up_) return false;
   for (std::string_view p : pieces) batch_.append(p.data(), p.size());
   batch_commands_ += commands;
+  if (node_commands_ != nullptr) node_commands_->Add(commands);
   if (!owed_.empty() && owed_.back().client == client) {
     owed_.back().frames += commands;
   } else {
@@ -289,8 +292,10 @@ void SharedLink::Fail(metrics::UpstreamError reason) {
   up_ = false;
   worker_.shard->CountUpstream(metrics::UpstreamKind::kShared, -1);
   worker_.shard->CountUpstreamError(reason);
+  if (node_errors_ != nullptr) node_errors_->Add();
   EventLine("warn", "shared_upstream_failed")
       .Str("reason", metrics::kUpstreamErrorNames[static_cast<size_t>(reason)])
+      .Str("node", address())
       .Write(stderr);
   conn_->stream.Close();
   conn_->out.Wake();

@@ -190,6 +190,8 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
 
   Worker& worker_;
   UpstreamAddress to_;
+  metrics::Counter* node_commands_ = nullptr;  // a cluster node's keyguard_cluster_node_commands_total
+  metrics::Counter* node_errors_ = nullptr;
   std::shared_ptr<Conn> conn_;
   ReadBuffer buf_;
   resp::ReplyFramer framer_;

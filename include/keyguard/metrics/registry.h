@@ -237,6 +237,8 @@ class WorkerShard {
   LabeledCounters<FamilyId::kBigkeyAccess> bigkey_access;          // kind, command, key_pattern
   LabeledCounters<FamilyId::kHygieneActions> hygiene_actions;      // kind, action: what keyguard did about each finding
   // Per tenant (label values bounded by the configured tenants).
+  LabeledCounters<FamilyId::kClusterNodeCommands> cluster_node_commands;  // node
+  LabeledCounters<FamilyId::kClusterNodeErrors> cluster_node_errors;      // node
   LabeledCounters<FamilyId::kTenantCommands> tenant_commands;             // tenant
   LabeledCounters<FamilyId::kTenantReceivedBytes> tenant_received_bytes;  // tenant
   LabeledCounters<FamilyId::kTenantSentBytes> tenant_sent_bytes;          // tenant
