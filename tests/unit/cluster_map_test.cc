@@ -141,8 +141,9 @@ TEST(LocalReplies, OneNodeOwningEverySlot) {
   EXPECT_EQ(m->primaries[0].ToString(), "127.0.0.1:7200");
   EXPECT_TRUE(m->complete());
   EXPECT_NE(LocalClusterReply("info", "127.0.0.1", 7200).find("cluster_state:ok\r\n"), std::string::npos);
-  EXPECT_NE(LocalClusterReply("nodes", "127.0.0.1", 7200).find(" 127.0.0.1:7200@0 myself,master - 0 0 1 connected 0-16383\n"),
-            std::string::npos);
+  EXPECT_NE(
+      LocalClusterReply("nodes", "127.0.0.1", 7200).find(" 127.0.0.1:7200@0 myself,master - 0 0 1 connected 0-16383\n"),
+      std::string::npos);
   EXPECT_EQ(LocalClusterReply("myid", "127.0.0.1", 7200).size(), 47u);  // $40\r\n + 40 + \r\n
   EXPECT_EQ(LocalClusterReply("failover", "127.0.0.1", 7200), "");
 }
