@@ -22,14 +22,17 @@ struct ClusterIds {
       readwrite, mget, mset, del, unlink, exists, touch, spublish, ssubscribe, sunsubscribe;
 };
 const ClusterIds& Ids() {
-  static const ClusterIds ids{
-      commands::LookupCommand("cluster"),  commands::LookupCommand("dbsize"),   commands::LookupCommand("keys"),
-      commands::LookupCommand("flushall"), commands::LookupCommand("flushdb"),  commands::LookupCommand("randomkey"),
-      commands::LookupCommand("script"),   commands::LookupCommand("function"), commands::LookupCommand("scan"),
-      commands::LookupCommand("client"),   commands::LookupCommand("readonly"), commands::LookupCommand("readwrite"),
-      commands::LookupCommand("mget"),     commands::LookupCommand("mset"),     commands::LookupCommand("del"),
-      commands::LookupCommand("unlink"),   commands::LookupCommand("exists"),   commands::LookupCommand("touch"),
-      commands::LookupCommand("spublish"), commands::LookupCommand("ssubscribe"), commands::LookupCommand("sunsubscribe")};
+  static const ClusterIds ids{commands::LookupCommand("cluster"),     commands::LookupCommand("dbsize"),
+                              commands::LookupCommand("keys"),        commands::LookupCommand("flushall"),
+                              commands::LookupCommand("flushdb"),     commands::LookupCommand("randomkey"),
+                              commands::LookupCommand("script"),      commands::LookupCommand("function"),
+                              commands::LookupCommand("scan"),        commands::LookupCommand("client"),
+                              commands::LookupCommand("readonly"),    commands::LookupCommand("readwrite"),
+                              commands::LookupCommand("mget"),        commands::LookupCommand("mset"),
+                              commands::LookupCommand("del"),         commands::LookupCommand("unlink"),
+                              commands::LookupCommand("exists"),      commands::LookupCommand("touch"),
+                              commands::LookupCommand("spublish"),    commands::LookupCommand("ssubscribe"),
+                              commands::LookupCommand("sunsubscribe")};
   return ids;
 }
 
