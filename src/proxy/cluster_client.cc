@@ -27,7 +27,8 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
   ClusterState& c = *worker.cluster;
   c.map = std::make_shared<cluster::SlotMap>(*map);
   c.node_links.assign(c.map->primaries.size(), nullptr);
-  for (size_t i = 0; i < c.map->primaries.size(); ++i) c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
+  for (size_t i = 0; i < c.map->primaries.size(); ++i)
+    c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
 }
 
 SharedLink* ClusterNodeLink(Worker& worker, uint16_t index) {
@@ -383,10 +384,10 @@ void ClusterClient::RetryLater(Entry* e, int part) {
   timer->async_wait([this, alive, timer, e, part](error_code ec) {
     auto a = alive.lock();
     if (ec || a == nullptr || !*a) return;
-    SharedLink* l = !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
+    SharedLink* l = !e->split_slots.empty()             ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
                     : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part))
-                    : e->scan ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node))
-                              : LinkForSlot(e->slot);
+                    : e->scan                           ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node))
+                                                        : LinkForSlot(e->slot);
     if (Send(e, part, l, false)) return;
     Fail(e, part, NodeUnavailable(l));
     DeliverReady();

@@ -117,7 +117,7 @@ class ClusterClient final : public LinkClient {
   SharedLink* from_ = nullptr;     // the link whose replies are being handed over
   bool run_open_ = false;          // the session's Begin was called, its End is due
   bool in_link_run_ = false;
-  resp::ReplyFramer reframer_;     // frames a reply kept out of order, to hand it over
+  resp::ReplyFramer reframer_;         // frames a reply kept out of order, to hand it over
   std::deque<std::string> delivered_;  // replies handed over in this run (the connection holds views)
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

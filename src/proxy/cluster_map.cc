@@ -30,7 +30,9 @@ uint16_t Crc16(std::string_view s) {
   return crc;
 }
 
-void AppendBulk(std::string* out, std::string_view s) { absl::StrAppend(out, "$", s.size(), "\r\n", AsAbsl(s), "\r\n"); }
+void AppendBulk(std::string* out, std::string_view s) {
+  absl::StrAppend(out, "$", s.size(), "\r\n", AsAbsl(s), "\r\n");
+}
 
 std::string NodeId(std::string_view host, uint16_t port) {
   const uint64_t h = Fnv1a(absl::StrCat(AsAbsl(host), ":", port));
@@ -203,8 +205,7 @@ std::string MergeReplies(Merge how, std::span<const std::string> replies) {
   if (const std::string* e = FirstError(replies); e != nullptr) return *e;
   switch (how) {
     case Merge::kNone:
-    case Merge::kAllOk:
-      return replies[0];
+    case Merge::kAllOk: return replies[0];
     case Merge::kSum: {
       int64_t total = 0;
       for (const std::string& r : replies) {

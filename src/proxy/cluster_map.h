@@ -74,13 +74,13 @@ std::string EncodeScanCursor(std::string_view node_cursor, int node, int nodes);
 
 // How the replies of a command sent to every primary become the one the client gets.
 enum class Merge : uint8_t {
-  kNone,     // not fanned out
-  kSum,      // DBSIZE: the sum of the integers
-  kConcat,   // KEYS: every node's elements in one array
-  kAllOk,    // FLUSHALL, FLUSHDB, SCRIPT FLUSH, SCRIPT LOAD, FUNCTION FLUSH: the first error, else the first reply
-  kRandom,   // RANDOMKEY: the first reply that is not nil
-  kAllOf,    // SCRIPT EXISTS: per element, 1 only where every node says 1
-  kMget,     // MGET split by slot: each part's values in the places of its keys
+  kNone,    // not fanned out
+  kSum,     // DBSIZE: the sum of the integers
+  kConcat,  // KEYS: every node's elements in one array
+  kAllOk,   // FLUSHALL, FLUSHDB, SCRIPT FLUSH, SCRIPT LOAD, FUNCTION FLUSH: the first error, else the first reply
+  kRandom,  // RANDOMKEY: the first reply that is not nil
+  kAllOf,   // SCRIPT EXISTS: per element, 1 only where every node says 1
+  kMget,    // MGET split by slot: each part's values in the places of its keys
 };
 // The merged reply (each of `replies` one whole RESP2 frame, in node order). An error reply wins.
 std::string MergeReplies(Merge how, std::span<const std::string> replies);

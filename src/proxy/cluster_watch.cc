@@ -31,7 +31,8 @@ std::shared_ptr<const cluster::SlotMap> ClusterWatch::current() const {
 awaitable<absl::StatusOr<std::shared_ptr<const cluster::SlotMap>>> ClusterWatch::Ask(const config::HostPort& node) {
   const auto timeout = std::chrono::milliseconds(config_.upstream_connect_timeout_ms);
   ControlLink link(io_);
-  if (auto s = co_await link.Open(node.host, node.port, tls_, timeout, config_.UpstreamUser(), credentials_->Password());
+  if (auto s =
+          co_await link.Open(node.host, node.port, tls_, timeout, config_.UpstreamUser(), credentials_->Password());
       !s.ok()) {
     co_return s;
   }
@@ -88,7 +89,9 @@ awaitable<void> ClusterWatch::Poll() {
         current_ = *m;
       }
       changes_.fetch_add(1, std::memory_order_relaxed);
-      EventLine("info", "cluster_map_changed").Int("primaries", static_cast<int64_t>((*m)->primaries.size())).Write(stderr);
+      EventLine("info", "cluster_map_changed")
+          .Int("primaries", static_cast<int64_t>((*m)->primaries.size()))
+          .Write(stderr);
       if (on_change_) on_change_(*m);
     }
     Timer gap(io_, kRefreshGap);

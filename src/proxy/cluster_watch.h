@@ -31,7 +31,10 @@ class ClusterWatch {
   // Keeps the map fresh from `first` on; `on_change` runs on the io_context's thread.
   void Start(std::shared_ptr<const cluster::SlotMap> first, OnChange on_change);
   // Asks for a refresh soon; any thread.
-  void Refresh() { refresh_.store(true); poke_.store(true); }
+  void Refresh() {
+    refresh_.store(true);
+    poke_.store(true);
+  }
   std::shared_ptr<const cluster::SlotMap> current() const;
   uint64_t refreshes() const { return refreshes_.load(std::memory_order_relaxed); }
   uint64_t changes() const { return changes_.load(std::memory_order_relaxed); }
