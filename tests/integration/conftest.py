@@ -103,6 +103,13 @@ def file_output(f):
     return output
 
 
+# KEYGUARD_UPSTREAM=cluster runs the suites scripts/test.sh names with a Redis Cluster upstream: every
+# plain redis-server a test starts is a one-node cluster owning every slot (so direct checks on it
+# still see every key), and every keyguard in front of one is started with redis-cluster://.
+CLUSTER_MODE = os.environ.get("KEYGUARD_UPSTREAM", "") == "cluster"
+_cluster_ports = set()
+
+
 class Redis:
     def __init__(self, *extra, tls=None):
         """`tls`: {"cert": PATH, "key": PATH, "ca": PATH} to serve TLS only on self.port (as
@@ -122,7 +129,22 @@ class Redis:
                 stdout=log, stderr=subprocess.STDOUT)
             return self.proc, file_output(log), [self.port]
 
+        cluster = CLUSTER_MODE and tls is None and not any(a in ("--replicaof", "--slaveof", "--sentinel")
+                                                            for a in extra)
+        if cluster:
+            extra = extra + ("--cluster-enabled", "yes", "--cluster-config-file",
+                             os.path.join(self.dir, "nodes.conf"))
         start_listening("redis-server", start)
+        if cluster:
+            import redis
+            c = redis.Redis(port=self.port)
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+
+            def ok():
+                info = c.execute_command("CLUSTER", "INFO")  # a dict (redis-py parses it) or the text
+                return info.get("cluster_state") == "ok" if isinstance(info, dict) else b"cluster_state:ok" in info
+            wait_until(ok, "the one-node cluster to be ok")
+            _cluster_ports.add(self.port)
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
@@ -140,6 +162,9 @@ UPSTREAM_CONNECTIONS = os.environ.get("KEYGUARD_UPSTREAM_CONNECTIONS", "")
 
 def pytest_configure(config):
     config.addinivalue_line(
+        "markers", "not_cluster(reason): asserts what differs with a Redis Cluster upstream (KEYGUARD_UPSTREAM=cluster) "
+        "for `reason`: a cluster serves database 0 only, keyguard answers CLUSTER itself, ...")
+    config.addinivalue_line(
         "markers", "dedicated_only(reason): asserts what only a connection per client does; with shared "
         "upstream connections the result differs for `reason` (test_shared_upstream.py asserts that)")
 
@@ -147,12 +172,15 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """The tests whose results must differ with shared upstream connections, each with the reason:
     `grep -rn dedicated_only tests/integration` lists them."""
-    if UPSTREAM_CONNECTIONS != "shared":
+    if UPSTREAM_CONNECTIONS != "shared" and not CLUSTER_MODE:
         return
     for item in items:
         m = item.get_closest_marker("dedicated_only")
         if m is not None:
             item.add_marker(pytest.mark.skip(reason="shared upstream connections: " + m.kwargs["reason"]))
+        m = item.get_closest_marker("not_cluster")
+        if m is not None and CLUSTER_MODE:
+            item.add_marker(pytest.mark.skip(reason="a Redis Cluster upstream: " + m.kwargs["reason"]))
 
 
 class Keyguard:
@@ -170,8 +198,11 @@ class Keyguard:
 
         def start():
             self.port, self.admin_port = free_port(), free_port()
+            target = "127.0.0.1:%d" % upstream_port
+            if upstream is None and upstream_port in _cluster_ports:
+                target = "redis-cluster://" + target
             listen = ["--listen", "127.0.0.1:%d" % self.port,
-                      "--upstream", upstream if upstream is not None else "127.0.0.1:%d" % upstream_port,
+                      "--upstream", upstream if upstream is not None else target,
                       "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
             if UPSTREAM_CONNECTIONS and "--upstream-connections" not in extra:
                 listen += ["--upstream-connections", UPSTREAM_CONNECTIONS]
