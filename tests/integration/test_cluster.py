@@ -349,6 +349,93 @@ def test_resharding_under_load_loses_nothing():
         check_stored(c, expected)
 
 
+class WriteLoad:
+    """Two plain clients of keyguard writing unique keys in the slots of `tags` (all owned by one
+    primary) until stopped: the acknowledged writes (time, key, value) and the failed ones (time,
+    what) are recorded."""
+
+    def __init__(self, kg, tags):
+        self.acked, self.failures, self.stop_event, self.lock = [], [], threading.Event(), threading.Lock()
+        self.kg, self.tags = kg, tags
+        self.threads = [threading.Thread(target=self.writer, args=(t,)) for t in range(2)]
+        for t in self.threads:
+            t.start()
+
+    def writer(self, t):
+        r = client(self.kg, socket_timeout=5)
+        n = 0
+        while not self.stop_event.is_set():
+            n += 1
+            k, v = "%s:%d:%d" % (self.tags[(n + t) % len(self.tags)], t, n), "v%d" % n
+            try:
+                ok = r.set(k, v)
+                if ok is not True:
+                    raise AssertionError("SET %s answered %r" % (k, ok))
+                with self.lock:
+                    self.acked.append((time.monotonic(), k, v))
+            except (redis.RedisError, AssertionError) as e:
+                self.failures.append((time.monotonic(), "%s: %r" % (k, e)))
+                time.sleep(0.01)
+
+    def acked_after(self, when):
+        return [(ts, k, v) for ts, k, v in list(self.acked) if ts > when]
+
+    def wait_acked_after(self, when, n, what):
+        try:
+            wait_until(lambda: len(self.acked_after(when)) >= n, what)
+        except AssertionError as e:
+            raise AssertionError("%s; %d failed writes, the last ones: %r" % (e, len(self.failures), self.failures[-5:]))
+
+    def check_no_redirection(self, old, new):
+        """A write may fail while the slots have no primary, but never with a redirection (MOVED,
+        ASK): keyguard follows those."""
+        shown = [f for f in self.failures if "MOVED" in f[1] or "ASK" in f[1]]
+        assert not shown, "%d writes failed with a redirection keyguard should have followed (old primary %d, " \
+            "new primary %d): %r" % (len(shown), old, new, shown[:5])
+
+    def stop(self):
+        self.stop_event.set()
+        for t in self.threads:
+            t.join()
+
+    def window(self, started, switched):
+        """Prints and returns (the window in which writes failed: from the first failed write to
+        the first one acknowledged after the last failure, 0 when none failed; the longest time
+        between two acknowledged writes, which is what clients waited when writes were held
+        rather than failed)."""
+        window = 0.0
+        if self.failures:
+            window = min(ts for ts, _, _ in self.acked if ts > self.failures[-1][0]) - self.failures[0][0]
+        times = [ts for ts, _, _ in self.acked]
+        gap = max(b - a for a, b in zip(times, times[1:]))
+        print("\nfailover window: %.2f s (%d failed writes; longest time without an acknowledged write %.2f s; "
+              "promoted %.2f s after the start)%s"
+              % (window, len(self.failures), gap, switched - started,
+                 "; first failure %.2f s after the start: %s" % (self.failures[0][0] - started, self.failures[0][1])
+                 if self.failures else ""))
+        return window, gap
+
+
+def tags_owned_by(c, port, n=4):
+    """`n` hash tags whose slots the primary on `port` owns."""
+    slot_map = c.slot_map()
+    tags = [t for t in ("{fo%d}" % i for i in range(500)) if c.node_for_key(t, slot_map) == port][:n]
+    assert len(tags) == n
+    return tags
+
+
+def check_on(c, port, writes):
+    """Every (time, key, value) of `writes` is on the node on `port`, read directly."""
+    node = c.node(port).client
+    p = node.pipeline(transaction=False)
+    for _, k, _ in writes:
+        p.get(k)
+    got = p.execute()
+    missing = [(k, g, v) for (_, k, v), g in zip(writes, got) if g != v]
+    assert not missing, "%d acknowledged writes are not on the primary %d (key, there, acknowledged): %r" % (
+        len(missing), port, missing[:10])
+
+
 def test_failover_under_write_load():
     """CLUSTER FAILOVER on the replica of the primary owning the keys being written through
     keyguard: the window in which writes fail is measured (and printed), and every write
@@ -356,61 +443,53 @@ def test_failover_under_write_load():
     with cluster() as c, keyguard_for(c) as kg:
         old = c.primaries()[0]
         replica = c.replicas_of(old)[0]
-        # Keys in old's slots only: four hash tags it owns.
-        tags = [t for t in ("{fo%d}" % i for i in range(200)) if c.node_for_key(t) == old][:4]
-        assert len(tags) == 4
-        acked, failures, stop, lock = [], [], threading.Event(), threading.Lock()
-
-        def writer(t):
-            r = client(kg, socket_timeout=5)
-            n = 0
-            while not stop.is_set():
-                n += 1
-                k = "%s:%d:%d" % (tags[(n + t) % 4], t, n)
-                try:
-                    assert r.set(k, "v%d" % n) is True
-                    with lock:
-                        acked.append((time.monotonic(), k, "v%d" % n))
-                except (redis.RedisError, AssertionError) as e:
-                    failures.append((time.monotonic(), repr(e)))
-                    time.sleep(0.01)
-
-        threads = [threading.Thread(target=writer, args=(t,)) for t in range(2)]
-        for t in threads:
-            t.start()
+        tags = tags_owned_by(c, old)
+        load = WriteLoad(kg, tags)
         try:
-            wait_until(lambda: len(acked) >= 300, "writes through keyguard")
+            load.wait_acked_after(0, 300, "writes through keyguard")
             started = time.monotonic()
             assert c.node(replica).client.execute_command("CLUSTER", "FAILOVER") == "OK"
             wait_until(lambda: c.role(replica) == "master", "the replica on %d promoted" % replica)
             switched = time.monotonic()
             c.wait_agreed()
-            wait_until(lambda: len([a for a in acked if a[0] > switched]) >= 300,
-                       "writes acknowledged after the failover")
+            load.wait_acked_after(switched, 300, "writes acknowledged after the failover")
         finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        # The window: from the first failed write to the first acknowledged after the last one.
-        window = 0.0
-        if failures:
-            window = min(ts for ts, _, _ in acked if ts > failures[-1][0]) - failures[0][0]
-        print("\nfailover window: %.2f s (%d failed writes; promoted %.2f s after CLUSTER FAILOVER)%s"
-              % (window, len(failures), switched - started,
-                 "; first failure %.2f s after it: %s" % (failures[0][0] - started, failures[0][1])
-                 if failures else ""))
-        assert window < 10, "writes failed for %.2f s: %r" % (window, failures[:10])
-        assert c.primaries() == sorted(set(c.primaries()) - {old} | {replica})
+            load.stop()
+        window, gap = load.window(started, switched)
+        load.check_no_redirection(old, replica)
+        assert window < 10, "writes failed for %.2f s: %r" % (window, load.failures[:10])
+        assert gap < 10, "no write was acknowledged for %.2f s" % gap
+        assert old not in c.primaries() and replica in c.primaries(), (old, replica, c.primaries())
         assert all(c.node_for_key(t) == replica for t in tags)
-        after = {k: v for ts, k, v in acked if ts > switched}
-        assert len(after) >= 300
-        node = c.node(replica).client
-        p = node.pipeline(transaction=False)
-        for k in after:
-            p.get(k)
-        got = dict(zip(after, p.execute()))
-        missing = {k: got[k] for k in after if got[k] != after[k]}
-        assert not missing, "%d writes acknowledged after the switch are not on the new primary %d: %r" % (
-            len(missing), replica, sorted(missing.items())[:10])
+        check_on(c, replica, load.acked_after(switched))
         # A manual failover loses nothing: the replica caught up before it took over.
-        check_stored(c, {k: v for ts, k, v in acked})
+        check_on(c, replica, load.acked)
+
+
+def test_killed_primary_under_write_load():
+    """kill -9 of a primary (keyguard's first seed node) owning the keys being written through
+    keyguard: its replica takes over after the node timeout; the window in which writes fail is
+    measured (and printed), and every write acknowledged after the switch is on the new primary."""
+    with cluster() as c, keyguard_for(c) as kg:
+        old = c.ports[0]
+        assert old in c.primaries(), "redis-cli made the first node a replica"
+        replica = c.replicas_of(old)[0]
+        tags = tags_owned_by(c, old)
+        load = WriteLoad(kg, tags)
+        try:
+            load.wait_acked_after(0, 300, "writes through keyguard")
+            started = time.monotonic()
+            c.kill(old)
+            wait_until(lambda: c.role(replica) == "master", "the replica on %d promoted" % replica)
+            switched = time.monotonic()
+            c.wait_agreed()
+            load.wait_acked_after(switched, 300, "writes acknowledged after the failover")
+        finally:
+            load.stop()
+        window, gap = load.window(started, switched)
+        load.check_no_redirection(old, replica)
+        assert window < 10, "writes failed for %.2f s: %r" % (window, load.failures[:10])
+        assert gap < 10, "no write was acknowledged for %.2f s" % gap
+        assert old not in c.primaries() and replica in c.primaries()
+        assert all(c.node_for_key(t) == replica for t in tags)
+        check_on(c, replica, load.acked_after(switched))
