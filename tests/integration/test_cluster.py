@@ -172,9 +172,17 @@ def test_keyguard_looks_like_a_one_node_cluster(fresh):
         for k, v in expected.items():
             assert rc.set(k, v) is True, k
         assert {k: rc.get(k) for k in expected} == expected
+        check_stored(c, expected)
+        # A command whose keys COMMAND cannot place (movablekeys): the client asks keyguard with
+        # COMMAND GETKEYS where they are.
+        assert rc.zadd("{z}:a", {"x": 1}) == 1 and rc.zadd("{z}:b", {"y": 2}) == 1
+        assert rc.zunionstore("{z}:out", ["{z}:a", "{z}:b"]) == 2
+        assert rc.zrange("{z}:out", 0, -1, withscores=True) == [("x", 1.0), ("y", 2.0)]
+        assert rc.dbsize() == len(expected) + 3
     finally:
         rc.close()
-    check_stored(c, expected)
+    owner = c.node(c.node_for_key("{z}:out")).client
+    assert owner.zrange("{z}:out", 0, -1, withscores=True) == [("x", 1.0), ("y", 2.0)]
 
 
 def test_whole_keyspace_commands_cover_every_primary(fresh):
