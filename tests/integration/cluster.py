@@ -85,6 +85,7 @@ class Cluster:
     def __init__(self, primaries=3, replicas=1, node_timeout_ms=1500):
         started = time.monotonic()
         self.nodes = []
+        self.node_timeout_ms = node_timeout_ms
         try:
             self.nodes = [Node(node_timeout_ms) for _ in range((1 + replicas) * primaries)]
             self.ports = [n.port for n in self.nodes]
@@ -218,6 +219,23 @@ class Cluster:
         self.wait_agreed("every node to agree on the slot map after moving %d slots from %d to %d"
                          % (slots, from_port, to_port))
         return out.stdout
+
+    def add_primary(self):
+        """Starts a seventh node and joins it with redis-cli --cluster add-node as a primary
+        without slots; returns its port once every node agrees (reshard gives it slots)."""
+        n = Node(self.node_timeout_ms)
+        self.nodes.append(n)
+        self.ports.append(n.port)
+        out = subprocess.run(
+            ["redis-cli", "--cluster", "add-node", "127.0.0.1:%d" % n.port, "127.0.0.1:%d" % self.live()[0].port],
+            capture_output=True, text=True, timeout=PATIENCE)
+        if out.returncode != 0 or "[OK] New node added correctly." not in out.stdout:
+            raise RuntimeError("redis-cli --cluster add-node failed (%d): %s %s"
+                               % (out.returncode, out.stdout[-3000:], out.stderr[-2000:]))
+        wait_until(lambda: all(len(self.cluster_nodes(m.port)) == len(self.live()) for m in self.live()),
+                   "every node to know the new node %d" % n.port)
+        self.wait_agreed("every node, the new one too, to agree on the slot map")
+        return n.port
 
     def failover(self, replica_port):
         """CLUSTER FAILOVER on the replica on `replica_port`; waits until it is a primary and every

@@ -238,42 +238,60 @@ def test_flushall_empties_every_node():
         assert r.dbsize() == 0
 
 
+def reshard_behind_keyguard(c, kg, target=None):
+    """Writes 2000 keys through keyguard and reads them back (keyguard knows the slot map then),
+    moves 1000 slots from a primary to `target` (default: another primary) directly with
+    redis-cli, and reads and writes every key through keyguard again: no error, the right
+    values, every key on the node owning it now."""
+    r = client(kg)
+    expected = {"m:%d" % i: "v%d" % i for i in range(2000)}
+    p = r.pipeline(transaction=False)
+    for k, v in expected.items():
+        p.set(k, v)
+    assert p.execute() == [True] * len(expected)
+    assert {k: r.get(k) for k in expected} == expected
+    before = c.owners(expected)
+    source = c.primaries()[0]
+    target = target or c.primaries()[1]
+    source_slots = c.slots_of(source)
+    started = time.monotonic()
+    c.reshard(source, target, 1000)
+    print("\nresharding 1000 slots took %.2f s" % (time.monotonic() - started))
+    assert c.slots_of(source) == source_slots - 1000
+    after = c.owners(expected)
+    moved = sorted(k for k in expected if before[k] != after[k])
+    assert moved and all(before[k] == source and after[k] == target for k in moved), moved[:10]
+    got = {}
+    for k in moved + sorted(expected):
+        try:
+            got[k] = r.get(k)
+        except redis.RedisError as e:
+            pytest.fail("GET %s (slot %d moved from %d to %d) through keyguard: %r"
+                        % (k, c.keyslot(k), before[k], after[k], e))
+    assert got == expected
+    check_stored(c, expected)
+    # Writes of moved keys go to their new owner.
+    for k in moved:
+        expected[k] = "new-" + k
+        assert r.set(k, expected[k]) is True, k
+    check_stored(c, expected)
+
+
 def test_moved_slots_are_followed_without_an_error():
     """Slots move to another primary behind keyguard's back (redis-cli, directly): keyguard's
     clients never see MOVED, reads and writes of the moved keys just work."""
     with cluster() as c, keyguard_for(c) as kg:
-        r = client(kg)
-        expected = {"m:%d" % i: "v%d" % i for i in range(2000)}
-        p = r.pipeline(transaction=False)
-        for k, v in expected.items():
-            p.set(k, v)
-        assert p.execute() == [True] * len(expected)
-        # keyguard has read every key once: its idea of the slot map is the old one now.
-        assert {k: r.get(k) for k in expected} == expected
-        before = c.owners(expected)
-        source, target = c.primaries()[:2]
-        source_slots = c.slots_of(source)
-        started = time.monotonic()
-        c.reshard(source, target, 1000)
-        print("\nresharding 1000 slots took %.2f s" % (time.monotonic() - started))
-        assert c.slots_of(source) == source_slots - 1000
-        after = c.owners(expected)
-        moved = sorted(k for k in expected if before[k] != after[k])
-        assert moved and all(before[k] == source and after[k] == target for k in moved), moved[:10]
-        got = {}
-        for k in moved + sorted(expected):
-            try:
-                got[k] = r.get(k)
-            except redis.RedisError as e:
-                pytest.fail("GET %s (slot %d moved from %d to %d) through keyguard: %r"
-                            % (k, c.keyslot(k), before[k], after[k], e))
-        assert got == expected
-        check_stored(c, expected)
-        # Writes of moved keys go to their new owner.
-        for k in moved:
-            expected[k] = "new-" + k
-            assert r.set(k, expected[k]) is True, k
-        check_stored(c, expected)
+        reshard_behind_keyguard(c, kg)
+
+
+def test_slots_moved_to_a_node_keyguard_never_saw():
+    """The same with slots moving to a primary added after keyguard started (redis-cli --cluster
+    add-node): keyguard learns of it from a MOVED and must follow that to a node it has no
+    connection to yet."""
+    with cluster() as c, keyguard_for(c) as kg:
+        new = c.add_primary()
+        reshard_behind_keyguard(c, kg, target=new)
+        assert new in c.primaries()
 
 
 def run_load(kg, threads, stop, acked, errors, tags):
