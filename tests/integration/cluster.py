@@ -1,6 +1,6 @@
 """A real Redis Cluster on loopback for the tests: six redis-server processes (three primaries, a
-replica each) joined with `redis-cli --cluster create`, and helpers that reshard, fail over and
-kill its nodes. Everything here talks to the nodes directly, never through keyguard."""
+replica each) joined with `redis-cli --cluster create`, and helpers that add a primary, reshard,
+fail over and kill its nodes. Everything here talks to the nodes directly, never through keyguard."""
 import contextlib
 import shutil
 import signal
@@ -40,7 +40,14 @@ class Node:
                 stdout=self.log, stderr=subprocess.STDOUT)
             return self.proc, file_output(self.log), [self.port, self.bus_port]
 
-        start_listening("cluster redis-server", start)
+        try:
+            start_listening("cluster redis-server", start)
+        except BaseException:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.client = redis.Redis(port=self.port, decode_responses=True, socket_timeout=PATIENCE)
 
     def alive(self):
@@ -87,7 +94,8 @@ class Cluster:
         self.nodes = []
         self.node_timeout_ms = node_timeout_ms
         try:
-            self.nodes = [Node(node_timeout_ms) for _ in range((1 + replicas) * primaries)]
+            for _ in range((1 + replicas) * primaries):
+                self.nodes.append(Node(node_timeout_ms))  # one by one: stop() stops those started
             self.ports = [n.port for n in self.nodes]
             out = subprocess.run(
                 ["redis-cli", "--cluster", "create", *["127.0.0.1:%d" % p for p in self.ports],

@@ -22,8 +22,10 @@ def keyguard_for(c):
     kg = Keyguard(0, upstream=seed_url(c))
     try:
         yield kg
-    finally:
-        assert kg.stop() == 0, kg.output()[-3000:]
+    except BaseException:
+        kg.stop()
+        raise
+    assert kg.stop() == 0, kg.output()[-3000:]
 
 
 @pytest.fixture(scope="module")
