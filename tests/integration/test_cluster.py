@@ -1,0 +1,523 @@
+"""A Redis Cluster upstream: keyguard in front of a real six-node cluster (three primaries, a replica
+each) routes every command to the node owning its keys' slots and shows its clients one node that
+serves every slot. Every stored key is checked on direct connections to the nodes."""
+import contextlib
+import threading
+import time
+
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from cluster import SLOTS, cluster, seed_url
+from conftest import Keyguard, wait_until
+from resp import RespConn
+
+CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
+
+
+@contextlib.contextmanager
+def keyguard_for(c):
+    """keyguard with the cluster `c` as its upstream (two seed nodes); stopped afterwards."""
+    kg = Keyguard(0, upstream=seed_url(c))
+    try:
+        yield kg
+    except BaseException:
+        kg.stop()
+        raise
+    assert kg.stop() == 0, kg.output()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """One cluster for the tests that leave it as they found it (each empties it first)."""
+    with cluster() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def shared_kg(shared_cluster):
+    with keyguard_for(shared_cluster) as kg:
+        yield kg
+
+
+@pytest.fixture
+def fresh(shared_cluster, shared_kg):
+    """The shared cluster emptied (directly, on every primary) and keyguard in front of it."""
+    shared_cluster.flushall()
+    return shared_cluster, shared_kg
+
+
+def client(kg, **kw):
+    """A plain (non-cluster) redis-py client of keyguard."""
+    kw.setdefault("socket_timeout", 10)
+    return redis.Redis(port=kg.port, decode_responses=True, **kw)
+
+
+def check_stored(c, expected):
+    """Every key of `expected` ({key: value}) is on the primary owning its slot, with its value,
+    read directly on that node; each primary holds exactly the keys it owns (none elsewhere)."""
+    owners = c.owners(expected)
+    for port in c.primaries():
+        mine = sorted(k for k in expected if owners[k] == port)
+        node = c.node(port).client
+        pipe = node.pipeline(transaction=False)
+        for k in mine:
+            pipe.get(k)
+        got = dict(zip(mine, pipe.execute()))
+        wrong = {k: (got[k], expected[k]) for k in mine if got[k] != expected[k]}
+        assert not wrong, "keys on their owner %d with the wrong value (got, expected): %r" % (port, wrong)
+        extra = set(node.keys("*")) - set(mine)
+        assert not extra, "primary %d holds keys that other nodes own or nobody wrote: %r" % (port, sorted(extra))
+
+
+def test_cluster_fixture_starts_and_agrees(shared_cluster):
+    """The fixture alone, on direct connections: three primaries with a replica each, all 16384
+    slots covered, and a cluster client stores each key on the node owning its slot."""
+    c = shared_cluster
+    print("\ncluster fixture started in %.2f s" % c.start_seconds)
+    primaries = c.primaries()
+    assert len(primaries) == 3
+    assert all(len(c.replicas_of(p)) == 1 for p in primaries), [c.replicas_of(p) for p in primaries]
+    assert sum(c.slots_of(p) for p in primaries) == SLOTS
+    assert set(c.slot_map()) == set(primaries)
+    assert c.agreed()
+    assert c.keyslot("foo") == 12182
+    c.flushall()
+    rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in c.ports[:2]], decode_responses=True)
+    try:
+        expected = {"fx:%d" % i: "v%d" % i for i in range(100)}
+        for k, v in expected.items():
+            assert rc.set(k, v) is True
+        assert {k: rc.get(k) for k in expected} == expected
+    finally:
+        rc.close()
+    assert len(set(c.owners(expected).values())) == 3
+    check_stored(c, expected)
+    c.flushall()
+
+
+def test_single_key_commands_go_to_the_owning_node(fresh):
+    c, kg = fresh
+    r = client(kg)
+    expected = {"k:%d" % i: "value-%d" % i for i in range(200)}
+    for k, v in expected.items():
+        assert r.set(k, v) is True, k
+    assert {k: r.get(k) for k in expected} == expected
+    assert set(c.owners(expected).values()) == set(c.primaries()), "200 keys should cover every primary"
+    check_stored(c, expected)
+    # A hash tag puts both keys in one slot, on one node.
+    assert r.set("{user:1}:a", "A") is True
+    assert r.set("{user:1}:b", "B") is True
+    assert c.node_for_key("{user:1}:a") == c.node_for_key("{user:1}:b")
+    assert (r.get("{user:1}:a"), r.get("{user:1}:b")) == ("A", "B")
+    check_stored(c, dict(expected, **{"{user:1}:a": "A", "{user:1}:b": "B"}))
+
+
+def test_a_pipeline_across_nodes_keeps_its_order(fresh):
+    c, kg = fresh
+    p = client(kg).pipeline(transaction=False)
+    for i in range(100):
+        p.set("p:%d" % i, "v%d" % i)
+        p.get("p:%d" % i)
+    for i in range(100):
+        p.get("p:%d" % (99 - i))
+    replies = p.execute()
+    expected_replies = [x for i in range(100) for x in (True, "v%d" % i)] + ["v%d" % (99 - i) for i in range(100)]
+    assert replies == expected_replies
+    expected = {"p:%d" % i: "v%d" % i for i in range(100)}
+    assert len(set(c.owners(expected).values())) == 3
+    check_stored(c, expected)
+
+
+def test_keys_in_different_slots_are_redis_crossslot_error(fresh):
+    c, kg = fresh
+    r = client(kg)
+    assert c.keyslot("a") != c.keyslot("b")
+    # The exact error Redis itself gives (asked directly, on the node owning "a").
+    with pytest.raises(redis.ResponseError) as direct:
+        c.client_for_key("a").msetnx({"a": "1", "b": "2"})
+    assert str(direct.value) == CROSSSLOT
+    with pytest.raises(redis.ResponseError) as e:
+        r.msetnx({"a": "1", "b": "2"})
+    assert str(e.value) == CROSSSLOT
+    assert c.dbsize() == 0, c.all_keys()
+    # The connection goes on working after the error.
+    assert r.get("a") is None
+    # Keys in one slot (one hash tag): the multi-key commands work.
+    assert r.msetnx({"{h}:a": "1", "{h}:b": "2"}) is True
+    assert r.mget("{h}:a", "{h}:b") == ["1", "2"]
+    assert r.delete("{h}:a", "{h}:b", "{h}:none") == 2
+    assert r.mset({"{h}:x": "X", "{h}:y": "Y"}) is True
+    check_stored(c, {"{h}:x": "X", "{h}:y": "Y"})
+
+
+def test_keyguard_looks_like_a_one_node_cluster(fresh):
+    c, kg = fresh
+    conn = RespConn(kg.port)
+    slots = conn.call("CLUSTER", "SLOTS")
+    assert isinstance(slots, list) and len(slots) == 1, slots
+    assert slots[0][:2] == [0, SLOTS - 1], slots
+    assert len(slots[0]) == 3, "keyguard has no replicas to show: %r" % (slots,)
+    assert slots[0][2][:2] == [b"127.0.0.1", kg.port], slots
+    info = conn.call("CLUSTER", "INFO")
+    assert isinstance(info, bytes) and b"cluster_state:ok" in info.split(b"\r\n"), info
+    assert conn.call("CLUSTER", "KEYSLOT", "foo") == 12182
+    assert conn.call("CLUSTER", "KEYSLOT", "{user:1}:a") == c.keyslot("{user:1}:a")
+    conn.close()
+
+    # A cluster client sees one node, keyguard, and sends everything there.
+    rc = RedisCluster(host="127.0.0.1", port=kg.port, decode_responses=True)
+    try:
+        assert [(n.host, n.port) for n in rc.get_nodes()] == [("127.0.0.1", kg.port)]
+        expected = {"rc:%d" % i: "v%d" % i for i in range(100)}
+        for k, v in expected.items():
+            assert rc.set(k, v) is True, k
+        assert {k: rc.get(k) for k in expected} == expected
+        check_stored(c, expected)
+        # A command whose keys COMMAND cannot place (movablekeys): the client asks keyguard with
+        # COMMAND GETKEYS where they are.
+        assert rc.zadd("{z}:a", {"x": 1}) == 1 and rc.zadd("{z}:b", {"y": 2}) == 1
+        assert rc.zunionstore("{z}:out", ["{z}:a", "{z}:b"]) == 2
+        assert rc.zrange("{z}:out", 0, -1, withscores=True) == [("x", 1.0), ("y", 2.0)]
+        assert rc.dbsize() == len(expected) + 3
+    finally:
+        rc.close()
+    owner = c.node(c.node_for_key("{z}:out")).client
+    assert owner.zrange("{z}:out", 0, -1, withscores=True) == [("x", 1.0), ("y", 2.0)]
+
+
+def test_whole_keyspace_commands_cover_every_primary(fresh):
+    c, kg = fresh
+    direct = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in c.ports[:2]], decode_responses=True)
+    try:
+        expected = {"ks:%d" % i: str(i) for i in range(300)}
+        for k, v in expected.items():
+            direct.set(k, v)
+    finally:
+        direct.close()
+    per_node = c.all_keys()
+    assert all(per_node.values()) and sum(len(v) for v in per_node.values()) == 300, per_node
+    r = client(kg)
+    assert r.dbsize() == 300 == c.dbsize()
+    keys = r.keys("*")
+    assert len(keys) == 300 and set(keys) == set(expected)
+    scanned = list(r.scan_iter(count=10))
+    dups = sorted(k for k in set(scanned) if scanned.count(k) > 1)
+    assert not dups, "SCAN returned keys more than once: %r" % dups
+    assert set(scanned) == set(expected), "SCAN missed %r" % sorted(set(expected) - set(scanned))
+    assert r.ping() is True
+    conn = RespConn(kg.port)
+    assert conn.exchange(b"*1\r\n$4\r\nPING\r\n", replies=1) == b"+PONG\r\n"
+    conn.close()
+
+
+def test_multi_exec_in_one_slot(fresh):
+    c, kg = fresh
+    p = client(kg).pipeline(transaction=True)
+    p.set("{t}:a", "1")
+    p.incr("{t}:b")
+    p.get("{t}:a")
+    p.mget("{t}:a", "{t}:b")
+    assert p.execute() == [True, 1, "1", ["1", "1"]]
+    owner = c.node_for_key("{t}:a")
+    assert owner == c.node_for_key("{t}:b")
+    assert c.all_keys()[owner] == {"{t}:a", "{t}:b"}
+    check_stored(c, {"{t}:a": "1", "{t}:b": "1"})
+
+
+def test_flushall_empties_every_node():
+    with cluster() as c, keyguard_for(c) as kg:
+        r = client(kg)
+        expected = {"f:%d" % i: "v" for i in range(100)}
+        for k, v in expected.items():
+            assert r.set(k, v) is True
+        assert c.dbsize() == 100 and all(c.all_keys().values())
+        assert r.flushall() is True
+        assert c.all_keys() == {p: set() for p in c.primaries()}
+        # The replicas follow.
+        wait_until(lambda: all(c.node(p).client.dbsize() == 0 for p in c.ports), "every node empty")
+        assert r.dbsize() == 0
+
+
+def reshard_behind_keyguard(c, kg, target=None):
+    """Writes 2000 keys through keyguard and reads them back (keyguard knows the slot map then),
+    moves 1000 slots from a primary to `target` (default: another primary) directly with
+    redis-cli, and reads and writes every key through keyguard again: no error, the right
+    values, every key on the node owning it now."""
+    r = client(kg)
+    expected = {"m:%d" % i: "v%d" % i for i in range(2000)}
+    p = r.pipeline(transaction=False)
+    for k, v in expected.items():
+        p.set(k, v)
+    assert p.execute() == [True] * len(expected)
+    assert {k: r.get(k) for k in expected} == expected
+    before = c.owners(expected)
+    source = c.primaries()[0]
+    target = target or c.primaries()[1]
+    source_slots = c.slots_of(source)
+    started = time.monotonic()
+    c.reshard(source, target, 1000)
+    print("\nresharding 1000 slots took %.2f s" % (time.monotonic() - started))
+    assert c.slots_of(source) == source_slots - 1000
+    after = c.owners(expected)
+    moved = sorted(k for k in expected if before[k] != after[k])
+    assert moved and all(before[k] == source and after[k] == target for k in moved), moved[:10]
+    got = {}
+    for k in moved + sorted(expected):
+        try:
+            got[k] = r.get(k)
+        except redis.RedisError as e:
+            pytest.fail("GET %s (slot %d moved from %d to %d) through keyguard: %r"
+                        % (k, c.keyslot(k), before[k], after[k], e))
+    assert got == expected
+    check_stored(c, expected)
+    # Writes of moved keys go to their new owner.
+    for k in moved:
+        expected[k] = "new-" + k
+        assert r.set(k, expected[k]) is True, k
+    check_stored(c, expected)
+
+
+def test_moved_slots_are_followed_without_an_error():
+    """Slots move to another primary behind keyguard's back (redis-cli, directly): keyguard's
+    clients never see MOVED, reads and writes of the moved keys just work."""
+    with cluster() as c, keyguard_for(c) as kg:
+        reshard_behind_keyguard(c, kg)
+
+
+def test_slots_moved_to_a_node_keyguard_never_saw():
+    """The same with slots moving to a primary added after keyguard started (redis-cli --cluster
+    add-node): keyguard learns of it from a MOVED and must follow that to a node it has no
+    connection to yet."""
+    with cluster() as c, keyguard_for(c) as kg:
+        new = c.add_primary()
+        reshard_behind_keyguard(c, kg, target=new)
+        assert new in c.primaries()
+
+
+def run_load(kg, threads, stop, acked, errors, tags):
+    """`threads` threads, each a plain client of keyguard writing unique keys (every other one in
+    the slot of one of `tags`, the rest anywhere) and reading each back at once, until `stop` is
+    set; acknowledged SETs go in `acked` ({key: value}), anything a client saw go wrong in `errors`
+    (time, what). Returns the threads."""
+    def worker(t):
+        r = client(kg)
+        n = 0
+        while not stop.is_set():
+            n += 1
+            k = "%s:load:%d:%d" % (tags[n % len(tags)], t, n) if n % 2 else "load:%d:%d" % (t, n)
+            v = "v%d.%d" % (t, n)
+            try:
+                if r.set(k, v) is not True:
+                    errors.append((time.monotonic(), "SET %s did not answer OK" % k))
+                    continue
+                acked[k] = v
+                got = r.get(k)
+                if got != v:
+                    errors.append((time.monotonic(), "GET %s right after its SET: %r, not %r" % (k, got, v)))
+            except redis.RedisError as e:
+                errors.append((time.monotonic(), "%s: %r" % (k, e)))
+                time.sleep(0.01)
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    return ts
+
+
+def test_resharding_under_load_loses_nothing():
+    """Three clients write and read through keyguard while 1000 slots (with their keys) move from
+    one primary to another: no client sees an error, and every acknowledged write is readable,
+    through keyguard and directly on the node now owning it. Half the writes go to 20 of the
+    moving slots, each filled with 500 keys first, so that the slots take a while to migrate and
+    the writes meet them half-way (ASK redirections)."""
+    with cluster() as c, keyguard_for(c) as kg:
+        source, target = c.primaries()[:2]
+        slot_map = c.slot_map()
+        # redis-cli --cluster reshard moves the source's lowest slots.
+        moving = set(sorted(s for s in range(SLOTS) if slot_map[s] == source)[:1000])
+        tags = [t for t in ("{r%d}" % i for i in range(2000)) if c.keyslot(t) in moving][:20]
+        assert len(tags) == 20
+        prefill = {"%s:pre:%d" % (t, j): "p%d" % j for t in tags for j in range(500)}
+        p = c.node(source).client.pipeline(transaction=False)
+        for k, v in prefill.items():
+            p.set(k, v)
+        assert p.execute() == [True] * len(prefill)
+
+        acked, errors, stop = {}, [], threading.Event()
+        threads = run_load(kg, 3, stop, acked, errors, tags)
+        try:
+            wait_until(lambda: len(acked) >= 1500, "writes through keyguard")
+            source_slots = c.slots_of(source)
+            started, n_before = time.monotonic(), len(acked)
+            c.reshard(source, target, 1000)
+            took, during = time.monotonic() - started, len(acked) - n_before
+            n_after = len(acked)
+            wait_until(lambda: len(acked) >= n_after + 300, "writes after the resharding")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        print("\nresharding 1000 slots under load took %.2f s; %d writes acknowledged during it, %d in all"
+              % (took, during, len(acked)))
+        assert c.slots_of(source) == source_slots - 1000
+        assert all(c.node_for_key(t) == target for t in tags), "the slots of %r did not move" % tags
+        assert not errors, "%d errors seen by clients, the first ones: %r" % (len(errors), errors[:10])
+        r = client(kg)
+        expected = dict(prefill, **acked)
+        keys = sorted(expected)
+        p = r.pipeline(transaction=False)
+        for k in keys:
+            p.get(k)
+        got = dict(zip(keys, p.execute()))
+        wrong = {k: got[k] for k in keys if got[k] != expected[k]}
+        assert not wrong, "%d acknowledged writes read back wrong through keyguard: %r" % (
+            len(wrong), sorted(wrong.items())[:10])
+        check_stored(c, expected)
+
+
+class WriteLoad:
+    """Two plain clients of keyguard writing unique keys in the slots of `tags` (all owned by one
+    primary) until stopped: the acknowledged writes (time, key, value) and the failed ones (time,
+    what) are recorded."""
+
+    def __init__(self, kg, tags):
+        self.acked, self.failures, self.stop_event, self.lock = [], [], threading.Event(), threading.Lock()
+        self.kg, self.tags = kg, tags
+        self.threads = [threading.Thread(target=self.writer, args=(t,)) for t in range(2)]
+        for t in self.threads:
+            t.start()
+
+    def writer(self, t):
+        r = client(self.kg, socket_timeout=5)
+        n = 0
+        while not self.stop_event.is_set():
+            n += 1
+            k, v = "%s:%d:%d" % (self.tags[(n + t) % len(self.tags)], t, n), "v%d" % n
+            try:
+                ok = r.set(k, v)
+                if ok is not True:
+                    raise AssertionError("SET %s answered %r" % (k, ok))
+                with self.lock:
+                    self.acked.append((time.monotonic(), k, v))
+            except (redis.RedisError, AssertionError) as e:
+                self.failures.append((time.monotonic(), "%s: %r" % (k, e)))
+                time.sleep(0.01)
+
+    def acked_after(self, when):
+        return [(ts, k, v) for ts, k, v in list(self.acked) if ts > when]
+
+    def wait_acked_after(self, when, n, what):
+        try:
+            wait_until(lambda: len(self.acked_after(when)) >= n, what)
+        except AssertionError as e:
+            raise AssertionError("%s; %d failed writes, the last ones: %r" % (e, len(self.failures), self.failures[-5:]))
+
+    def check_no_redirection(self, old, new):
+        """A write may fail while the slots have no primary, but never with a redirection (MOVED,
+        ASK): keyguard follows those."""
+        shown = [f for f in self.failures if "MOVED" in f[1] or "ASK" in f[1]]
+        assert not shown, "%d writes failed with a redirection keyguard should have followed (old primary %d, " \
+            "new primary %d): %r" % (len(shown), old, new, shown[:5])
+
+    def stop(self):
+        self.stop_event.set()
+        for t in self.threads:
+            t.join()
+
+    def window(self, started, switched):
+        """Prints and returns (the window in which writes failed: from the first failed write to
+        the first one acknowledged after the last failure, 0 when none failed; the longest time
+        between two acknowledged writes, which is what clients waited when writes were held
+        rather than failed)."""
+        window = 0.0
+        if self.failures:
+            window = min(ts for ts, _, _ in self.acked if ts > self.failures[-1][0]) - self.failures[0][0]
+        times = [ts for ts, _, _ in self.acked]
+        gap = max(b - a for a, b in zip(times, times[1:]))
+        print("\nfailover window: %.2f s (%d failed writes; longest time without an acknowledged write %.2f s; "
+              "promoted %.2f s after the start)%s"
+              % (window, len(self.failures), gap, switched - started,
+                 "; first failure %.2f s after the start: %s" % (self.failures[0][0] - started, self.failures[0][1])
+                 if self.failures else ""))
+        return window, gap
+
+
+def tags_owned_by(c, port, n=4):
+    """`n` hash tags whose slots the primary on `port` owns."""
+    slot_map = c.slot_map()
+    tags = [t for t in ("{fo%d}" % i for i in range(500)) if c.node_for_key(t, slot_map) == port][:n]
+    assert len(tags) == n
+    return tags
+
+
+def check_on(c, port, writes):
+    """Every (time, key, value) of `writes` is on the node on `port`, read directly."""
+    node = c.node(port).client
+    p = node.pipeline(transaction=False)
+    for _, k, _ in writes:
+        p.get(k)
+    got = p.execute()
+    missing = [(k, g, v) for (_, k, v), g in zip(writes, got) if g != v]
+    assert not missing, "%d acknowledged writes are not on the primary %d (key, there, acknowledged): %r" % (
+        len(missing), port, missing[:10])
+
+
+def test_failover_under_write_load():
+    """CLUSTER FAILOVER on the replica of the primary owning the keys being written through
+    keyguard: the window in which writes fail is measured (and printed), and every write
+    acknowledged after the switch is on the new primary."""
+    with cluster() as c, keyguard_for(c) as kg:
+        old = c.primaries()[0]
+        replica = c.replicas_of(old)[0]
+        tags = tags_owned_by(c, old)
+        load = WriteLoad(kg, tags)
+        try:
+            load.wait_acked_after(0, 300, "writes through keyguard")
+            started = time.monotonic()
+            assert c.node(replica).client.execute_command("CLUSTER", "FAILOVER") == "OK"
+            wait_until(lambda: c.role(replica) == "master", "the replica on %d promoted" % replica)
+            switched = time.monotonic()
+            c.wait_agreed()
+            load.wait_acked_after(switched, 300, "writes acknowledged after the failover")
+        finally:
+            load.stop()
+        window, gap = load.window(started, switched)
+        load.check_no_redirection(old, replica)
+        assert window < 10, "writes failed for %.2f s: %r" % (window, load.failures[:10])
+        assert gap < 10, "no write was acknowledged for %.2f s" % gap
+        assert old not in c.primaries() and replica in c.primaries(), (old, replica, c.primaries())
+        assert all(c.node_for_key(t) == replica for t in tags)
+        check_on(c, replica, load.acked_after(switched))
+        # A manual failover loses nothing: the replica caught up before it took over.
+        check_on(c, replica, load.acked)
+
+
+def test_killed_primary_under_write_load():
+    """kill -9 of a primary (keyguard's first seed node) owning the keys being written through
+    keyguard: its replica takes over after the node timeout; the window in which writes fail is
+    measured (and printed), and every write acknowledged after the switch is on the new primary."""
+    with cluster() as c, keyguard_for(c) as kg:
+        old = c.ports[0]
+        assert old in c.primaries(), "redis-cli made the first node a replica"
+        replica = c.replicas_of(old)[0]
+        tags = tags_owned_by(c, old)
+        load = WriteLoad(kg, tags)
+        try:
+            load.wait_acked_after(0, 300, "writes through keyguard")
+            started = time.monotonic()
+            c.kill(old)
+            wait_until(lambda: c.role(replica) == "master", "the replica on %d promoted" % replica)
+            switched = time.monotonic()
+            c.wait_agreed()
+            load.wait_acked_after(switched, 300, "writes acknowledged after the failover")
+        finally:
+            load.stop()
+        window, gap = load.window(started, switched)
+        load.check_no_redirection(old, replica)
+        assert window < 10, "writes failed for %.2f s: %r" % (window, load.failures[:10])
+        assert gap < 10, "no write was acknowledged for %.2f s" % gap
+        assert old not in c.primaries() and replica in c.primaries()
+        assert all(c.node_for_key(t) == replica for t in tags)
+        check_on(c, replica, load.acked_after(switched))
