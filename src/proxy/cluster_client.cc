@@ -209,7 +209,7 @@ void ClusterClient::Dispatch(Entry* e) {
     e->parts_left = static_cast<int>(n);
     for (size_t i = 0; i < n; ++i) {
       SharedLink* l = LinkForSlot(e->split_slots[i]);
-      if (!Send(e, static_cast<int>(i), l, false)) Fail(e, static_cast<int>(i), NodeUnavailable(l));
+      SendOrRetry(e, static_cast<int>(i), l);
     }
     return;
   }
@@ -224,7 +224,7 @@ void ClusterClient::Dispatch(Entry* e) {
     }
     for (size_t i = 0; i < n; ++i) {
       SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(i));
-      if (!Send(e, static_cast<int>(i), l, false)) Fail(e, static_cast<int>(i), NodeUnavailable(l));
+      SendOrRetry(e, static_cast<int>(i), l);
     }
     return;
   }
@@ -250,14 +250,11 @@ void ClusterClient::Dispatch(Entry* e) {
     resp::AppendCommand(&command, args);
     e->command = std::move(command);
     SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node));
-    if (!Send(e, 0, l, false)) Fail(e, 0, NodeUnavailable(l));
+    SendOrRetry(e, 0, l);
     return;
   }
   SharedLink* l = LinkForSlot(e->slot);
-  if (!Send(e, 0, l, false)) {
-    if (c.refresh) c.refresh();
-    Fail(e, 0, NodeUnavailable(l));
-  }
+  SendOrRetry(e, 0, l);
 }
 
 void ClusterClient::Complete(Entry* e, int part, std::string_view reply) {
@@ -334,9 +331,13 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       }
       ClusterState& c = *worker_.cluster;
       SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port));
-      if (Send(e, part, target, r->ask)) return;
+      e->ask_link = r->ask ? target : nullptr;
+      // (A node keyguard had no link to yet is still connecting: the command waits for it.)
+      SendOrRetry(e, part, target);
+      return;
     } else if (text.starts_with("TRYAGAIN") && e->tries < kMaxTryAgain) {
       ++e->tries;
+      e->ask_link = nullptr;
       RetryLater(e, part);
       return;
     }
@@ -378,18 +379,31 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
   if (run_open_ && !in_link_run_) EndRun();
 }
 
+void ClusterClient::SendOrRetry(Entry* e, int part, SharedLink* link) {
+  if (Send(e, part, link, e->ask_link != nullptr && link == e->ask_link)) return;
+  // The node is down, still connecting, or not known: ask for the map, and try again a little
+  // later (10 ms more each time, about 2 s in all) before the command gets an error.
+  if (worker_.cluster->refresh) worker_.cluster->refresh();
+  if (e->tries < kMaxTryAgain) {
+    ++e->tries;
+    RetryLater(e, part);
+    return;
+  }
+  Fail(e, part, NodeUnavailable(link));
+}
+
 void ClusterClient::RetryLater(Entry* e, int part) {
   auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * e->tries));
   std::weak_ptr<bool> alive = alive_;
   timer->async_wait([this, alive, timer, e, part](error_code ec) {
     auto a = alive.lock();
     if (ec || a == nullptr || !*a) return;
-    SharedLink* l = !e->split_slots.empty()             ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
+    SharedLink* l = e->ask_link != nullptr              ? e->ask_link
+                    : !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
                     : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part))
                     : e->scan                           ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node))
                                                         : LinkForSlot(e->slot);
-    if (Send(e, part, l, false)) return;
-    Fail(e, part, NodeUnavailable(l));
+    SendOrRetry(e, part, l);
     DeliverReady();
     if (run_open_ && !in_link_run_) EndRun();
   });

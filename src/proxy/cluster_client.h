@@ -70,6 +70,7 @@ class ClusterClient final : public LinkClient {
     int scan_node = 0;
     uint8_t redirects = 0;
     uint8_t tries = 0;
+    SharedLink* ask_link = nullptr;  // the node an ASK named: tries go there, ASKING first
     int parts_left = 1;
     std::vector<std::string> parts;  // fanned out or split: each part's reply
     // Split by slot (Route::split): each part's command, slot, and (MGET) its keys' places.
@@ -107,7 +108,10 @@ class ClusterClient final : public LinkClient {
   // Ends the session's run of replies; true when the client is over its output bound.
   bool EndRun();
   LinkQueue& QueueOf(SharedLink* link);
-  // A TRYAGAIN: the entry goes again after a pause.
+  // Sends part `part` of `e` to `link` (ASKING first when `link` is the one an ASK named); when it
+  // cannot go (the node down, connecting or unknown), again after a pause, a bounded number of times.
+  void SendOrRetry(Entry* e, int part, SharedLink* link);
+  // A TRYAGAIN, or a node that could not take the command: the entry goes again after a pause.
   void RetryLater(Entry* e, int part);
 
   Worker& worker_;
