@@ -35,7 +35,8 @@ step "integration tests with shared upstream connections (release)"
 KEYGUARD_UPSTREAM_CONNECTIONS=shared KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration \
   --ignore=tests/integration/test_audit.py --ignore=tests/integration/test_migrate.py \
   --ignore=tests/integration/test_admin_cli.py --ignore=tests/integration/test_detector_memory.py \
-  --ignore=tests/integration/test_shared_upstream.py --ignore=tests/integration/test_shared_review.py
+  --ignore=tests/integration/test_shared_upstream.py --ignore=tests/integration/test_shared_review.py \
+  --ignore=tests/integration/test_cluster.py
 
 step "packaging e2e: Prometheus + dashboards + alerts, Helm render, image and compose (release)"
 KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/e2e

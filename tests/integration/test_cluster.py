@@ -11,7 +11,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from cluster import SLOTS, cluster, seed_url
 from conftest import Keyguard, wait_until
-from resp import RespConn
+from resp import RespConn, encode
 
 CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
 
@@ -521,3 +521,120 @@ def test_killed_primary_under_write_load():
         assert old not in c.primaries() and replica in c.primaries()
         assert all(c.node_for_key(t) == replica for t in tags)
         check_on(c, replica, load.acked_after(switched))
+
+
+def encode_reply(items):
+    """A RESP2 array of bulk strings and integers, as the server sends pub/sub frames."""
+    out = b"*%d\r\n" % len(items)
+    for i in items:
+        if isinstance(i, int):
+            out += b":%d\r\n" % i
+        else:
+            out += b"$%d\r\n%s\r\n" % (len(i), i.encode())
+    return out
+
+
+def keys_on_distinct_nodes(c, n=3, prefix="k"):
+    """`n` key names, each owned by a different primary (in the order of c.primaries())."""
+    found = {}
+    i = 0
+    while len(found) < n:
+        key = "%s%d" % (prefix, i)
+        found.setdefault(c.node_for_key(key), key)
+        i += 1
+    return list(found.values())
+
+
+def test_multi_key_commands_across_slots_are_split_and_merged(fresh):
+    c, kg = fresh
+    r = client(kg)
+    a, b, d = keys_on_distinct_nodes(c)
+    assert r.mset({a: "1", b: "2", d: "3", "{%s}x" % a: "4"}) is True
+    check_stored(c, {a: "1", b: "2", d: "3", "{%s}x" % a: "4"})
+    # MGET: the values in the client's order, nil in place of a missing key, duplicates kept.
+    assert r.mget(d, "missing", a, b, a, "{%s}x" % a) == ["3", None, "1", "2", "1", "4"]
+    assert r.exists(a, b, d, "missing", a) == 4
+    assert r.touch(a, b, "missing") == 2
+    assert r.delete(a, d, "missing") == 2
+    assert r.unlink(b, "{%s}x" % a) == 2
+    check_stored(c, {})
+    # Not split: Redis's own error, nothing stored.
+    with pytest.raises(redis.ResponseError, match=CROSSSLOT):
+        r.execute_command("SUNIONSTORE", a, b, d)
+    with pytest.raises(redis.ResponseError, match=CROSSSLOT):
+        r.rename(a, b)
+    check_stored(c, {})
+    assert kg.metric('keyguard_commands_rejected_total{reason="cluster"}') == 2
+
+
+def test_a_transaction_across_nodes_aborts_and_says_why(fresh):
+    c, kg = fresh
+    r = client(kg)
+    a, b, _ = keys_on_distinct_nodes(c)
+    conn = RespConn(kg.port)
+    out = conn.exchange(b"*1\r\n$5\r\nMULTI\r\n" + encode("SET", a, "1") + encode("SET", b, "2") + b"*1\r\n$4\r\nEXEC\r\n",
+                        replies=4)
+    assert out.startswith(b"+OK\r\n+QUEUED\r\n-ERR keyguard: slot %d is on another cluster node" % c.keyslot(b))
+    assert out.endswith(b"-EXECABORT Transaction discarded because of previous errors.\r\n")
+    check_stored(c, {})
+    # The connection is back on the shared links afterwards: both keys work.
+    assert conn.exchange(encode("SET", a, "x") + encode("SET", b, "y"), replies=2) == b"+OK\r\n+OK\r\n"
+    check_stored(c, {a: "x", b: "y"})
+    # WATCH on one node, then a transaction there.
+    with r.pipeline(transaction=True) as p:
+        p.watch(a)
+        assert p.get(a) == "x"
+        p.multi()
+        p.set(a, "z")
+        assert p.execute() == [True]
+    assert r.get(a) == "z"
+
+
+def test_blocking_pops_and_shard_channels_go_to_the_owning_node(fresh):
+    c, kg = fresh
+    r = client(kg)
+    a, b, _ = keys_on_distinct_nodes(c, prefix="q")
+    # A blocking pop on each node, woken by another client through keyguard.
+    results = {}
+
+    def pop(key):
+        results[key] = client(kg).blpop([key], timeout=10)
+    threads = [threading.Thread(target=pop, args=(k,)) for k in (a, b)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: all(c.node(p).client.info("clients")["blocked_clients"] == 1
+                           for p in (c.node_for_key(a), c.node_for_key(b))), "both pops blocked on their nodes")
+    assert r.rpush(a, "va") == 1 and r.rpush(b, "vb") == 1
+    for t in threads:
+        t.join(10)
+    assert results == {a: (a, "va"), b: (b, "vb")}
+    # SSUBSCRIBE and SPUBLISH by the channel's slot; SUBSCRIBE/PUBLISH through any node.
+    sub = RespConn(kg.port)
+    assert sub.exchange(encode("SSUBSCRIBE", a), replies=1) == encode_reply(["ssubscribe", a, 1])
+    assert r.execute_command("SPUBLISH", a, "hi") == 1
+    assert sub.exchange(b"", replies=1) == encode_reply(["smessage", a, "hi"])
+    assert c.node(c.node_for_key(a)).client.execute_command("PUBSUB", "SHARDNUMSUB", a)[1] == 1
+    sub2 = RespConn(kg.port)
+    assert sub2.exchange(encode("SUBSCRIBE", "news"), replies=1) == encode_reply(["subscribe", "news", 1])
+    assert r.publish("news", "m") >= 1
+    assert sub2.exchange(b"", replies=1) == encode_reply(["message", "news", "m"])
+
+
+def test_keyguard_answers_what_one_node_cannot_carry_for_many(fresh):
+    c, kg = fresh
+    r = client(kg)
+    assert r.client_setname("app-1") is True
+    assert r.client_getname() == "app-1"
+    assert r.execute_command("READONLY") is True
+    with pytest.raises(redis.ResponseError, match="CLUSTER FAILOVER is not served through keyguard"):
+        r.execute_command("CLUSTER", "FAILOVER")
+    assert r.execute_command("CLUSTER", "MYID") == r.execute_command("CLUSTER", "MYID")
+    # Nobody was pinned for them.
+    assert kg.metric('keyguard_upstream_pins_total{reason="client"}') == 0
+    # Commands by node: every primary got some.
+    for i in range(30):
+        r.set("n%d" % i, i)
+    for port in c.primaries():
+        assert kg.metric('keyguard_cluster_node_commands_total{node="127.0.0.1:%d"}' % port) > 0
+    assert kg.metric("keyguard_cluster_primaries") == 3
+    assert kg.metric('keyguard_cluster_node_errors_total{node="127.0.0.1:%d"}' % c.primaries()[0]) == 0
