@@ -39,7 +39,8 @@ size_t TopN(std::string_view target) {
 AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry, const config::ProxyConfig& config,
                          const config::ConfigStore& store, const hygiene::FindingLog& findings,
                          const hygiene::HotKeysBoard& hot_keys, tcp::endpoint upstream, proxy::TlsClient* upstream_tls,
-                         const proxy::SentinelWatch* sentinel, const std::atomic<bool>& draining)
+                         const proxy::SentinelWatch* sentinel, const std::atomic<bool>& draining,
+                         const proxy::ClusterWatch* cluster)
     : io_(io),
       registry_(registry),
       config_(config),
@@ -50,6 +51,7 @@ AdminServer::AdminServer(asio::io_context& io, const metrics::Registry& registry
       upstream_tls_(upstream_tls),
       sentinel_(sentinel),
       draining_(draining),
+      cluster_(cluster),
       acceptor_(io) {}
 
 absl::Status AdminServer::Listen() {
@@ -84,11 +86,32 @@ awaitable<void> AdminServer::Accept() {
 }
 
 awaitable<std::string> AdminServer::ProbeUpstream() {
-  proxy::Stream s(io_);
+  if (cluster_ != nullptr) co_return co_await ProbeCluster();
   const proxy::Primary primary = sentinel_ != nullptr ? sentinel_->current() : proxy::Primary();
-  error_code ec =
-      co_await s.Connect(sentinel_ != nullptr ? primary.endpoint : upstream_, upstream_tls_,
-                         sentinel_ != nullptr ? primary.host : config_.upstream.address.host, std::chrono::seconds(1));
+  co_return co_await Probe(sentinel_ != nullptr ? primary.endpoint : upstream_,
+                           sentinel_ != nullptr ? primary.host : config_.upstream.address.host);
+}
+
+awaitable<std::string> AdminServer::ProbeCluster() {
+  const auto map = cluster_->current();
+  if (map == nullptr) co_return "no slot map yet";
+  size_t unserved = 0;
+  for (uint16_t o : map->owner) unserved += o == proxy::cluster::SlotMap::kNoOwner;
+  if (unserved != 0) co_return absl::StrCat(unserved, " slots have no primary");
+  std::string why;
+  for (const proxy::cluster::Node& n : map->primaries) {
+    error_code ec;
+    const auto ip = asio::ip::make_address(n.host, ec);
+    if (ec) continue;
+    why = co_await Probe(tcp::endpoint(ip, n.port), n.host);
+    if (why.empty()) co_return "";  // a primary answers (the others fail over by themselves)
+  }
+  co_return absl::StrCat("no primary answers (", why, ")");
+}
+
+awaitable<std::string> AdminServer::Probe(tcp::endpoint at, const std::string& host) {
+  proxy::Stream s(io_);
+  error_code ec = co_await s.Connect(at, upstream_tls_, host, std::chrono::seconds(1));
   if (!s.tls_failure().empty()) co_return absl::StrCat("TLS: ", s.tls_failure());
   bool ok = false;
   if (!ec) {

@@ -319,7 +319,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
 
   std::atomic<bool> draining{false};
   admin::AdminServer admin(control, registry, config, store, findings, hot_keys, *upstream, upstream_tls.get(),
-                           sentinel.get(), draining);
+                           sentinel.get(), draining, cluster_watch.get());
   if (auto s = admin.Listen(); !s.ok()) return s;
 
   const auto address = [](const tcp::endpoint& e) {

@@ -638,3 +638,19 @@ def test_keyguard_answers_what_one_node_cannot_carry_for_many(fresh):
         assert kg.metric('keyguard_cluster_node_commands_total{node="127.0.0.1:%d"}' % port) > 0
     assert kg.metric("keyguard_cluster_primaries") == 3
     assert kg.metric('keyguard_cluster_node_errors_total{node="127.0.0.1:%d"}' % c.primaries()[0]) == 0
+
+
+def test_readyz_wants_every_slot_served(fresh):
+    c, kg = fresh
+    assert kg.http("/readyz") == (200, "ready\n")
+    owner = c.slot_map()[0]
+    try:
+        for node in c.live():
+            node.client.execute_command("CLUSTER", "DELSLOTS", "0")
+        # keyguard sees it at its next look at the map (every 5 s).
+        wait_until(lambda: kg.http("/readyz") == (503, "upstream %s: 1 slots have no primary\n" % seed_url(c)),
+                   "/readyz to say a slot is unserved", timeout=15)
+    finally:
+        c.node(owner).client.execute_command("CLUSTER", "ADDSLOTS", "0")
+        c.wait_agreed()
+    wait_until(lambda: kg.http("/readyz") == (200, "ready\n"), "/readyz ready again", timeout=15)
