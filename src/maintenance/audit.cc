@@ -19,6 +19,7 @@
 #include "maintenance/audit_report.h"
 #include "maintenance/redis_link.h"
 #include "maintenance/terminal.h"
+#include "proxy/cluster_map.h"
 
 namespace keyguard::maintenance {
 namespace {
@@ -38,7 +39,7 @@ constexpr int kTailBytes = 16;
 }  // namespace
 
 const char kAuditUsage[] =
-    "usage: keyguard audit [--config FILE] [--upstream HOST:PORT] [--db N] [--format table|json|prom]\n"
+    "usage: keyguard audit [--config FILE] [--upstream HOST:PORT|redis-cluster://...] [--db N] [--format table|json|prom]\n"
     "                      [--match GLOB] [--count N] [--rate OPS] [--pause-ms MS] [--sample FRACTION]\n"
     "                      [--max-keys N] [--cursor C] [--cold-after SECONDS] [--top N]\n"
     "                      [--fail-on info|warning|critical|never] [--no-progress]\n"
@@ -47,7 +48,8 @@ const char kAuditUsage[] =
     "  strings holding serialized objects, memory per pattern and type, and the top keys by memory.\n"
     "  --rate caps commands per second (default audit.max_ops_per_second, 10000; 0: no cap).\n"
     "  --sample looks at a fraction of the keys; --max-keys stops after about N keys and prints the\n"
-    "  cursor to resume from (as does Ctrl-C). Exit 1 when a finding reaches --fail-on.\n";
+    "  cursor to resume from (as does Ctrl-C). Exit 1 when a finding reaches --fail-on.\n"
+    "  A Redis Cluster (redis-cluster://SEED,...) is walked primary after primary.\n";
 
 int RunAudit(const std::vector<std::string>& argv) {
   auto parsed = ParseArgs(argv,
@@ -97,9 +99,30 @@ int RunAudit(const std::vector<std::string>& argv) {
   if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit))
     return Fail("--cursor: expected a SCAN cursor");
 
-  auto link_or = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
-  if (!link_or.ok()) return Fail(std::string(link_or.status().message()));
-  RedisLink& link = **link_or;
+  // One link per primary of a Redis Cluster (walked one after the other; the resume cursor names
+  // the node as keyguard's SCAN does), else one.
+  std::vector<std::unique_ptr<RedisLink>> links;
+  const bool cluster = cfg.proxy.upstream.kind == config::Upstream::Kind::kCluster;
+  size_t node = 0;
+  if (cluster) {
+    if (*db != 0) return Fail("--db: a Redis Cluster has database 0 only");
+    auto primaries = RedisLink::ClusterPrimaries(cfg.proxy.upstream);
+    if (!primaries.ok()) return Fail(std::string(primaries.status().message()));
+    for (const config::HostPort& p : *primaries) {
+      auto l = RedisLink::Connect(p, 0);
+      if (!l.ok()) return Fail(std::string(l.status().message()));
+      links.push_back(*std::move(l));
+    }
+    auto c = proxy::cluster::DecodeScanCursor(cursor);
+    if (!c.has_value() || c->node >= static_cast<int>(links.size())) return Fail("--cursor: not a cursor of this cluster");
+    node = static_cast<size_t>(c->node);
+    cursor = c->node_cursor;
+  } else {
+    auto link_or = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
+    if (!link_or.ok()) return Fail(std::string(link_or.status().message()));
+    links.push_back(*std::move(link_or));
+  }
+  RedisLink* link = links[node].get();
 
   AuditReport report(cfg.proxy, s);
   ScanInfo& info = report.scan();
@@ -108,14 +131,17 @@ int RunAudit(const std::vector<std::string>& argv) {
   info.sample = *sample;
   info.start_cursor = cursor;
   // Under an LFU policy OBJECT IDLETIME is an error and OBJECT FREQ is the access measure.
-  if (auto policy = link.Call({"CONFIG", "GET", "maxmemory-policy"});
+  if (auto policy = link->Call({"CONFIG", "GET", "maxmemory-policy"});
       policy.ok() && policy->elements.size() == 2 && policy->elements[1].str.find("lfu") != std::string::npos) {
     info.lfu = true;
   }
-  if (auto size = link.Call({"DBSIZE"}); size.ok()) info.dbsize = IntOr(*size, -1);
-  // Redis 7.2+: the audit's reads leave access times (and so LRU/LFU eviction) alone. Older
-  // servers answer with an error, ignored; there OBJECT IDLETIME is read before any value.
-  (void)link.Call({"CLIENT", "NO-TOUCH", "ON"});
+  info.dbsize = 0;
+  for (auto& l : links) {
+    if (auto size = l->Call({"DBSIZE"}); size.ok() && info.dbsize >= 0) info.dbsize += IntOr(*size, -1);
+    // Redis 7.2+: the audit's reads leave access times (and so LRU/LFU eviction) alone. Older
+    // servers answer with an error, ignored; there OBJECT IDLETIME is read before any value.
+    (void)l->Call({"CLIENT", "NO-TOUCH", "ON"});
+  }
 
   CatchStopSignals();
   Progress progress(
@@ -133,7 +159,7 @@ int RunAudit(const std::vector<std::string>& argv) {
     if (!match.empty()) scan.insert(scan.end(), {"MATCH", match});
     scan.insert(scan.end(), {"COUNT", absl::StrCat(s.scan_count)});
     pacer.Before(1);
-    auto page = link.Call(scan);
+    auto page = link->Call(scan);
     if (!page.ok()) return Fail(std::string(page.status().message()));
     if (page->kind != Reply::Kind::kArray || page->elements.size() != 2) {
       return Fail(absl::StrCat("SCAN: unexpected reply ", page->str));
@@ -156,7 +182,7 @@ int RunAudit(const std::vector<std::string>& argv) {
     }
     if (!round.empty()) {
       pacer.Before(round.size());
-      auto replies = link.Pipeline(round);
+      auto replies = link->Pipeline(round);
       if (!replies.ok()) return Fail(std::string(replies.status().message()));
       info.commands += round.size();
       for (size_t i = 0; i < records.size(); ++i) {
@@ -182,7 +208,7 @@ int RunAudit(const std::vector<std::string>& argv) {
       }
       if (!round.empty()) {
         pacer.Before(round.size());
-        auto sizes = link.Pipeline(round);
+        auto sizes = link->Pipeline(round);
         if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
         info.commands += round.size();
         size_t at = 0;
@@ -203,7 +229,9 @@ int RunAudit(const std::vector<std::string>& argv) {
       }
     }
     cursor = next;
-    if (cursor == "0") {
+    if (cursor == "0" && node + 1 < links.size()) {
+      link = links[++node].get();  // the next primary, from its start
+    } else if (cursor == "0") {
       info.complete = true;
       break;
     }
@@ -212,6 +240,13 @@ int RunAudit(const std::vector<std::string>& argv) {
     if (*pause > 0) std::this_thread::sleep_for(std::chrono::milliseconds(*pause));
   }
   progress.Done();
+  if (cluster && !info.complete) {
+    // The node's own cursor with the node in it ("0": that node from its start).
+    const int n = static_cast<int>(links.size());
+    cursor = cursor != "0" ? proxy::cluster::EncodeScanCursor(cursor, static_cast<int>(node), n)
+             : node == 0   ? std::string("0")
+                           : proxy::cluster::EncodeScanCursor("0", static_cast<int>(node) - 1, n);
+  }
   info.cursor = cursor;
   info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string out = format == "json" ? report.Json() : format == "prom" ? report.Prometheus() : report.Table();

@@ -1,5 +1,7 @@
 #include "maintenance/redis_link.h"
 
+#include <algorithm>
+
 #include <hiredis/hiredis.h>
 
 #include <cstdlib>
@@ -44,6 +46,45 @@ absl::StatusOr<std::unique_ptr<RedisLink>> RedisLink::Connect(const config::Upst
                                                  "redis://); point --upstream at the server itself"));
   }
   return Connect(upstream.address, db);
+}
+
+absl::StatusOr<std::vector<config::HostPort>> RedisLink::ClusterPrimaries(const config::Upstream& upstream) {
+  if (upstream.tls) {
+    return absl::UnimplementedError(
+        absl::StrCat("upstream ", upstream.ToString(), ": audit and migrate reach Redis over plain TCP only"));
+  }
+  std::string errors;
+  for (const config::HostPort& seed : upstream.seeds) {
+    auto link = Connect(seed, 0);
+    if (!link.ok()) {
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", link.status().message());
+      continue;
+    }
+    auto slots = (*link)->Call({"CLUSTER", "SLOTS"});
+    if (!slots.ok() || slots->kind != Reply::Kind::kArray) {
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", seed.ToString(), ": no CLUSTER SLOTS");
+      continue;
+    }
+    // (first slot, primary) of each range; a primary once, at its first slot.
+    std::vector<std::pair<int64_t, config::HostPort>> ranges;
+    for (const Reply& r : slots->elements) {
+      if (r.elements.size() < 3 || r.elements[2].elements.size() < 2) continue;
+      const Reply& node = r.elements[2];
+      config::HostPort hp{node.elements[0].str.empty() ? seed.host : node.elements[0].str,
+                          static_cast<uint16_t>(node.elements[1].integer)};
+      ranges.emplace_back(r.elements[0].integer, hp);
+    }
+    std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<config::HostPort> primaries;
+    for (const auto& [first, hp] : ranges) {
+      const bool known = std::any_of(primaries.begin(), primaries.end(),
+                                     [&](const config::HostPort& p) { return p.host == hp.host && p.port == hp.port; });
+      if (!known) primaries.push_back(hp);
+    }
+    if (!primaries.empty()) return primaries;
+    absl::StrAppend(&errors, errors.empty() ? "" : "; ", seed.ToString(), ": no slot is served");
+  }
+  return absl::UnavailableError(absl::StrCat("upstream ", upstream.ToString(), ": ", errors));
 }
 
 absl::StatusOr<std::unique_ptr<RedisLink>> RedisLink::Connect(const config::HostPort& where, int db) {

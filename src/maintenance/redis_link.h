@@ -36,6 +36,9 @@ class RedisLink {
   static absl::StatusOr<std::unique_ptr<RedisLink>> Connect(const config::HostPort& where, int db = 0);
   // The same for a configured upstream: plain TCP only (a TLS or Sentinel upstream is an error).
   static absl::StatusOr<std::unique_ptr<RedisLink>> Connect(const config::Upstream& upstream, int db = 0);
+  // A Redis Cluster upstream (redis-cluster://): its primaries, in the order of their first slot
+  // (as keyguard's SCAN cursor numbers them), from the first seed that answers CLUSTER SLOTS.
+  static absl::StatusOr<std::vector<config::HostPort>> ClusterPrimaries(const config::Upstream& upstream);
   ~RedisLink();
   RedisLink(const RedisLink&) = delete;
   RedisLink& operator=(const RedisLink&) = delete;

@@ -654,3 +654,28 @@ def test_readyz_wants_every_slot_served(fresh):
         c.node(owner).client.execute_command("CLUSTER", "ADDSLOTS", "0")
         c.wait_agreed()
     wait_until(lambda: kg.http("/readyz") == (200, "ready\n"), "/readyz ready again", timeout=15)
+
+
+def test_audit_walks_every_primary_and_resumes_across_them(fresh):
+    import json
+    import subprocess
+    from conftest import KEYGUARD
+    c, kg = fresh
+    r = client(kg)
+    keys = {"user:%d:profile" % i: "x" for i in range(300)}
+    r.mset(keys)
+    check_stored(c, keys)
+
+    def audit(*extra):
+        p = subprocess.run([KEYGUARD, "audit", "--upstream", seed_url(c), "--format", "json", "--no-progress", *extra],
+                           capture_output=True, text=True, timeout=60)
+        return json.loads(p.stdout), p.stderr
+
+    whole, _ = audit()
+    assert (whole["scanned"], whole["dbsize"], whole["complete"]) == (300, 300, True)
+    # Stopped part-way (on the first primary, it holds about a third), resumed where it stopped.
+    first, err = audit("--max-keys", "50", "--count", "20")
+    assert not first["complete"]
+    cursor = err.strip().rsplit("--cursor ", 1)[1]
+    rest, _ = audit("--cursor", cursor)
+    assert rest["complete"] and first["scanned"] + rest["scanned"] == 300
