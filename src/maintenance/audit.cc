@@ -39,7 +39,8 @@ constexpr int kTailBytes = 16;
 }  // namespace
 
 const char kAuditUsage[] =
-    "usage: keyguard audit [--config FILE] [--upstream HOST:PORT|redis-cluster://...] [--db N] [--format table|json|prom]\n"
+    "usage: keyguard audit [--config FILE] [--upstream HOST:PORT|redis-cluster://...] [--db N] [--format "
+    "table|json|prom]\n"
     "                      [--match GLOB] [--count N] [--rate OPS] [--pause-ms MS] [--sample FRACTION]\n"
     "                      [--max-keys N] [--cursor C] [--cold-after SECONDS] [--top N]\n"
     "                      [--fail-on info|warning|critical|never] [--no-progress]\n"
@@ -114,7 +115,8 @@ int RunAudit(const std::vector<std::string>& argv) {
       links.push_back(*std::move(l));
     }
     auto c = proxy::cluster::DecodeScanCursor(cursor);
-    if (!c.has_value() || c->node >= static_cast<int>(links.size())) return Fail("--cursor: not a cursor of this cluster");
+    if (!c.has_value() || c->node >= static_cast<int>(links.size()))
+      return Fail("--cursor: not a cursor of this cluster");
     node = static_cast<size_t>(c->node);
     cursor = c->node_cursor;
   } else {
