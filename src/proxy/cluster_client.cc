@@ -133,8 +133,39 @@ SharedLink* ClusterClient::LinkForSlot(int32_t slot) {
   return ClusterNodeLink(worker_, owner);
 }
 
-bool ClusterClient::Send(Entry* e, int part, SharedLink* link, bool asking) {
+void ClusterClient::Entry::Reset() {
+  command.clear();
+  slot = kAnyNode;
+  merge = cluster::Merge::kNone;
+  scan = false;
+  scan_node = 0;
+  redirects = tries = 0;
+  ask_link = nullptr;
+  parts_left = 1;
+  parts.clear();
+  split_commands.clear();
+  split_slots.clear();
+  positions.clear();
+  done = false;
+  reply.clear();
+}
+
+uint64_t ClusterClient::EntryRing::Push() {
+  if (tail_ - head_ == slots_.size()) {
+    // Full: twice the room, the entries in flight at their places in it.
+    std::vector<Entry> bigger(std::max<size_t>(8, 2 * slots_.size()));
+    const uint64_t mask = bigger.size() - 1;
+    for (uint64_t s = head_; s != tail_; ++s) bigger[s & mask] = std::move(slots_[s & mask_]);
+    slots_ = std::move(bigger);
+    mask_ = mask;
+  }
+  slots_[tail_ & mask_].Reset();
+  return tail_++;
+}
+
+bool ClusterClient::Send(uint64_t seq, int part, SharedLink* link, bool asking) {
   if (link == nullptr) return false;
+  Entry* e = &entries_.At(seq);
   bool ok;
   const std::string& command = e->split_commands.empty() ? e->command : e->split_commands[static_cast<size_t>(part)];
   if (asking) {
@@ -145,7 +176,7 @@ bool ClusterClient::Send(Entry* e, int part, SharedLink* link, bool asking) {
     ok = link->Submit(this, pieces, 1);
   }
   if (!ok) return false;
-  QueueOf(link).items.push_back(InFlight{e, part, static_cast<uint8_t>(asking ? 1 : 0)});
+  QueueOf(link).items.push_back(InFlight{seq, part, static_cast<uint8_t>(asking ? 1 : 0)});
   return true;
 }
 
@@ -164,17 +195,20 @@ void ClusterClient::Submit(std::span<const std::string_view> pieces, std::span<c
       }
     }
   };
-  Entry* last = nullptr;  // sent once its parts are all known
+  bool pending = false;  // the last entry is sent once its parts are all known
+  uint64_t last = 0;
   for (const Route& r : routes) {
-    if (r.split == 2 && last != nullptr) {
-      take(r.bytes, &last->split_commands.emplace_back());
-      last->split_slots.push_back(r.slot);
-      last->positions.emplace_back(r.positions.begin(), r.positions.end());
+    if (r.split == 2 && pending) {
+      Entry& p = entries_.At(last);
+      take(r.bytes, &p.split_commands.emplace_back());
+      p.split_slots.push_back(r.slot);
+      p.positions.emplace_back(r.positions.begin(), r.positions.end());
       continue;
     }
-    if (last != nullptr) Dispatch(last);
-    Entry& e = entries_.emplace_back();
-    last = &e;
+    if (pending) Dispatch(last);
+    last = entries_.Push();
+    pending = true;
+    Entry& e = entries_.At(last);
     e.slot = r.slot;
     e.merge = r.merge;
     e.scan = r.scan;
@@ -186,7 +220,7 @@ void ClusterClient::Submit(std::span<const std::string_view> pieces, std::span<c
       take(r.bytes, &e.command);
     }
   }
-  if (last != nullptr) Dispatch(last);
+  if (pending) Dispatch(last);
   // Replies already complete (a node that is down) are handed over once the call has returned:
   // the connection's output of this call is still being written.
   if (!entries_.empty() && entries_.front().done) {
@@ -200,8 +234,9 @@ void ClusterClient::Submit(std::span<const std::string_view> pieces, std::span<c
   }
 }
 
-void ClusterClient::Dispatch(Entry* e) {
+void ClusterClient::Dispatch(uint64_t seq) {
   ClusterState& c = *worker_.cluster;
+  Entry* e = &entries_.At(seq);
   if (!e->split_commands.empty()) {
     // One part per slot; the client gets their merge.
     const size_t n = e->split_commands.size();
@@ -209,7 +244,7 @@ void ClusterClient::Dispatch(Entry* e) {
     e->parts_left = static_cast<int>(n);
     for (size_t i = 0; i < n; ++i) {
       SharedLink* l = LinkForSlot(e->split_slots[i]);
-      SendOrRetry(e, static_cast<int>(i), l);
+      SendOrRetry(seq, static_cast<int>(i), l);
     }
     return;
   }
@@ -224,7 +259,7 @@ void ClusterClient::Dispatch(Entry* e) {
     }
     for (size_t i = 0; i < n; ++i) {
       SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(i));
-      SendOrRetry(e, static_cast<int>(i), l);
+      SendOrRetry(seq, static_cast<int>(i), l);
     }
     return;
   }
@@ -250,11 +285,11 @@ void ClusterClient::Dispatch(Entry* e) {
     resp::AppendCommand(&command, args);
     e->command = std::move(command);
     SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node));
-    SendOrRetry(e, 0, l);
+    SendOrRetry(seq, 0, l);
     return;
   }
   SharedLink* l = LinkForSlot(e->slot);
-  SendOrRetry(e, 0, l);
+  SendOrRetry(seq, 0, l);
 }
 
 void ClusterClient::Complete(Entry* e, int part, std::string_view reply) {
@@ -301,7 +336,7 @@ void ClusterClient::DeliverReady() {
   while (!entries_.empty() && entries_.front().done) {
     // The connection keeps views of the frame until the run ends: the bytes are kept until then.
     const std::string& reply = delivered_.emplace_back(std::move(entries_.front().reply));
-    entries_.pop_front();
+    entries_.Pop();
     reframer_.Reset();
     if (reframer_.Next(reply.data(), reply.size()) == resp::Status::kOk) {
       Deliver(std::string_view(reply.data(), reframer_.consumed()), reframer_);
@@ -317,7 +352,8 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     --head.skip;  // ASKING's +OK
     return;
   }
-  Entry* e = head.entry;
+  const uint64_t seq = head.seq;
+  Entry* e = &entries_.At(seq);
   const int part = head.part;
   q.items.pop_front();
   if (f.type() == '-' && !f.head().empty()) [[unlikely]] {
@@ -333,19 +369,19 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port));
       e->ask_link = r->ask ? target : nullptr;
       // (A node keyguard had no link to yet is still connecting: the command waits for it.)
-      SendOrRetry(e, part, target);
+      SendOrRetry(seq, part, target);
       return;
     } else if (text.starts_with("TRYAGAIN") && e->tries < kMaxTryAgain) {
       ++e->tries;
       e->ask_link = nullptr;
-      RetryLater(e, part);
+      RetryLater(seq, part);
       return;
     }
   }
-  if (e == &entries_.front() && e->merge == cluster::Merge::kNone && !e->scan) [[likely]] {
+  if (seq == entries_.front_seq() && e->merge == cluster::Merge::kNone && !e->scan) [[likely]] {
     // In order: handed over as the link framed it.
+    entries_.Pop();
     Deliver(frame, f);
-    entries_.pop_front();
   } else {
     Complete(e, part, frame);
   }
@@ -370,7 +406,7 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
     if (queues_[i].link != from) continue;
     std::deque<InFlight> items = std::move(queues_[i].items);
     queues_.erase(queues_.begin() + static_cast<std::ptrdiff_t>(i));
-    for (const InFlight& it : items) Fail(it.entry, it.part, NodeUnavailable(from));
+    for (const InFlight& it : items) Fail(&entries_.At(it.seq), it.part, NodeUnavailable(from));
     break;
   }
   if (worker_.cluster->refresh) worker_.cluster->refresh();
@@ -379,31 +415,33 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
   if (run_open_ && !in_link_run_) EndRun();
 }
 
-void ClusterClient::SendOrRetry(Entry* e, int part, SharedLink* link) {
-  if (Send(e, part, link, e->ask_link != nullptr && link == e->ask_link)) return;
+void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
+  Entry* e = &entries_.At(seq);
+  if (Send(seq, part, link, e->ask_link != nullptr && link == e->ask_link)) return;
   // The node is down, still connecting, or not known: ask for the map, and try again a little
   // later (10 ms more each time, about 2 s in all) before the command gets an error.
   if (worker_.cluster->refresh) worker_.cluster->refresh();
   if (e->tries < kMaxTryAgain) {
     ++e->tries;
-    RetryLater(e, part);
+    RetryLater(seq, part);
     return;
   }
   Fail(e, part, NodeUnavailable(link));
 }
 
-void ClusterClient::RetryLater(Entry* e, int part) {
-  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * e->tries));
+void ClusterClient::RetryLater(uint64_t seq, int part) {
+  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * entries_.At(seq).tries));
   std::weak_ptr<bool> alive = alive_;
-  timer->async_wait([this, alive, timer, e, part](error_code ec) {
+  timer->async_wait([this, alive, timer, seq, part](error_code ec) {
     auto a = alive.lock();
     if (ec || a == nullptr || !*a) return;
+    Entry* e = &entries_.At(seq);
     SharedLink* l = e->ask_link != nullptr              ? e->ask_link
                     : !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
                     : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part))
                     : e->scan                           ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node))
                                                         : LinkForSlot(e->slot);
-    SendOrRetry(e, part, l);
+    SendOrRetry(seq, part, l);
     DeliverReady();
     if (run_open_ && !in_link_run_) EndRun();
   });

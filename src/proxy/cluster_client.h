@@ -79,11 +79,29 @@ class ClusterClient final : public LinkClient {
     std::vector<std::vector<uint32_t>> positions;
     bool done = false;
     std::string reply;
+    // As new, its buffers' capacity kept (a warm client's command costs no allocation).
+    void Reset();
+  };
+  // The client's commands in flight, in order: a ring of entries addressed by sequence number
+  // (a pointer would not survive its growth).
+  class EntryRing {
+   public:
+    bool empty() const { return head_ == tail_; }
+    uint64_t front_seq() const { return head_; }
+    Entry& front() { return slots_[head_ & mask_]; }
+    Entry& At(uint64_t seq) { return slots_[seq & mask_]; }
+    // A reset entry at the back; its sequence number.
+    uint64_t Push();
+    void Pop() { ++head_; }
+
+   private:
+    std::vector<Entry> slots_;
+    uint64_t head_ = 0, tail_ = 0, mask_ = 0;
   };
   // A command in flight on a link: the entry (and which part of a fanned-out one), and how many
   // replies to drop first (ASKING's +OK).
   struct InFlight {
-    Entry* entry;
+    uint64_t seq;  // the entry's
     int part;
     uint8_t skip;
   };
@@ -93,9 +111,9 @@ class ClusterClient final : public LinkClient {
   };
 
   // Sends `e` (part `part`) to `link`, ASKING first when `asking`. False when the link is down.
-  bool Send(Entry* e, int part, SharedLink* link, bool asking);
+  bool Send(uint64_t seq, int part, SharedLink* link, bool asking);
   // Sends a new entry: to its slot's node, any node, or every node.
-  void Dispatch(Entry* e);
+  void Dispatch(uint64_t seq);
   // The link of the node owning `slot` (kAnyNode: a node), or nullptr while none is known.
   SharedLink* LinkForSlot(int32_t slot);
   void Complete(Entry* e, int part, std::string_view reply);
@@ -110,13 +128,13 @@ class ClusterClient final : public LinkClient {
   LinkQueue& QueueOf(SharedLink* link);
   // Sends part `part` of `e` to `link` (ASKING first when `link` is the one an ASK named); when it
   // cannot go (the node down, connecting or unknown), again after a pause, a bounded number of times.
-  void SendOrRetry(Entry* e, int part, SharedLink* link);
+  void SendOrRetry(uint64_t seq, int part, SharedLink* link);
   // A TRYAGAIN, or a node that could not take the command: the entry goes again after a pause.
-  void RetryLater(Entry* e, int part);
+  void RetryLater(uint64_t seq, int part);
 
   Worker& worker_;
   LinkClient& session_;
-  std::deque<Entry> entries_;
+  EntryRing entries_;
   std::vector<LinkQueue> queues_;  // one per link used (a few)
   SharedLink* from_ = nullptr;     // the link whose replies are being handed over
   bool run_open_ = false;          // the session's Begin was called, its End is due

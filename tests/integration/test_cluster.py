@@ -548,6 +548,7 @@ def keys_on_distinct_nodes(c, n=3, prefix="k"):
 def test_multi_key_commands_across_slots_are_split_and_merged(fresh):
     c, kg = fresh
     r = client(kg)
+    refused = kg.metric('keyguard_commands_rejected_total{reason="cluster"}')
     a, b, d = keys_on_distinct_nodes(c)
     assert r.mset({a: "1", b: "2", d: "3", "{%s}x" % a: "4"}) is True
     check_stored(c, {a: "1", b: "2", d: "3", "{%s}x" % a: "4"})
@@ -564,7 +565,7 @@ def test_multi_key_commands_across_slots_are_split_and_merged(fresh):
     with pytest.raises(redis.ResponseError, match=CROSSSLOT):
         r.rename(a, b)
     check_stored(c, {})
-    assert kg.metric('keyguard_commands_rejected_total{reason="cluster"}') == 2
+    assert kg.metric('keyguard_commands_rejected_total{reason="cluster"}') == refused + 2
 
 
 def test_a_transaction_across_nodes_aborts_and_says_why(fresh):
@@ -616,7 +617,8 @@ def test_blocking_pops_and_shard_channels_go_to_the_owning_node(fresh):
     assert c.node(c.node_for_key(a)).client.execute_command("PUBSUB", "SHARDNUMSUB", a)[1] == 1
     sub2 = RespConn(kg.port)
     assert sub2.exchange(encode("SUBSCRIBE", "news"), replies=1) == encode_reply(["subscribe", "news", 1])
-    assert r.publish("news", "m") >= 1
+    # (PUBLISH counts the receivers on the node that took it; the message crosses the cluster bus.)
+    r.publish("news", "m")
     assert sub2.exchange(b"", replies=1) == encode_reply(["message", "news", "m"])
 
 
