@@ -80,6 +80,13 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
   // What the upstream and the client were sent since the last call, then forgotten.
   std::string TakeUpstream() { return std::exchange(to_upstream_, std::string()); }
   std::string TakeClient() { return std::exchange(to_client_, std::string()); }
+  // The routes (Output::routes, a cluster upstream) since the last call, then forgotten; their
+  // positions copied into route_positions_.
+  std::vector<Route> TakeRoutes() {
+    route_positions_taken_ = std::exchange(route_positions_, {});
+    return std::exchange(routes_, {});
+  }
+  std::vector<std::vector<uint32_t>> route_positions_taken_;
   // The commands (Output::commands) sent upstream since the last call, then forgotten.
   uint32_t TakeCommands() { return std::exchange(commands_, 0u); }
   // Calls `f` (a call into the connection outside Client and Upstream) and collects its output.
@@ -120,6 +127,10 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
  private:
   void Collect() {
     commands_ += conn_->output().commands;
+    for (const Route& r : conn_->output().routes) {
+      routes_.push_back(r);
+      route_positions_.emplace_back(r.positions.begin(), r.positions.end());
+    }
     for (std::string_view b : conn_->output().upstream) to_upstream_.append(b);
     for (std::string_view b : conn_->output().client) to_client_.append(b);
   }
@@ -137,6 +148,8 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
   std::string to_upstream_;
   std::string to_client_;
   uint32_t commands_ = 0;
+  std::vector<Route> routes_;
+  std::vector<std::vector<uint32_t>> route_positions_;
 
  protected:
   std::unique_ptr<Connection> conn_;  // last: it unregisters from connections_ as it goes
@@ -559,6 +572,85 @@ TEST_F(ConnectionTest, ASharedConnectionThatFailsFailsWhatWasInFlightAndTheClien
   conn_->set_shared_ready(true);
   Client("*2\r\n$3\r\nGET\r\n$1\r\na\r\n");
   EXPECT_EQ(TakeUpstream(), "*2\r\n$3\r\nGET\r\n$1\r\na\r\n");
+}
+
+}  // namespace
+}  // namespace keyguard::proxy
+
+namespace keyguard::proxy {
+namespace {
+
+// A Redis Cluster upstream: each forwarded command's route, the splits, and what keyguard answers.
+class ClusterConnectionTest : public ConnectionTest {
+ protected:
+  void OpenCluster() {
+    Open(kPlain, false, "", /*shared=*/true);
+    conn_->set_cluster("10.1.2.3", 7000);
+  }
+};
+
+TEST_F(ClusterConnectionTest, EachCommandIsRoutedByTheSlotOfItsKeys) {
+  OpenCluster();
+  const std::string batch =
+      "*2\r\n$3\r\nGET\r\n$3\r\nfoo\r\n*1\r\n$4\r\nPING\r\n"
+      "*3\r\n$4\r\nMGET\r\n$6\r\n{a}one\r\n$6\r\n{a}two\r\n*1\r\n$6\r\nDBSIZE\r\n"
+      "*2\r\n$4\r\nSCAN\r\n$1\r\n0\r\n";
+  Client(batch);
+  EXPECT_EQ(TakeUpstream(), batch);
+  const std::vector<Route> r = TakeRoutes();
+  ASSERT_EQ(r.size(), 5u);
+  EXPECT_EQ(r[0].slot, 12182);  // CLUSTER KEYSLOT foo
+  EXPECT_EQ(r[0].bytes, 22u);
+  EXPECT_EQ(r[1].slot, kAnyNode);
+  EXPECT_EQ(r[2].slot, cluster::KeySlot("a"));
+  EXPECT_EQ(r[3].slot, kEveryNode);
+  EXPECT_EQ(r[3].merge, cluster::Merge::kSum);
+  EXPECT_TRUE(r[4].scan);
+  size_t total = 0;
+  for (const Route& x : r) total += x.bytes;
+  EXPECT_EQ(total, batch.size());
+}
+
+TEST_F(ClusterConnectionTest, MultiKeyCommandsAcrossSlotsAreSplitOthersGetCrossslot) {
+  OpenCluster();
+  // foo and bar are in different slots; {foo}x is in foo's.
+  Client("*4\r\n$4\r\nMGET\r\n$3\r\nfoo\r\n$3\r\nbar\r\n$6\r\n{foo}x\r\n");
+  EXPECT_EQ(TakeUpstream(), "*3\r\n$4\r\nMGET\r\n$3\r\nfoo\r\n$6\r\n{foo}x\r\n*2\r\n$4\r\nMGET\r\n$3\r\nbar\r\n");
+  const std::vector<Route> r = TakeRoutes();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].split, 1);
+  EXPECT_EQ(r[1].split, 2);
+  EXPECT_EQ(r[0].merge, cluster::Merge::kMget);
+  EXPECT_EQ(r[0].slot, 12182);
+  EXPECT_EQ(r[1].slot, 5061);
+  EXPECT_EQ(route_positions_taken_, (std::vector<std::vector<uint32_t>>{{0, 2}, {1}}));
+  EXPECT_EQ(conn_->pending(), 1u) << "one reply is owed to the client";
+  // MSET keeps each value with its key.
+  Client("*5\r\n$4\r\nMSET\r\n$3\r\nfoo\r\n$1\r\n1\r\n$3\r\nbar\r\n$1\r\n2\r\n");
+  EXPECT_EQ(TakeUpstream(), "*3\r\n$4\r\nMSET\r\n$3\r\nfoo\r\n$1\r\n1\r\n*3\r\n$4\r\nMSET\r\n$3\r\nbar\r\n$1\r\n2\r\n");
+  EXPECT_EQ(TakeRoutes()[0].merge, cluster::Merge::kAllOk);
+  // Not split: Redis's error, in its place, nothing sent.
+  Client("*3\r\n$6\r\nRENAME\r\n$3\r\nfoo\r\n$3\r\nbar\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  EXPECT_TRUE(TakeRoutes().empty());
+  EXPECT_TRUE(Upstream("*2\r\n$1\r\nv\r\n$-1\r\n+OK\r\n"));
+  EXPECT_EQ(TakeClient(), "*2\r\n$1\r\nv\r\n$-1\r\n+OK\r\n-CROSSSLOT Keys in request don't hash to the same slot\r\n");
+}
+
+TEST_F(ClusterConnectionTest, KeyguardAnswersAsAOneNodeCluster) {
+  OpenCluster();
+  Client(
+      "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n*3\r\n$7\r\nCLUSTER\r\n$7\r\nKEYSLOT\r\n$3\r\nfoo\r\n"
+      "*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$2\r\nme\r\n*2\r\n$6\r\nCLIENT\r\n$7\r\nGETNAME\r\n"
+      "*2\r\n$7\r\nCLUSTER\r\n$8\r\nFAILOVER\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  EXPECT_EQ(conn_->pin_wanted(), PinReason::kNone) << "CLIENT SETNAME does not pin";
+  const std::string out = TakeClient();
+  EXPECT_TRUE(out.starts_with("*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$8\r\n10.1.2.3\r\n:7000\r\n$40\r\n")) << out;
+  EXPECT_TRUE(
+      out.ends_with(":12182\r\n+OK\r\n$2\r\nme\r\n-ERR keyguard: CLUSTER FAILOVER is not served through "
+                    "keyguard (ask the cluster's nodes directly)\r\n"))
+      << out;
 }
 
 }  // namespace
