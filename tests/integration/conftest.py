@@ -116,8 +116,13 @@ class Redis:
         redis-server --tls-port, with --port 0); extra arguments follow (e.g. --tls-auth-clients)."""
         self.dir = tempfile.mkdtemp(prefix="kg-redis-")
 
+        cluster = CLUSTER_MODE and tls is None and not any(a in ("--replicaof", "--slaveof", "--sentinel")
+                                                            for a in extra)
+
         def start():
             self.port = free_port()
+            while cluster and self.port > 55535:  # a cluster node's bus port is its port + 10000
+                self.port = free_port()
             log = tempfile.TemporaryFile()
             ports = ["--port", str(self.port)]
             if tls is not None:
@@ -129,15 +134,14 @@ class Redis:
                 stdout=log, stderr=subprocess.STDOUT)
             return self.proc, file_output(log), [self.port]
 
-        cluster = CLUSTER_MODE and tls is None and not any(a in ("--replicaof", "--slaveof", "--sentinel")
-                                                            for a in extra)
         if cluster:
             extra = extra + ("--cluster-enabled", "yes", "--cluster-config-file",
                              os.path.join(self.dir, "nodes.conf"))
         start_listening("redis-server", start)
         if cluster:
             import redis
-            c = redis.Redis(port=self.port)
+            password = extra[extra.index("--requirepass") + 1] if "--requirepass" in extra else None
+            c = redis.Redis(port=self.port, password=password)
             c.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
 
             def ok():

@@ -90,6 +90,7 @@ def test_binary_safe_and_empty_values(fresh, keyguard):
     assert sorted(redis.Redis(port=fresh.port).keys("*")) == sorted([key, b""])
 
 
+@pytest.mark.not_cluster(reason="SELECT 3: a cluster serves database 0 only ('SELECT is not allowed in cluster mode', as on a cluster node)")
 def test_select(fresh, keyguard):
     r = redis.Redis(port=keyguard.port, db=3)
     r.set("k", "in-db-3")
