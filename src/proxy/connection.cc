@@ -141,7 +141,6 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
       if (pin_check_ && pin_classes_[id] != 0 && NeedsPin(id, args)) [[unlikely]] {
-        if (cluster_ && id == commands::Known().multi) pin_slot_ = LookAheadSlot(data + pos + n, len - pos - n);
         break;
       }
       HandleCommand(id, args, data + pos, n, now);
@@ -151,11 +150,7 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
   return pos;
 }
 
-void Connection::ForwardRaw(std::string_view bytes) {
-  AppendPiece(&out_.upstream, bytes);
-  if (cluster_) [[unlikely]]
-    route_bytes_ += static_cast<uint32_t>(bytes.size());
-}
+void Connection::ForwardRaw(std::string_view bytes) { AppendPiece(&out_.upstream, bytes); }
 
 bool Connection::Splice(const char* raw, size_t raw_len, std::span<const std::string_view> args,
                         std::span<const std::string_view> out, std::string_view* bytes) {
@@ -237,6 +232,7 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   if (tenant_ == nullptr && shared_.stages.config.tenancy != nullptr && id != commands::Known().hello) return false;
   pin_wanted_ = r;
   if (cluster_) {
+    // The node of its keys (MULTI: see LookAheadForPin).
     const int32_t slot = SlotOf(id, args);
     pin_slot_ = slot >= 0 ? slot : kAnyNode;
   }
@@ -370,18 +366,14 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
     bytes = kDiscard;
     splice_.clear();
   }
-  if (cluster_ && !split_.empty()) [[unlikely]] {
-    ForwardSplit();
+  if (cluster_) [[unlikely]] {
+    ForwardRouted(bytes);
   } else if (!splice_.empty()) {
     for (std::string_view b : splice_) ForwardRaw(b);
     ++out_.commands;
-    if (cluster_) [[unlikely]]
-      EndRoute();
   } else {
     ForwardCommand(bytes);
   }
-  if (cluster_) [[unlikely]]
-    route_ = Route{};  // keyguard's own commands: any node
   if (e.silent) {
     if (!v.renamed.empty()) queue_.UnstageRenames();
     shard_.CountCommand(c.id, metrics::Outcome::kNoReply);
@@ -399,7 +391,9 @@ void Connection::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode
   if (!v.renamed.empty()) queue_.StageRenames(v.renamed_shape, v.renamed);
   if (v.prelude.empty()) return;
   // keyguard's own command goes first, encoded while the views it takes are valid.
-  ForwardCommand(Encode(v.prelude));
+  const std::string_view prelude = Encode(v.prelude);
+  ForwardCommand(prelude);
+  if (cluster_) EndRoute(prelude.size());  // (its keys' slot is the command's, by the route taken)
   if (mode.silent) {
     // No reply comes for it: under CLIENT REPLY OFF none does; under SKIP it took the skip, and
     // the client's command, which comes next, must not answer either.

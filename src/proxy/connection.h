@@ -174,6 +174,11 @@ class Connection {
   // The slot the client waits to be pinned for (its node serves the pinned connection): the
   // pinning command's first key, or for MULTI the first keyed command queued after it; kAnyNode.
   int32_t pin_slot() const { return pin_slot_; }
+  // A cluster's client waits to be pinned for a command without keys (MULTI): `data` holds it and
+  // what the client sent after it; the first keyed command among those (up to EXEC) names the slot.
+  void LookAheadForPin(const char* data, size_t len) {
+    if (cluster_ && pin_slot_ == kAnyNode) pin_slot_ = LookAheadSlot(data, len);
+  }
   bool pinned() const { return pinned_; }
   // Why the client waits to be pinned (kNone: it does not).
   PinReason pin_wanted() const { return pin_wanted_; }
@@ -234,12 +239,12 @@ class Connection {
   };
 
   // Starts a call: the previous call's output has been written.
-  void BeginCall() {
+  [[gnu::always_inline]] void BeginCall() {
     out_.upstream.clear();
     out_.client.clear();
     out_.commands = 0;
-    out_.routes.clear();
-    if (!split_keys_.empty()) split_keys_.clear();
+    if (cluster_) [[unlikely]]
+      ClearRoutes();
     if (!held_.empty()) ClearHeld();
   }
   // Out of line: the deque's clear would put its register saves on every call's path.
@@ -262,11 +267,14 @@ class Connection {
   bool ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const;
   // MULTI: the slot of the first keyed command among those queued after it in `data` (up to EXEC).
   int32_t LookAheadSlot(const char* data, size_t len);
-  // A command ends in the output: its route.
-  void EndRoute() {
-    out_.routes.push_back(Route{route_bytes_, route_.slot, route_.merge, route_.scan});
-    route_bytes_ = 0;
-  }
+  // A command of `bytes` ended in the output: its route (route_). Out of line, as ClearRoutes and
+  // ForwardRouted: the dedicated and shared paths keep only a test of cluster_ per command
+  // (bench/instructions.sh).
+  [[gnu::noinline]] void EndRoute(size_t bytes);
+  [[gnu::noinline]] void ClearRoutes();
+  // The client's command (`bytes`, or splice_, or split_) with its route; route_ is then reset
+  // (keyguard's own commands go to any node).
+  [[gnu::noinline]] void ForwardRouted(std::string_view bytes);
   // A multi-key command whose keys are in several slots: one command per slot (split_), each with
   // its route. False when `id` is not one keyguard splits.
   bool SplitBySlot(commands::CommandId id, std::span<const std::string_view> args);
@@ -275,11 +283,9 @@ class Connection {
   void QuitLocally(commands::CommandId id);
   void ForwardRaw(std::string_view bytes);
   // A whole command (one reply) for the upstream.
-  void ForwardCommand(std::string_view bytes) {
+  [[gnu::always_inline]] void ForwardCommand(std::string_view bytes) {
     ForwardRaw(bytes);
     ++out_.commands;
-    if (cluster_) [[unlikely]]
-      EndRoute();
   }
   // Encodes a rewritten command into the batch's scratch chunks (valid until the next call).
   std::string_view Encode(std::span<const std::string_view> args);
@@ -409,11 +415,9 @@ class Connection {
   bool cluster_ = false;
   std::string cluster_host_;
   uint16_t cluster_port_ = 0;
-  Route route_;               // of the command being forwarded (internal ones: any node)
-  uint32_t route_bytes_ = 0;  // its bytes so far
+  Route route_;  // of the command being forwarded (internal ones: any node)
   int32_t pin_slot_ = kAnyNode;
   uint16_t pinned_node_ = cluster::SlotMap::kNoOwner;  // the node of the pinned connection
-  std::string client_name_;                            // CLIENT SETNAME, answered by keyguard
   std::vector<commands::KeyRef> cluster_keys_;         // reused by SlotOf
   struct SplitPart {
     std::string_view command;  // encoded in scratch_

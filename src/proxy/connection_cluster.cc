@@ -42,6 +42,33 @@ std::string Bulk(std::string_view s) { return absl::StrCat("$", s.size(), "\r\n"
 
 }  // namespace
 
+void Connection::EndRoute(size_t bytes) {
+  out_.routes.push_back(Route{static_cast<uint32_t>(bytes), route_.slot, route_.merge, route_.scan});
+}
+
+void Connection::ForwardRouted(std::string_view bytes) {
+  if (!split_.empty()) {
+    ForwardSplit();
+  } else if (!splice_.empty()) {
+    size_t n = 0;
+    for (std::string_view b : splice_) {
+      ForwardRaw(b);
+      n += b.size();
+    }
+    ++out_.commands;
+    EndRoute(n);
+  } else {
+    ForwardCommand(bytes);
+    EndRoute(bytes.size());
+  }
+  route_ = Route{};
+}
+
+void Connection::ClearRoutes() {
+  out_.routes.clear();
+  split_keys_.clear();
+}
+
 bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
   const ClusterIds& ids = Ids();
   if (id == ids.readonly || id == ids.readwrite) return true;
@@ -122,14 +149,17 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   if (ClusterAnswers(c.id, args)) {
     if (c.id != ids.client) return answer("+OK\r\n");  // READONLY, READWRITE: reads go to the primaries
     const std::string sub = Lower(args[1]);
-    if (sub == "getname") return answer(client_name_.empty() ? std::string("$-1\r\n") : Bulk(client_name_));
+    if (sub == "getname") {
+      const std::string& name = state_.client_name();
+      return answer(name.empty() ? std::string("$-1\r\n") : Bulk(name));
+    }
     if (sub == "setname" && args.size() == 3) {
       for (char ch : args[2]) {
         if (ch == ' ' || ch == '\n' || ch == '\r') {
           return answer("-ERR Client names cannot contain spaces, newlines or special characters.\r\n");
         }
       }
-      client_name_ = std::string(args[2]);
+      state_.set_client_name(args[2]);
     }
     return answer("+OK\r\n");
   }
@@ -218,13 +248,12 @@ void Connection::ForwardSplit() {
     ForwardRaw(split_[i].command);
     ++out_.commands;
     Route r;
-    r.bytes = route_bytes_;
+    r.bytes = static_cast<uint32_t>(split_[i].command.size());
     r.slot = split_[i].slot;
     r.merge = route_.merge;
     r.split = i == 0 ? 1 : 2;
     if (route_.merge == cluster::Merge::kMget) r.positions = split_[i].positions;
     out_.routes.push_back(r);
-    route_bytes_ = 0;
   }
   split_.clear();
 }

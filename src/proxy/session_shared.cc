@@ -21,7 +21,10 @@ awaitable<void> Session::Pin() {
   auto self = shared_from_this();
   // A cluster's client is pinned to the node of its command's slot (a new connection each time).
   std::optional<UpstreamAddress> node;
-  if (cluster_ != nullptr) node = ClusterNodeAddress(worker_, conn_.pin_slot());
+  if (cluster_ != nullptr) {
+    conn_.LookAheadForPin(client_buf_.data(), client_buf_.size());  // the command that waits is first there
+    node = ClusterNodeAddress(worker_, conn_.pin_slot());
+  }
   std::unique_ptr<Stream> stream = cluster_ == nullptr ? worker_.pins->Take() : nullptr;
   const bool fresh = stream == nullptr;
   if (fresh) {
