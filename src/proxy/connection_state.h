@@ -151,6 +151,8 @@ class ConnectionState {
   bool watching() const { return watching_; }
   bool quit_sent() const { return quit_sent_; }
   const std::string& client_name() const { return client_name_; }
+  // CLIENT SETNAME answered by keyguard (a cluster upstream): findings and log lines name it.
+  void set_client_name(std::string_view name) { client_name_.assign(name.data(), name.size()); }
 
  private:
   FrameRole ClassifyOther(const Pending* front, char type, std::span<const resp::ReplyFramer::Scalar> head,
