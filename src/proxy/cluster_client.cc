@@ -110,9 +110,14 @@ awaitable<void> ClusterClient::WaitBelow(size_t limit) {
 }
 
 ClusterClient::LinkQueue& ClusterClient::QueueOf(SharedLink* link) {
-  for (LinkQueue& q : queues_) {
-    if (q.link == link) return q;
+  if (last_queue_ < queues_.size() && queues_[last_queue_].link == link) return queues_[last_queue_];
+  for (size_t i = 0; i < queues_.size(); ++i) {
+    if (queues_[i].link == link) {
+      last_queue_ = i;
+      return queues_[i];
+    }
   }
+  last_queue_ = queues_.size();
   queues_.push_back(LinkQueue{link, {}});
   return queues_.back();
 }
@@ -130,6 +135,9 @@ SharedLink* ClusterClient::LinkForSlot(int32_t slot) {
   }
   const uint16_t owner = c.map->owner[static_cast<size_t>(slot)];
   if (owner == cluster::SlotMap::kNoOwner) return nullptr;
+  if (owner < c.node_links.size() && c.node_links[owner] != nullptr) [[likely]] {
+    return c.node_links[owner];
+  }
   return ClusterNodeLink(worker_, owner);
 }
 
@@ -397,7 +405,7 @@ bool ClusterClient::EndLinkReplies() {
 bool ClusterClient::EndRun() {
   run_open_ = false;
   const bool slow = session_.EndLinkReplies();
-  delivered_.clear();
+  if (!delivered_.empty()) delivered_.clear();
   return slow;
 }
 

@@ -136,6 +136,7 @@ class ClusterClient final : public LinkClient {
   LinkClient& session_;
   EntryRing entries_;
   std::vector<LinkQueue> queues_;  // one per link used (a few)
+  size_t last_queue_ = 0;          // the one QueueOf found last
   SharedLink* from_ = nullptr;     // the link whose replies are being handed over
   bool run_open_ = false;          // the session's Begin was called, its End is due
   bool in_link_run_ = false;

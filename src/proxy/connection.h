@@ -260,6 +260,9 @@ class Connection {
   // A Redis Cluster upstream: the route of the command of `v` (route_), or keyguard answers it
   // (false: nothing is forwarded).
   bool RouteCluster(const CommandContext& c, const Verdict& v);
+  // The route of a command by the slot of its keys (CROSSSLOT, a split, or refused on a pinned
+  // connection of another node).
+  bool RouteByKeys(const CommandContext& c, std::span<const std::string_view> args);
   // The slot of the keys of `args`: kAnyNode when it has none, -3 when they are in different slots.
   int32_t SlotOf(commands::CommandId id, std::span<const std::string_view> args);
   // CLIENT SETNAME/GETNAME/SETINFO, READONLY, READWRITE: keyguard answers them (a shared

@@ -36,6 +36,34 @@ const ClusterIds& Ids() {
   return ids;
 }
 
+// By command id: how RouteCluster treats it. kSingleKey: exactly one key, args[1] (GET, SET, HSET,
+// ...: one CRC and done); kSpecial: keyguard answers it, fans it out, splits it or reads its
+// channel; kGeneral: the key finder.
+enum : uint8_t { kGeneral, kSingleKey, kSpecial };
+const std::vector<uint8_t>& Classes() {
+  static const std::vector<uint8_t> classes = [] {
+    std::vector<uint8_t> c(commands::CommandCount(), kGeneral);
+    for (size_t id = 1; id < c.size(); ++id) {
+      const commands::CommandSpec& spec = commands::Spec(static_cast<commands::CommandId>(id));
+      const auto keys = commands::KeySpecs(spec);
+      if (spec.sub_count == 0 && keys.size() == 1 && keys[0].begin == commands::KeySpec::kIndex && keys[0].index == 1 &&
+          keys[0].find == commands::KeySpec::kRange && keys[0].lastkey == 0 &&
+          (keys[0].flags & (commands::kKeyIncomplete | commands::kKeyNotKey)) == 0) {
+        c[id] = kSingleKey;
+      }
+    }
+    const ClusterIds& ids = Ids();
+    for (commands::CommandId id :
+         {ids.cluster,  ids.dbsize, ids.keys,   ids.flushall, ids.flushdb,   ids.randomkey,  ids.script,
+          ids.function, ids.scan,   ids.client, ids.readonly, ids.readwrite, ids.mget,       ids.mset,
+          ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe}) {
+      c[id] = kSpecial;
+    }
+    return c;
+  }();
+  return classes;
+}
+
 std::string Lower(std::string_view s) { return absl::AsciiStrToLower(absl::string_view(s.data(), s.size())); }
 
 std::string Bulk(std::string_view s) { return absl::StrCat("$", s.size(), "\r\n", AsAbsl(s), "\r\n"); }
@@ -66,7 +94,7 @@ void Connection::ForwardRouted(std::string_view bytes) {
 
 void Connection::ClearRoutes() {
   out_.routes.clear();
-  split_keys_.clear();
+  if (!split_keys_.empty()) split_keys_.clear();  // (a deque's clear walks its map even when empty)
 }
 
 bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
@@ -78,6 +106,9 @@ bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::str
 }
 
 int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_view> args) {
+  if (Classes()[id] == kSingleKey && args.size() >= 2) [[likely]] {
+    return cluster::KeySlot(args[1]);
+  }
   const ClusterIds& ids = Ids();
   if ((id == ids.spublish || id == ids.ssubscribe || id == ids.sunsubscribe) && args.size() >= 2) {
     // Shard channels hash as keys do (their specs are not keys): every channel of one command in one slot.
@@ -123,6 +154,9 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   const ClusterIds& ids = Ids();
   const std::span<const std::string_view> args = v.args;
   route_ = Route{};
+  if (Classes()[c.id] != kSpecial) [[likely]] {
+    return RouteByKeys(c, args);
+  }
   auto answer = [&](std::string reply) {
     shard_.CountCommand(c.id, metrics::Outcome::kOk);
     if (!c.mode.silent) Reply(std::move(reply), c.id, false);
@@ -182,6 +216,10 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     route_.scan = true;
     return true;
   }
+  return RouteByKeys(c, args);
+}
+
+bool Connection::RouteByKeys(const CommandContext& c, std::span<const std::string_view> args) {
   const int32_t slot = SlotOf(c.id, args);
   if (slot == kCrossSlot) {
     if (!pinned_ && SplitBySlot(c.id, args)) return true;
