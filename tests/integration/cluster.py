@@ -19,15 +19,23 @@ SLOTS = 16384
 class Node:
     """One cluster-enabled redis-server in its own directory (its nodes.conf is there)."""
 
-    def __init__(self, node_timeout_ms):
+    def __init__(self, node_timeout_ms, tls=None):
+        """`tls`: {"cert", "key", "ca"} paths: the node serves TLS only (clients, the cluster bus
+        and replication), and CLUSTER SLOTS names its TLS port."""
         self.dir = tempfile.mkdtemp(prefix="kg-cluster-")
+        self.tls = tls
 
         def start():
             # The bus port is port + 10000 unless given: ephemeral ports above 55535 would not do.
             self.port, self.bus_port = free_port(), free_port()
             self.log = tempfile.TemporaryFile()
+            ports = ["--port", str(self.port)]
+            if tls is not None:
+                ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cluster", "yes", "--tls-replication", "yes",
+                         "--tls-cert-file", tls["cert"], "--tls-key-file", tls["key"], "--tls-ca-cert-file", tls["ca"],
+                         "--tls-auth-clients", "no"]
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+                ["redis-server", *ports, "--bind", "127.0.0.1", "--dir", self.dir,
                  "--cluster-enabled", "yes", "--cluster-port", str(self.bus_port),
                  "--cluster-config-file", "nodes-%d.conf" % self.port,
                  "--cluster-node-timeout", str(node_timeout_ms), "--appendonly", "no", "--save", "",
@@ -48,7 +56,8 @@ class Node:
                 self.proc.wait()
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
-        self.client = redis.Redis(port=self.port, decode_responses=True, socket_timeout=PATIENCE)
+        extra = {} if tls is None else {"ssl": True, "ssl_ca_certs": tls["ca"], "ssl_check_hostname": False}
+        self.client = redis.Redis(port=self.port, decode_responses=True, socket_timeout=PATIENCE, **extra)
 
     def alive(self):
         return self.proc.poll() is None
@@ -89,16 +98,19 @@ def parse_nodes(text):
 
 
 class Cluster:
-    def __init__(self, primaries=3, replicas=1, node_timeout_ms=1500):
+    def __init__(self, primaries=3, replicas=1, node_timeout_ms=1500, tls=None):
         started = time.monotonic()
         self.nodes = []
+        self.tls = tls
+        # redis-cli's own TLS options, for every --cluster command.
+        self.cli_tls = [] if tls is None else ["--tls", "--cacert", tls["ca"]]
         self.node_timeout_ms = node_timeout_ms
         try:
             for _ in range((1 + replicas) * primaries):
-                self.nodes.append(Node(node_timeout_ms))  # one by one: stop() stops those started
+                self.nodes.append(Node(node_timeout_ms, tls))  # one by one: stop() stops those started
             self.ports = [n.port for n in self.nodes]
             out = subprocess.run(
-                ["redis-cli", "--cluster", "create", *["127.0.0.1:%d" % p for p in self.ports],
+                ["redis-cli", *self.cli_tls, "--cluster", "create", *["127.0.0.1:%d" % p for p in self.ports],
                  "--cluster-replicas", str(replicas), "--cluster-yes"],
                 capture_output=True, text=True, timeout=PATIENCE)
             if out.returncode != 0 or "[OK] All 16384 slots covered" not in out.stdout:
@@ -217,7 +229,7 @@ class Cluster:
         # redis-cli refuses to reshard while the nodes disagree about the configuration.
         self.wait_agreed()
         out = subprocess.run(
-            ["redis-cli", "--cluster", "reshard", "127.0.0.1:%d" % from_port,
+            ["redis-cli", *self.cli_tls, "--cluster", "reshard", "127.0.0.1:%d" % from_port,
              "--cluster-from", self.node_id(from_port), "--cluster-to", self.node_id(to_port),
              "--cluster-slots", str(slots), "--cluster-yes"],
             capture_output=True, text=True, timeout=5 * PATIENCE)
@@ -231,11 +243,11 @@ class Cluster:
     def add_primary(self):
         """Starts a seventh node and joins it with redis-cli --cluster add-node as a primary
         without slots; returns its port once every node agrees (reshard gives it slots)."""
-        n = Node(self.node_timeout_ms)
+        n = Node(self.node_timeout_ms, self.tls)
         self.nodes.append(n)
         self.ports.append(n.port)
         out = subprocess.run(
-            ["redis-cli", "--cluster", "add-node", "127.0.0.1:%d" % n.port, "127.0.0.1:%d" % self.live()[0].port],
+            ["redis-cli", *self.cli_tls, "--cluster", "add-node", "127.0.0.1:%d" % n.port, "127.0.0.1:%d" % self.live()[0].port],
             capture_output=True, text=True, timeout=PATIENCE)
         if out.returncode != 0 or "[OK] New node added correctly." not in out.stdout:
             raise RuntimeError("redis-cli --cluster add-node failed (%d): %s %s"
@@ -266,9 +278,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(primaries=3, replicas=1, node_timeout_ms=1500):
+def cluster(primaries=3, replicas=1, node_timeout_ms=1500, tls=None):
     """A started cluster whose nodes all agree; stopped afterwards."""
-    c = Cluster(primaries, replicas, node_timeout_ms)
+    c = Cluster(primaries, replicas, node_timeout_ms, tls)
     try:
         yield c
     finally:
@@ -276,5 +288,5 @@ def cluster(primaries=3, replicas=1, node_timeout_ms=1500):
 
 
 def seed_url(c):
-    """keyguard's --upstream for the cluster: two seed nodes."""
-    return "redis-cluster://127.0.0.1:%d,127.0.0.1:%d" % (c.ports[0], c.ports[1])
+    """keyguard's --upstream for the cluster: two seed nodes (rediss-cluster:// for a TLS one)."""
+    return "%s-cluster://127.0.0.1:%d,127.0.0.1:%d" % ("redis" if c.tls is None else "rediss", c.ports[0], c.ports[1])

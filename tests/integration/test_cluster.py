@@ -681,3 +681,39 @@ def test_audit_walks_every_primary_and_resumes_across_them(fresh):
     cursor = err.strip().rsplit("--cursor ", 1)[1]
     rest, _ = audit("--cursor", cursor)
     assert rest["complete"] and first["scanned"] + rest["scanned"] == 300
+
+
+def test_a_tls_cluster_through_rediss_cluster(tmp_path):
+    """Every node serves TLS only (clients, bus, replication); keyguard reaches them with
+    rediss-cluster:// and verifies their certificate, its clients talk plain TCP to it."""
+    from test_tls import make_ca, make_cert
+    d = str(tmp_path)
+    make_ca(d, "ca")
+    make_cert(d, "node", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
+    tls = {"cert": d + "/node.crt", "key": d + "/node.key", "ca": d + "/ca.crt"}
+    with cluster(primaries=3, replicas=0, tls=tls) as c:
+        kg = Keyguard(0, upstream=seed_url(c), config="upstream_tls:\n  ca_file: %s\n" % tls["ca"])
+        try:
+            r = client(kg)
+            keys = {"tls:%d" % i: str(i) for i in range(60)}
+            for k, v in keys.items():
+                assert r.set(k, v) is True
+            assert r.mget(list(keys)) == list(keys.values())
+            check_stored(c, keys)
+            assert r.dbsize() == 60
+            assert kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 0
+            assert kg.http("/readyz") == (200, "ready\n")
+        finally:
+            assert kg.stop() == 0, kg.output()[-3000:]
+        # A CA that did not sign the nodes' certificate: keyguard does not start, and says why.
+        import subprocess
+        from conftest import KEYGUARD, free_port
+        make_ca(d, "other")
+        with open(d + "/other.yaml", "w") as f:
+            f.write("upstream_tls:\n  ca_file: %s/other.crt\n" % d)
+        p = subprocess.run([KEYGUARD, "--config", d + "/other.yaml", "--upstream", seed_url(c), "--listen",
+                            "127.0.0.1:%d" % free_port(), "--admin", "127.0.0.1:%d" % free_port()],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0
+        assert "no cluster node gave a slot map" in p.stderr + p.stdout and "TLS" in p.stderr + p.stdout, \
+            p.stderr + p.stdout
