@@ -123,6 +123,9 @@ int main(int argc, char** argv) {
       return FailToStart("--upstream-connections: a Redis Cluster upstream is always served with shared connections");
     }
   }
+  if (config.read_from_replicas && config.upstream.kind != keyguard::config::Upstream::Kind::kCluster) {
+    return FailToStart("cluster.read_from: is for a redis-cluster:// upstream");
+  }
   // A Redis Cluster is always served with shared connections, one per primary per worker.
   if (config.upstream.kind == keyguard::config::Upstream::Kind::kCluster) config.shared_upstream = true;
   if (auto s = keyguard::config::Validate(config); !s.ok()) return FailToStart(std::string(s.message()));

@@ -223,6 +223,10 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     c.upstream_connect_timeout_ms = static_cast<int>(p.upstream_connect_timeout_ms());
   }
   c.shared_upstream = p.upstream_connections() == v1::Config::SHARED;
+  c.read_from_replicas = p.cluster().read_from() == v1::Cluster::REPLICA_PREFERRED;
+  if (c.read_from_replicas && c.upstream.kind != Upstream::Kind::kCluster && !p.upstream().empty()) {
+    return FieldError("cluster.read_from", "is for a redis-cluster:// upstream");
+  }
   if (c.upstream.kind == Upstream::Kind::kCluster) {
     if (p.upstream_connections() == v1::Config::DEDICATED) {
       return FieldError("upstream_connections", "a Redis Cluster upstream is always served with shared connections");

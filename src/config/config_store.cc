@@ -92,6 +92,9 @@ std::string DescribeConfig(const ProxyConfig& c) {
       c.shared_upstream ? absl::StrCat("\nshared_connections: ", c.shared_connections,
                                        "\npinned_idle_connections: ", c.pinned_idle_connections)
                         : std::string(),
+      c.upstream.kind == Upstream::Kind::kCluster
+          ? absl::StrCat("\ncluster:\n  read_from: ", c.read_from_replicas ? "replica_preferred" : "primary")
+          : std::string(),
       "\ndrain_timeout_ms: ", c.drain_timeout_ms, "\ndeny_commands: [", absl::StrJoin(c.deny_commands, ", "),
       "]\nlimits:\n  max_bulk_len: ", c.limits.max_bulk_len, "\n  max_multibulk_len: ", c.limits.max_multibulk_len,
       "\n  max_inline_len: ", c.limits.max_inline_len, "\n  max_pending_commands: ", c.max_pending_commands,

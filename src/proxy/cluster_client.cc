@@ -23,21 +23,13 @@ std::string NodeUnavailable(const SharedLink* link) {
 // ---------------------------------------------------------------------------------------------
 // The worker's view of the cluster
 
-void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map) {
-  ClusterState& c = *worker.cluster;
-  c.map = std::make_shared<cluster::SlotMap>(*map);
-  c.node_links.assign(c.map->primaries.size(), nullptr);
-  for (size_t i = 0; i < c.map->primaries.size(); ++i)
-    c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
-}
+namespace {
 
-SharedLink* ClusterNodeLink(Worker& worker, uint16_t index) {
+// The link to `n` (made and started on first use; "r:" for a replica's, which sends READONLY).
+SharedLink* LinkTo(Worker& worker, const cluster::Node& n, bool replica) {
   ClusterState& c = *worker.cluster;
-  if (c.map == nullptr || index >= c.map->primaries.size()) return nullptr;
-  if (index < c.node_links.size() && c.node_links[index] != nullptr) return c.node_links[index];
-  const cluster::Node& n = c.map->primaries[index];
   const std::string addr = n.ToString();
-  auto it = c.links.find(addr);
+  auto it = c.links.find(replica ? "r:" + addr : addr);
   if (it == c.links.end()) {
     error_code ec;
     const auto ip = asio::ip::make_address(n.host, ec);
@@ -45,13 +37,54 @@ SharedLink* ClusterNodeLink(Worker& worker, uint16_t index) {
       EventLine("warn", "cluster_node_unusable").Str("node", addr).Str("error", "not an IP address").Write(stderr);
       return nullptr;
     }
-    auto link = std::make_shared<SharedLink>(worker, tcp::endpoint(ip, n.port), n.host);
+    auto link = std::make_shared<SharedLink>(worker, tcp::endpoint(ip, n.port), n.host, replica);
     link->Start();
-    it = c.links.emplace(addr, std::move(link)).first;
+    it = c.links.emplace(replica ? "r:" + addr : addr, std::move(link)).first;
   }
-  if (c.node_links.size() <= index) c.node_links.resize(index + 1, nullptr);
-  c.node_links[index] = it->second.get();
   return it->second.get();
+}
+
+}  // namespace
+
+void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map) {
+  ClusterState& c = *worker.cluster;
+  c.map = std::make_shared<cluster::SlotMap>(*map);
+  c.node_links.assign(c.map->primaries.size(), nullptr);
+  for (size_t i = 0; i < c.map->primaries.size(); ++i) {
+    c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
+  }
+  c.replica_links.assign(c.map->primaries.size(), {});
+  if (worker.config.read_from_replicas) {
+    for (size_t i = 0; i < c.map->replicas.size() && i < c.replica_links.size(); ++i) {
+      for (const cluster::Node& r : c.map->replicas[i]) {
+        if (SharedLink* l = LinkTo(worker, r, /*replica=*/true); l != nullptr) c.replica_links[i].push_back(l);
+      }
+    }
+  }
+}
+
+SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot) {
+  ClusterState& c = *worker.cluster;
+  if (c.map == nullptr || slot < 0) return nullptr;
+  const uint16_t owner = c.map->owner[static_cast<size_t>(slot)];
+  if (owner >= c.replica_links.size()) return nullptr;
+  const std::vector<SharedLink*>& replicas = c.replica_links[owner];
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    SharedLink* l = replicas[c.next_replica++ % replicas.size()];
+    if (l->up()) return l;
+  }
+  return nullptr;
+}
+
+SharedLink* ClusterNodeLink(Worker& worker, uint16_t index) {
+  ClusterState& c = *worker.cluster;
+  if (c.map == nullptr || index >= c.map->primaries.size()) return nullptr;
+  if (index < c.node_links.size() && c.node_links[index] != nullptr) return c.node_links[index];
+  SharedLink* link = LinkTo(worker, c.map->primaries[index], /*replica=*/false);
+  if (link == nullptr) return nullptr;
+  if (c.node_links.size() <= index) c.node_links.resize(index + 1, nullptr);
+  c.node_links[index] = link;
+  return link;
 }
 
 std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot) {
@@ -146,6 +179,7 @@ void ClusterClient::Entry::Reset() {
   slot = kAnyNode;
   merge = cluster::Merge::kNone;
   scan = false;
+  read = false;
   scan_node = 0;
   redirects = tries = 0;
   ask_link = nullptr;
@@ -220,6 +254,7 @@ void ClusterClient::Submit(std::span<const std::string_view> pieces, std::span<c
     e.slot = r.slot;
     e.merge = r.merge;
     e.scan = r.scan;
+    e.read = r.read;
     if (r.split != 0) {
       take(r.bytes, &e.split_commands.emplace_back());
       e.split_slots.push_back(r.slot);
@@ -296,7 +331,9 @@ void ClusterClient::Dispatch(uint64_t seq) {
     SendOrRetry(seq, 0, l);
     return;
   }
-  SharedLink* l = LinkForSlot(e->slot);
+  SharedLink* l = nullptr;
+  if (e->read && worker_.config.read_from_replicas) l = ClusterReplicaLink(worker_, e->slot);
+  if (l == nullptr) l = LinkForSlot(e->slot);
   SendOrRetry(seq, 0, l);
 }
 

@@ -67,6 +67,7 @@ class ClusterClient final : public LinkClient {
     int32_t slot = kAnyNode;
     cluster::Merge merge = cluster::Merge::kNone;
     bool scan = false;
+    bool read = false;  // read-only: a replica may serve it (cluster.read_from)
     int scan_node = 0;
     uint8_t redirects = 0;
     uint8_t tries = 0;

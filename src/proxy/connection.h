@@ -51,6 +51,7 @@ struct Route {
   // kMget's `positions` are the places of the part's keys in the client's command.
   uint8_t split = 0;
   std::span<const uint32_t> positions;
+  bool read = false;  // a read-only command (a replica may serve it: cluster.read_from)
 };
 
 // What a Connection asks of the transport that carries it, while a call runs.

@@ -38,8 +38,8 @@ const ClusterIds& Ids() {
 
 // By command id: how RouteCluster treats it. kSingleKey: exactly one key, args[1] (GET, SET, HSET,
 // ...: one CRC and done); kSpecial: keyguard answers it, fans it out, splits it or reads its
-// channel; kGeneral: the key finder.
-enum : uint8_t { kGeneral, kSingleKey, kSpecial };
+// channel; kGeneral: the key finder. Or'ed with kReadOnly for the table's readonly commands.
+enum : uint8_t { kGeneral, kSingleKey, kSpecial, kKindMask = 3, kReadOnly = 4 };
 const std::vector<uint8_t>& Classes() {
   static const std::vector<uint8_t> classes = [] {
     std::vector<uint8_t> c(commands::CommandCount(), kGeneral);
@@ -51,13 +51,14 @@ const std::vector<uint8_t>& Classes() {
           (keys[0].flags & (commands::kKeyIncomplete | commands::kKeyNotKey)) == 0) {
         c[id] = kSingleKey;
       }
+      if ((spec.flags & commands::CommandFlagMask("readonly")) != 0) c[id] |= kReadOnly;
     }
     const ClusterIds& ids = Ids();
     for (commands::CommandId id :
          {ids.cluster,  ids.dbsize, ids.keys,   ids.flushall, ids.flushdb,   ids.randomkey,  ids.script,
           ids.function, ids.scan,   ids.client, ids.readonly, ids.readwrite, ids.mget,       ids.mset,
           ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe}) {
-      c[id] = kSpecial;
+      c[id] = static_cast<uint8_t>(kSpecial | (c[id] & kReadOnly));
     }
     return c;
   }();
@@ -71,7 +72,9 @@ std::string Bulk(std::string_view s) { return absl::StrCat("$", s.size(), "\r\n"
 }  // namespace
 
 void Connection::EndRoute(size_t bytes) {
-  out_.routes.push_back(Route{static_cast<uint32_t>(bytes), route_.slot, route_.merge, route_.scan});
+  Route r = route_;
+  r.bytes = static_cast<uint32_t>(bytes);
+  out_.routes.push_back(r);
 }
 
 void Connection::ForwardRouted(std::string_view bytes) {
@@ -106,7 +109,7 @@ bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::str
 }
 
 int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_view> args) {
-  if (Classes()[id] == kSingleKey && args.size() >= 2) [[likely]] {
+  if ((Classes()[id] & kKindMask) == kSingleKey && args.size() >= 2) [[likely]] {
     return cluster::KeySlot(args[1]);
   }
   const ClusterIds& ids = Ids();
@@ -154,7 +157,8 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   const ClusterIds& ids = Ids();
   const std::span<const std::string_view> args = v.args;
   route_ = Route{};
-  if (Classes()[c.id] != kSpecial) [[likely]] {
+  if ((Classes()[c.id] & kKindMask) != kSpecial) [[likely]] {
+    route_.read = (Classes()[c.id] & kReadOnly) != 0;
     return RouteByKeys(c, args);
   }
   auto answer = [&](std::string reply) {

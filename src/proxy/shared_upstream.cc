@@ -23,12 +23,16 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
     if (node && worker.cluster != nullptr && worker.cluster->refresh) worker.cluster->refresh();
     co_return false;
   }
-  // keyguard's AUTH (the password file's current secret), and its one reply.
+  // keyguard's AUTH (the password file's current secret), READONLY for a replica serving reads,
+  // and their replies.
   const std::shared_ptr<const std::string> current = worker.upstream_credentials->Current();
-  if (current->empty()) co_return true;
-  std::string_view auth = *current;
+  const bool readonly = node && to->readonly;
+  if (current->empty() && !readonly) co_return true;
+  std::string hello = *current;
+  if (readonly) hello += "*1\r\n$8\r\nREADONLY\r\n";
+  int owed = (current->empty() ? 0 : 1) + (readonly ? 1 : 0);
   Outbox out(stream, &shard.upstream_bytes_sent);
-  out.Send(auth);
+  out.Send(std::string_view(hello));
   while (out.backlog() != 0 && !out.failed()) co_await out.WaitBelow(0);
   ReadBuffer buf(512);
   resp::ReplyFramer framer;
@@ -41,14 +45,21 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
     }
     buf.Commit(n);
     shard.upstream_bytes_received.Add(n);
-    const resp::Status st = framer.Next(buf.data(), buf.size());
-    if (st == resp::Status::kNeedMore) continue;
-    if (st == resp::Status::kOk && framer.type() == '+') co_return true;
-    const std::string_view error =
-        st == resp::Status::kOk && !framer.head().empty() ? framer.head()[0].text : std::string_view("protocol error");
-    EventLine("error", "upstream_auth_failed").Str("error", error).Write(stderr);
-    shard.CountUpstreamError(metrics::UpstreamError::kAuth);
-    co_return false;
+    for (;;) {
+      const resp::Status st = framer.Next(buf.data(), buf.size());
+      if (st == resp::Status::kNeedMore) break;
+      if (st == resp::Status::kOk && framer.type() == '+') {
+        buf.Consume(framer.consumed());
+        if (--owed == 0) co_return true;
+        continue;
+      }
+      const std::string_view error = st == resp::Status::kOk && !framer.head().empty()
+                                         ? framer.head()[0].text
+                                         : std::string_view("protocol error");
+      EventLine("error", "upstream_auth_failed").Str("error", error).Write(stderr);
+      shard.CountUpstreamError(metrics::UpstreamError::kAuth);
+      co_return false;
+    }
   }
 }
 
@@ -115,9 +126,10 @@ SharedLink::SharedLink(Worker& worker)
       framer_(worker.config.limits),
       backoff_(worker.io) {}
 
-SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host) : SharedLink(worker) {
+SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly) : SharedLink(worker) {
   to_.endpoint = node;
   to_.host = std::move(host);
+  to_.readonly = readonly;
   node_commands_ = &worker.shard->cluster_node_commands.Get({address()});
   node_errors_ = &worker.shard->cluster_node_errors.Get({address()});
 }

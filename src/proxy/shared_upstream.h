@@ -59,7 +59,8 @@ class LinkClient {
 // Where an upstream connection goes: the worker's upstream (`endpoint` unset), or a cluster node.
 struct UpstreamAddress {
   std::optional<tcp::endpoint> endpoint;
-  std::string host;  // its name, for TLS verification
+  std::string host;       // its name, for TLS verification
+  bool readonly = false;  // a cluster replica serving reads: READONLY after keyguard's AUTH
 };
 
 // Connects `stream` to the worker's upstream (or `to`), sends keyguard's AUTH (when configured) and
@@ -100,7 +101,7 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
  public:
   // To the worker's upstream, or (`node`, `host`) a cluster node.
   explicit SharedLink(Worker& worker);
-  SharedLink(Worker& worker, tcp::endpoint node, std::string host);
+  SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly = false);
   SharedLink(const SharedLink&) = delete;
   SharedLink& operator=(const SharedLink&) = delete;
 

@@ -40,6 +40,10 @@ class SizeProbe;
 struct ClusterState {
   std::shared_ptr<cluster::SlotMap> map;  // this worker's copy: MOVED updates a slot at once
   std::vector<SharedLink*> node_links;    // by index in map->primaries (nullptr: not made yet)
+  // cluster.read_from: replica_preferred: the links to each primary's replicas (READONLY), by
+  // index in map->primaries.
+  std::vector<std::vector<SharedLink*>> replica_links;
+  size_t next_replica = 0;
   std::unordered_map<std::string, std::shared_ptr<SharedLink>> links;  // by "host:port", kept across maps
   std::function<void()> refresh;  // asks the control thread for the map again (any thread)
   size_t next_any = 0;            // keyless commands are spread over the primaries
@@ -113,6 +117,9 @@ SharedLink* ClusterNodeLink(Worker& worker, uint16_t index);
 // Where a client pinned for `slot` connects: its owner (kAnyNode: the first primary), or nullopt
 // while no map is known.
 std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot);
+// cluster.read_from: replica_preferred: a replica of the slot's primary whose link is up (in
+// turn), else nullptr.
+SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot);
 // A MOVED: the slot's owner is the node named, and the control thread is asked for the map.
 void OnClusterMoved(Worker& worker, const cluster::Redirect& r);
 

@@ -717,3 +717,36 @@ def test_a_tls_cluster_through_rediss_cluster(tmp_path):
         assert p.returncode != 0
         assert "no cluster node gave a slot map" in p.stderr + p.stdout and "TLS" in p.stderr + p.stdout, \
             p.stderr + p.stdout
+
+
+def test_reads_from_replicas_when_asked(fresh):
+    """cluster.read_from: replica_preferred sends read-only commands to a replica of the slot's
+    primary (READONLY on keyguard's connections to it); writes stay on the primaries."""
+    c, _ = fresh
+    kg = Keyguard(0, upstream=seed_url(c), config="cluster:\n  read_from: replica_preferred\n")
+    try:
+        r = client(kg)
+        keys = {"ro:%d" % i: str(i) for i in range(90)}
+        r.mset(keys)
+        check_stored(c, keys)
+        replicas = [p for q in c.primaries() for p in c.replicas_of(q)]
+        wait_until(lambda: sum(c.node(p).client.dbsize() for p in replicas) == 90, "the replicas to have every key")
+        for n in c.live():
+            n.client.config_resetstat()
+
+        def gets(port):
+            return c.node(port).client.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+        # The replica links come up in the background: reads go to the primaries until then.
+        wait_until(lambda: [r.get(k) for k in keys] == list(keys.values()) and sum(gets(p) for p in replicas) > 0,
+                   "reads served by the replicas")
+        for p in c.primaries():
+            c.node(p).client.config_resetstat()
+        for p in replicas:
+            c.node(p).client.config_resetstat()
+        assert [r.get(k) for k in keys] == list(keys.values())
+        assert sum(gets(p) for p in replicas) == 90
+        assert sum(gets(p) for p in c.primaries()) == 0
+        assert r.set("ro:0", "written") is True  # a write goes to the primary
+        assert c.client_for_key("ro:0").get("ro:0") == "written"
+    finally:
+        assert kg.stop() == 0, kg.output()[-3000:]

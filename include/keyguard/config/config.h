@@ -73,9 +73,10 @@ struct SentinelSettings {
 struct ProxyConfig {
   HostPort listen{"127.0.0.1", 6380};
   Upstream upstream;
-  TlsSettings upstream_tls;   // used when upstream.tls
-  SentinelSettings sentinel;  // used when upstream.kind is kSentinel
-  TlsSettings listen_tls;     // TLS on the listener when its cert_file is set
+  TlsSettings upstream_tls;         // used when upstream.tls
+  SentinelSettings sentinel;        // used when upstream.kind is kSentinel
+  bool read_from_replicas = false;  // cluster.read_from: REPLICA_PREFERRED (a cluster upstream)
+  TlsSettings listen_tls;           // TLS on the listener when its cert_file is set
   bool ListenTls() const { return !listen_tls.cert_file.empty(); }
   HostPort admin{"127.0.0.1", 9121};
   int threads = 0;  // worker threads; 0 = one per hardware thread
