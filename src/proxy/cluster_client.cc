@@ -158,6 +158,7 @@ ClusterClient::LinkQueue& ClusterClient::QueueOf(SharedLink* link) {
 SharedLink* ClusterClient::LinkForSlot(int32_t slot) {
   ClusterState& c = *worker_.cluster;
   if (c.map == nullptr || c.map->primaries.empty()) return nullptr;
+  if (slot == kFirstNode) return ClusterNodeLink(worker_, 0);
   if (slot < 0) {
     // Any node: one that is up, spread over the primaries.
     for (size_t i = 0; i < c.map->primaries.size(); ++i) {
@@ -403,7 +404,9 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
   q.items.pop_front();
   if (f.type() == '-' && !f.head().empty()) [[unlikely]] {
     const std::string_view text = f.head()[0].text;
-    if (auto r = cluster::ParseRedirect(text); r.has_value() && e->redirects < kMaxRedirects) {
+    // (The budget is per part: each part of a split command may be redirected on its own.)
+    const size_t budget = kMaxRedirects * std::max<size_t>(1, e->parts.size());
+    if (auto r = cluster::ParseRedirect(text); r.has_value() && e->redirects < budget) {
       ++e->redirects;
       if (!r->ask) {
         OnClusterMoved(worker_, *r);

@@ -69,7 +69,7 @@ class ClusterClient final : public LinkClient {
     bool scan = false;
     bool read = false;  // read-only: a replica may serve it (cluster.read_from)
     int scan_node = 0;
-    uint8_t redirects = 0;
+    uint32_t redirects = 0;
     uint8_t tries = 0;
     SharedLink* ask_link = nullptr;  // the node an ASK named: tries go there, ASKING first
     int parts_left = 1;

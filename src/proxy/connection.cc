@@ -218,7 +218,7 @@ std::string_view Connection::Encode(std::span<const std::string_view> args) {
 bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_view> args) {
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
   if (r == PinReason::kNone) return false;
-  if (cluster_ && r == PinReason::kClient && ClusterAnswers(id, args)) return false;  // keyguard answers it
+  if (cluster_ && ClusterAnswers(id, args)) return false;  // keyguard answers it
   if (pinned_) {
     // Already on a connection of its own: state that lasts keeps it there for good.
     if (!PinEnds(r)) {
@@ -233,7 +233,7 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   pin_wanted_ = r;
   if (cluster_) {
     // The node of its keys (MULTI: see LookAheadForPin).
-    const int32_t slot = SlotOf(id, args);
+    const int32_t slot = StoredSlotOf(id, args);
     pin_slot_ = slot >= 0 ? slot : kAnyNode;
   }
   return true;

@@ -41,6 +41,7 @@ namespace keyguard::proxy {
 // Redis Cluster upstream: where one command of Connection::Output goes.
 inline constexpr int32_t kAnyNode = -1;    // no key: any primary
 inline constexpr int32_t kEveryNode = -2;  // every primary, the replies merged
+inline constexpr int32_t kFirstNode = -4;  // the first primary (where keyless pins go: PUBLISH)
 struct Route {
   uint32_t bytes = 0;                            // the command's bytes in Output::upstream (after the previous route's)
   int32_t slot = kAnyNode;                       // its keys' slot, or kAnyNode / kEveryNode
@@ -266,8 +267,11 @@ class Connection {
   bool RouteByKeys(const CommandContext& c, std::span<const std::string_view> args);
   // The slot of the keys of `args`: kAnyNode when it has none, -3 when they are in different slots.
   int32_t SlotOf(commands::CommandId id, std::span<const std::string_view> args);
+  // The same for the client's own arguments, before the pipeline: on the names the server will
+  // store (the tenant's prefix).
+  int32_t StoredSlotOf(commands::CommandId id, std::span<const std::string_view> args);
   // CLIENT SETNAME/GETNAME/SETINFO, READONLY, READWRITE: keyguard answers them (a shared
-  // connection per node cannot carry the client's name or mode).
+  // connection per node cannot carry the client's name or mode); WAIT, WAITAOF: refused.
   bool ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const;
   // MULTI: the slot of the first keyed command among those queued after it in `data` (up to EXEC).
   int32_t LookAheadSlot(const char* data, size_t len);

@@ -19,20 +19,23 @@ constexpr std::string_view kCrossSlotError = "CROSSSLOT Keys in request don't ha
 
 struct ClusterIds {
   commands::CommandId cluster, dbsize, keys, flushall, flushdb, randomkey, script, function, scan, client, readonly,
-      readwrite, mget, mset, del, unlink, exists, touch, spublish, ssubscribe, sunsubscribe;
+      readwrite, mget, mset, del, unlink, exists, touch, spublish, ssubscribe, sunsubscribe, publish, pubsub, wait,
+      waitaof;
 };
 const ClusterIds& Ids() {
-  static const ClusterIds ids{commands::LookupCommand("cluster"),     commands::LookupCommand("dbsize"),
-                              commands::LookupCommand("keys"),        commands::LookupCommand("flushall"),
-                              commands::LookupCommand("flushdb"),     commands::LookupCommand("randomkey"),
-                              commands::LookupCommand("script"),      commands::LookupCommand("function"),
-                              commands::LookupCommand("scan"),        commands::LookupCommand("client"),
-                              commands::LookupCommand("readonly"),    commands::LookupCommand("readwrite"),
-                              commands::LookupCommand("mget"),        commands::LookupCommand("mset"),
-                              commands::LookupCommand("del"),         commands::LookupCommand("unlink"),
-                              commands::LookupCommand("exists"),      commands::LookupCommand("touch"),
-                              commands::LookupCommand("spublish"),    commands::LookupCommand("ssubscribe"),
-                              commands::LookupCommand("sunsubscribe")};
+  static const ClusterIds ids{commands::LookupCommand("cluster"),      commands::LookupCommand("dbsize"),
+                              commands::LookupCommand("keys"),         commands::LookupCommand("flushall"),
+                              commands::LookupCommand("flushdb"),      commands::LookupCommand("randomkey"),
+                              commands::LookupCommand("script"),       commands::LookupCommand("function"),
+                              commands::LookupCommand("scan"),         commands::LookupCommand("client"),
+                              commands::LookupCommand("readonly"),     commands::LookupCommand("readwrite"),
+                              commands::LookupCommand("mget"),         commands::LookupCommand("mset"),
+                              commands::LookupCommand("del"),          commands::LookupCommand("unlink"),
+                              commands::LookupCommand("exists"),       commands::LookupCommand("touch"),
+                              commands::LookupCommand("spublish"),     commands::LookupCommand("ssubscribe"),
+                              commands::LookupCommand("sunsubscribe"), commands::LookupCommand("publish"),
+                              commands::LookupCommand("pubsub"),       commands::LookupCommand("wait"),
+                              commands::LookupCommand("waitaof")};
   return ids;
 }
 
@@ -57,7 +60,8 @@ const std::vector<uint8_t>& Classes() {
     for (commands::CommandId id :
          {ids.cluster,  ids.dbsize, ids.keys,   ids.flushall, ids.flushdb,   ids.randomkey,  ids.script,
           ids.function, ids.scan,   ids.client, ids.readonly, ids.readwrite, ids.mget,       ids.mset,
-          ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe}) {
+          ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe,
+          ids.publish,  ids.pubsub, ids.wait,   ids.waitaof}) {
       c[id] = static_cast<uint8_t>(kSpecial | (c[id] & kReadOnly));
     }
     return c;
@@ -102,7 +106,7 @@ void Connection::ClearRoutes() {
 
 bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
   const ClusterIds& ids = Ids();
-  if (id == ids.readonly || id == ids.readwrite) return true;
+  if (id == ids.readonly || id == ids.readwrite || id == ids.wait || id == ids.waitaof) return true;
   if (id != ids.client || args.size() < 2) return false;
   const std::string sub = Lower(args[1]);
   return sub == "setname" || sub == "getname" || sub == "setinfo";
@@ -138,6 +142,21 @@ int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_v
   return slot;
 }
 
+int32_t Connection::StoredSlotOf(commands::CommandId id, std::span<const std::string_view> args) {
+  if (tenant_ == nullptr || tenant_->prefix.empty()) return SlotOf(id, args);
+  // The names the server will store: every argument but the name with the tenant's prefix (only
+  // the keys' count, and a prefix changes no hash tag inside a key).
+  std::vector<std::string> stored;
+  std::vector<std::string_view> views;
+  stored.reserve(args.size());
+  views.push_back(args[0]);
+  for (size_t i = 1; i < args.size(); ++i) {
+    stored.push_back(absl::StrCat(AsAbsl(tenant_->prefix), AsAbsl(args[i])));
+    views.push_back(stored.back());
+  }
+  return SlotOf(id, views);
+}
+
 int32_t Connection::LookAheadSlot(const char* data, size_t len) {
   resp::RequestFramer framer;
   size_t pos = 0;
@@ -148,7 +167,7 @@ int32_t Connection::LookAheadSlot(const char* data, size_t len) {
     if (args.empty()) continue;
     const commands::CommandId id = commands::LookupCommand(args[0]);
     if (id == commands::Known().exec || id == commands::Known().discard) break;
-    if (const int32_t slot = SlotOf(id, args); slot >= 0) return slot;
+    if (const int32_t slot = StoredSlotOf(id, args); slot >= 0) return slot;
   }
   return kAnyNode;
 }
@@ -185,6 +204,15 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     return false;
   }
   if (ClusterAnswers(c.id, args)) {
+    if (c.id == ids.wait || c.id == ids.waitaof) {
+      // The client's writes went over shared connections to several nodes: no connection of the
+      // server knows them, so WAIT would answer for someone else's writes.
+      Refuse(c, Refusal::kCluster,
+             absl::StrCat("ERR keyguard: ", absl::AsciiStrToUpper(Lower(args[0])),
+                          " cannot tell about this client's writes through a Redis Cluster upstream (they go over "
+                          "shared connections to several nodes)"));
+      return false;
+    }
     if (c.id != ids.client) return answer("+OK\r\n");  // READONLY, READWRITE: reads go to the primaries
     const std::string sub = Lower(args[1]);
     if (sub == "getname") {
@@ -218,6 +246,12 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   }
   if (c.id == ids.scan) {
     route_.scan = true;
+    return true;
+  }
+  if (c.id == ids.publish || c.id == ids.pubsub) {
+    // The node subscriptions pin to (the first primary): one client's messages in its order,
+    // PUBLISH's and PUBSUB's counts those of the node its subscribers are on.
+    route_.slot = kFirstNode;
     return true;
   }
   return RouteByKeys(c, args);

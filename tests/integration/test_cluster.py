@@ -263,6 +263,14 @@ def reshard_behind_keyguard(c, kg, target=None):
     after = c.owners(expected)
     moved = sorted(k for k in expected if before[k] != after[k])
     assert moved and all(before[k] == source and after[k] == target for k in moved), moved[:10]
+    # First, one MGET over 12 moved keys in 12 different slots: each part is redirected on its own
+    # (keyguard's map is the old one), and the client gets the values, no MOVED.
+    spread = {}
+    for k in moved:
+        spread.setdefault(c.keyslot(k), k)
+    some = list(spread.values())[:12]
+    assert len(some) == 12
+    assert r.mget(some) == [expected[k] for k in some]
     got = {}
     for k in moved + sorted(expected):
         try:
@@ -750,3 +758,21 @@ def test_reads_from_replicas_when_asked(fresh):
         assert c.client_for_key("ro:0").get("ro:0") == "written"
     finally:
         assert kg.stop() == 0, kg.output()[-3000:]
+
+
+def test_publish_keeps_a_clients_order_and_wait_is_refused(fresh):
+    c, kg = fresh
+    r = client(kg)
+    sub = RespConn(kg.port)
+    assert sub.exchange(encode("SUBSCRIBE", "ordered"), replies=1) == encode_reply(["subscribe", "ordered", 1])
+    p = r.pipeline(transaction=False)
+    for i in range(200):
+        p.publish("ordered", str(i))
+    assert p.execute() == [1] * 200  # the node of the subscription counts it, every time
+    got = b"".join(sub.read()[1] for _ in range(200))
+    assert got == b"".join(encode_reply(["message", "ordered", str(i)]) for i in range(200))
+    assert r.execute_command("PUBSUB", "NUMSUB", "ordered") == ["ordered", 1]
+    # WAIT cannot know this client's writes (they went over shared connections to several nodes).
+    with pytest.raises(redis.ResponseError, match="WAIT cannot tell about this client's writes"):
+        r.execute_command("WAIT", "1", "100")
+    assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') >= 0
