@@ -181,6 +181,7 @@ void ClusterClient::Entry::Reset() {
   merge = cluster::Merge::kNone;
   scan = false;
   read = false;
+  held = false;
   scan_node = 0;
   redirects = tries = 0;
   ask_link = nullptr;
@@ -332,10 +333,90 @@ void ClusterClient::Dispatch(uint64_t seq) {
     SendOrRetry(seq, 0, l);
     return;
   }
+  if (!redirected_.empty() && Redirected(e->slot) && EarlierPending(seq, e->slot)) [[unlikely]] {
+    Hold(seq);  // after the earlier commands of its slot, which are being redirected
+    return;
+  }
   SharedLink* l = nullptr;
   if (e->read && worker_.config.read_from_replicas) l = ClusterReplicaLink(worker_, e->slot);
   if (l == nullptr) l = LinkForSlot(e->slot);
-  SendOrRetry(seq, 0, l);
+  if (Send(seq, 0, l, false)) return;
+  // The node is down, still connecting or unknown: the command waits, and those after it for
+  // the same slot wait behind it.
+  if (worker_.cluster->refresh) worker_.cluster->refresh();
+  Hold(seq);
+  ++e->tries;
+  ArmHoldTimer(e->tries);
+}
+
+bool ClusterClient::Redirected(int32_t slot) const {
+  return std::find(redirected_.begin(), redirected_.end(), slot) != redirected_.end();
+}
+
+bool ClusterClient::EarlierPending(uint64_t seq, int32_t slot) {
+  for (uint64_t q = entries_.front_seq(); q != seq; ++q) {
+    const Entry& x = entries_.At(q);
+    if (!x.done && x.slot == slot) return true;
+  }
+  return false;
+}
+
+void ClusterClient::Hold(uint64_t seq) {
+  Entry& e = entries_.At(seq);
+  if (!e.held) {
+    e.held = true;
+    ++held_;
+  }
+  if (!Redirected(e.slot)) redirected_.push_back(e.slot);
+}
+
+void ClusterClient::ReleaseHeld() {
+  if (redirected_.empty()) return;
+  // Each held command goes once every earlier command of its slot is answered: a slot's
+  // commands reach its new node in the client's order, one after the other while it moves.
+  std::vector<int32_t> given_up;  // slots whose node did not come back in time: their held commands fail
+  for (uint64_t q = entries_.front_seq(); held_ != 0 && q != entries_.tail_seq(); ++q) {
+    Entry& e = entries_.At(q);
+    if (!e.held || EarlierPending(q, e.slot)) continue;
+    e.held = false;
+    --held_;
+    SharedLink* l = e.ask_link != nullptr ? e.ask_link : LinkForSlot(e.slot);
+    if (std::find(given_up.begin(), given_up.end(), e.slot) != given_up.end()) {
+      Fail(&e, 0, NodeUnavailable(l));
+    } else if (Send(q, 0, l, e.ask_link != nullptr)) {
+      continue;
+    } else if (e.tries < kMaxTryAgain) {
+      Hold(q);
+      ++e.tries;
+      ArmHoldTimer(e.tries);
+    } else {
+      Fail(&e, 0, NodeUnavailable(l));
+      given_up.push_back(e.slot);
+    }
+  }
+  // A slot none of whose commands is pending any more is an ordinary one again.
+  std::erase_if(redirected_, [&](int32_t slot) {
+    for (uint64_t q = entries_.front_seq(); q != entries_.tail_seq(); ++q) {
+      const Entry& x = entries_.At(q);
+      if (!x.done && x.slot == slot) return false;
+    }
+    return true;
+  });
+}
+
+void ClusterClient::ArmHoldTimer(int tries) {
+  if (hold_timer_armed_) return;
+  hold_timer_armed_ = true;
+  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * tries));
+  std::weak_ptr<bool> alive = alive_;
+  timer->async_wait([this, alive, timer](error_code ec) {
+    auto a = alive.lock();
+    if (ec || a == nullptr || !*a) return;
+    hold_timer_armed_ = false;
+    ReleaseHeld();
+    DeliverReady();
+    if (run_open_ && !in_link_run_) EndRun();
+  });
 }
 
 void ClusterClient::Complete(Entry* e, int part, std::string_view reply) {
@@ -416,12 +497,24 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       ClusterState& c = *worker_.cluster;
       SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port));
       e->ask_link = r->ask ? target : nullptr;
+      if (Single(*e)) {
+        // In the client's order behind the earlier commands of its slot (ReleaseHeld).
+        Hold(seq);
+        ReleaseHeld();
+        DeliverReady();
+        return;
+      }
       // (A node keyguard had no link to yet is still connecting: the command waits for it.)
       SendOrRetry(seq, part, target);
       return;
     } else if (text.starts_with("TRYAGAIN") && e->tries < kMaxTryAgain) {
       ++e->tries;
       e->ask_link = nullptr;
+      if (Single(*e)) {
+        Hold(seq);
+        ArmHoldTimer(e->tries);
+        return;
+      }
       RetryLater(seq, part);
       return;
     }
@@ -433,6 +526,8 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
   } else {
     Complete(e, part, frame);
   }
+  if (!redirected_.empty()) [[unlikely]]
+    ReleaseHeld();
   DeliverReady();
 }
 
@@ -459,6 +554,7 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
   }
   if (worker_.cluster->refresh) worker_.cluster->refresh();
   from_ = from;
+  ReleaseHeld();
   DeliverReady();
   if (run_open_ && !in_link_run_) EndRun();
 }

@@ -68,6 +68,7 @@ class ClusterClient final : public LinkClient {
     cluster::Merge merge = cluster::Merge::kNone;
     bool scan = false;
     bool read = false;  // read-only: a replica may serve it (cluster.read_from)
+    bool held = false;  // waits (ReleaseHeld) behind earlier commands of its slot being redirected
     int scan_node = 0;
     uint32_t redirects = 0;
     uint8_t tries = 0;
@@ -89,6 +90,7 @@ class ClusterClient final : public LinkClient {
    public:
     bool empty() const { return head_ == tail_; }
     uint64_t front_seq() const { return head_; }
+    uint64_t tail_seq() const { return tail_; }
     Entry& front() { return slots_[head_ & mask_]; }
     Entry& At(uint64_t seq) { return slots_[seq & mask_]; }
     // A reset entry at the back; its sequence number.
@@ -132,14 +134,30 @@ class ClusterClient final : public LinkClient {
   void SendOrRetry(uint64_t seq, int part, SharedLink* link);
   // A TRYAGAIN, or a node that could not take the command: the entry goes again after a pause.
   void RetryLater(uint64_t seq, int part);
+  // A command with one slot (not fanned out, split or a SCAN): redirections keep its order.
+  static bool Single(const Entry& e) {
+    return e.merge == cluster::Merge::kNone && !e.scan && e.split_commands.empty() && e.slot >= 0;
+  }
+  // Slots with a command being redirected (MOVED, ASK, TRYAGAIN, a node down): a later command of
+  // such a slot waits until every earlier one of the slot is answered, so none overtakes another
+  // on the way to the slot's new node.
+  bool Redirected(int32_t slot) const;
+  bool EarlierPending(uint64_t seq, int32_t slot);
+  void Hold(uint64_t seq);
+  void ReleaseHeld();
+  // ReleaseHeld again in 10 ms x `tries` (one timer for the client).
+  void ArmHoldTimer(int tries);
 
   Worker& worker_;
   LinkClient& session_;
   EntryRing entries_;
-  std::vector<LinkQueue> queues_;  // one per link used (a few)
-  size_t last_queue_ = 0;          // the one QueueOf found last
-  SharedLink* from_ = nullptr;     // the link whose replies are being handed over
-  bool run_open_ = false;          // the session's Begin was called, its End is due
+  std::vector<LinkQueue> queues_;    // one per link used (a few)
+  size_t last_queue_ = 0;            // the one QueueOf found last
+  std::vector<int32_t> redirected_;  // see Redirected
+  uint32_t held_ = 0;                // entries held
+  bool hold_timer_armed_ = false;
+  SharedLink* from_ = nullptr;  // the link whose replies are being handed over
+  bool run_open_ = false;       // the session's Begin was called, its End is due
   bool in_link_run_ = false;
   resp::ReplyFramer reframer_;         // frames a reply kept out of order, to hand it over
   std::deque<std::string> delivered_;  // replies handed over in this run (the connection holds views)

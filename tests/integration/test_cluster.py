@@ -776,3 +776,46 @@ def test_publish_keeps_a_clients_order_and_wait_is_refused(fresh):
     with pytest.raises(redis.ResponseError, match="WAIT cannot tell about this client's writes"):
         r.execute_command("WAIT", "1", "100")
     assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') >= 0
+
+
+def move_slot(c, slot, to):
+    """Migrates one slot to the primary on `to` by hand (IMPORTING/MIGRATING, MIGRATE of its keys,
+    then SETSLOT NODE everywhere): the steps redis-cli --cluster reshard takes for each slot."""
+    owner = c.slot_map()[slot]
+    source, target = c.node(owner).client, c.node(to).client
+    source_id, target_id = c.node_id(owner), c.node_id(to)
+    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    while True:
+        keys = source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        if not keys:
+            break
+        source.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", *keys)
+    for p in c.primaries():
+        c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+
+def test_a_pipeline_keeps_its_order_while_its_slot_moves(fresh):
+    """One connection pipelines SET k i and RPUSH {k}l i (i = 0..N-1) while the slot of k moves
+    to another primary (MOVED and ASK on the way): every command runs once, in the client's
+    order, so the list is 0..N-1 and k holds N-1."""
+    c, kg = fresh
+    key = "ro"
+    slot = c.keyslot(key)
+    n = 20000
+    for round_ in range(2):
+        r = client(kg)
+        r.delete(key, "{ro}l")
+        target = [p for p in c.primaries() if p != c.slot_map()[slot]][round_ % 2]
+        conn = RespConn(kg.port, timeout=60)
+        data = b"".join(encode("SET", key, str(i)) + encode("RPUSH", "{ro}l", str(i)) for i in range(n))
+        mover = threading.Thread(target=lambda: (time.sleep(0.01), move_slot(c, slot, target)))
+        mover.start()
+        conn.sock.sendall(data)
+        replies = [conn.read()[1] for _ in range(2 * n)]
+        mover.join()
+        assert replies[0::2] == [b"+OK\r\n"] * n
+        assert replies[1::2] == [b":%d\r\n" % (i + 1) for i in range(n)]
+        assert r.get(key) == str(n - 1)
+        assert r.lrange("{ro}l", 0, -1) == [str(i) for i in range(n)]
+        assert c.slot_map()[slot] == target
