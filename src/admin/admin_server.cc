@@ -101,7 +101,7 @@ awaitable<std::string> AdminServer::ProbeCluster() {
   std::string why;
   for (const proxy::cluster::Node& n : map->primaries) {
     error_code ec;
-    const auto ip = asio::ip::make_address(n.host, ec);
+    const auto ip = asio::ip::make_address(n.address(), ec);
     if (ec) continue;
     why = co_await Probe(tcp::endpoint(ip, n.port), n.host);
     if (why.empty()) co_return "";  // a primary answers (the others fail over by themselves)

@@ -32,11 +32,8 @@ SharedLink* LinkTo(Worker& worker, const cluster::Node& n, bool replica) {
   auto it = c.links.find(replica ? "r:" + addr : addr);
   if (it == c.links.end()) {
     error_code ec;
-    const auto ip = asio::ip::make_address(n.host, ec);
-    if (ec) {
-      EventLine("warn", "cluster_node_unusable").Str("node", addr).Str("error", "not an IP address").Write(stderr);
-      return nullptr;
-    }
+    const auto ip = asio::ip::make_address(n.address(), ec);
+    if (ec) return nullptr;  // a name not resolved (yet: MOVED named it; the next map has its address)
     auto link = std::make_shared<SharedLink>(worker, tcp::endpoint(ip, n.port), n.host, replica);
     link->Start();
     it = c.links.emplace(replica ? "r:" + addr : addr, std::move(link)).first;
@@ -95,7 +92,7 @@ std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot) 
   if (index == cluster::SlotMap::kNoOwner) return std::nullopt;
   const cluster::Node& n = c.map->primaries[index];
   error_code ec;
-  const auto ip = asio::ip::make_address(n.host, ec);
+  const auto ip = asio::ip::make_address(n.address(), ec);
   if (ec) return std::nullopt;
   return UpstreamAddress{tcp::endpoint(ip, n.port), n.host};
 }

@@ -23,9 +23,11 @@ inline constexpr int kSlots = 16384;
 uint16_t KeySlot(std::string_view key);
 
 struct Node {
-  std::string host;
+  std::string host;  // as the cluster announces it: an address, or a name (cluster-announce-hostname)
   uint16_t port = 0;
   std::string id;
+  std::string ip;  // a name's address, resolved by ClusterWatch ("": host is an address)
+  const std::string& address() const { return ip.empty() ? host : ip; }
   std::string ToString() const;  // "host:port"
   bool operator==(const Node& o) const { return host == o.host && port == o.port; }
 };

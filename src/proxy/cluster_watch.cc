@@ -41,6 +41,24 @@ awaitable<absl::StatusOr<std::shared_ptr<const cluster::SlotMap>>> ClusterWatch:
   if (!r.ok()) co_return r.status();
   auto m = cluster::ParseClusterSlots(r->frame, node.host);
   if (!m.ok()) co_return absl::Status(m.status().code(), absl::StrCat(node.ToString(), ": ", m.status().message()));
+  // Nodes announced by name (cluster-announce-hostname): their addresses, resolved here so that
+  // the workers never resolve (a name that does not resolve leaves the node unusable, logged).
+  asio::ip::basic_resolver<tcp, Executor> resolver(io_);
+  auto resolve = [&](cluster::Node& n) -> awaitable<void> {
+    error_code ec;
+    (void)asio::ip::make_address(n.host, ec);
+    if (!ec) co_return;
+    auto found = co_await resolver.async_resolve(n.host, std::to_string(n.port), AwaitEc(ec));
+    if (!ec && !found.empty()) {
+      n.ip = found.begin()->endpoint().address().to_string();
+    } else {
+      EventLine("warn", "cluster_node_unresolved").Str("node", n.ToString()).Str("error", ec.message()).Write(stderr);
+    }
+  };
+  for (cluster::Node& n : m->primaries) co_await resolve(n);
+  for (auto& list : m->replicas) {
+    for (cluster::Node& n : list) co_await resolve(n);
+  }
   co_return std::make_shared<const cluster::SlotMap>(*std::move(m));
 }
 

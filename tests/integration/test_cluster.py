@@ -819,3 +819,21 @@ def test_a_pipeline_keeps_its_order_while_its_slot_moves(fresh):
         assert r.get(key) == str(n - 1)
         assert r.lrange("{ro}l", 0, -1) == [str(i) for i in range(n)]
         assert c.slot_map()[slot] == target
+
+
+def test_a_cluster_that_announces_hostnames():
+    """Nodes announced by name (cluster-announce-hostname, cluster-preferred-endpoint-type
+    hostname: CLUSTER SLOTS and MOVED name "localhost"): keyguard resolves the names and routes."""
+    with cluster(primaries=3, replicas=0) as c:
+        for n in c.live():
+            n.client.config_set("cluster-announce-hostname", "localhost")
+            n.client.config_set("cluster-preferred-endpoint-type", "hostname")
+        wait_until(lambda: all(r[2][0] == "localhost" for r in c.live()[0].client.execute_command("CLUSTER", "SLOTS")),
+                   "CLUSTER SLOTS to name the nodes by hostname")
+        with keyguard_for(c) as kg:
+            r = client(kg)
+            keys = {"host:%d" % i: str(i) for i in range(60)}
+            assert r.mset(keys) is True
+            assert r.mget(list(keys)) == list(keys.values())
+            check_stored(c, keys)
+            assert kg.http("/readyz") == (200, "ready\n")
