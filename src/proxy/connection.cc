@@ -766,6 +766,10 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   }
   // A write refused by a replica: the primary may have moved (the transport asks Sentinel again).
   if (error && bulk.starts_with("READONLY")) readonly_seen_ = true;
+  // A cluster's redirection on a pinned connection (the client sees it): keyguard's map is wrong.
+  if (error && cluster_ && (bulk.starts_with("MOVED ") || bulk.starts_with("ASK "))) [[unlikely]] {
+    redirect_seen_.assign(bulk.data(), bulk.size());
+  }
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';
     shard_.ObserveReply(p.command, frame_len, aggregate ? size : -1);

@@ -217,6 +217,9 @@ class Connection {
   void set_upstream_failure(std::string why) { upstream_failure_ = std::move(why); }
   // Whether a reply since the last call was READONLY (a replica: the primary may have moved).
   bool TakeReadOnlySeen() { return std::exchange(readonly_seen_, false); }
+  // A cluster's MOVED or ASK a reply on the client's own (pinned) connection carried since the
+  // last call ("" for none): the transport corrects its slot map.
+  std::string TakeRedirectSeen() { return std::exchange(redirect_seen_, std::string()); }
 
   // The connection closes: nothing can follow what the detectors are waiting for.
   void OnClose();
@@ -370,6 +373,7 @@ class Connection {
   Output out_;
   std::string upstream_failure_;  // set_upstream_failure
   bool readonly_seen_ = false;
+  std::string redirect_seen_;
   bool move_error_logged_ = false;  // legacy_move_failed is logged once per connection
   // The error reply for an upstream that is gone.
   std::string UpstreamUnavailable() const;

@@ -208,6 +208,14 @@ awaitable<void> Session::UpstreamPump() {
     NotifyQueue();
     // A write refused by a replica: the primary may have moved (Sentinel: ask again).
     if (conn_.TakeReadOnlySeen() && worker_.upstream_failed) worker_.upstream_failed();
+    if (cluster_ != nullptr) [[unlikely]] {
+      // A pinned connection got MOVED (passed on: it is the client's own connection): the next pin
+      // of that slot goes to the node named, and the map is asked for again.
+      if (const std::string moved = conn_.TakeRedirectSeen(); !moved.empty()) {
+        if (auto r = cluster::ParseRedirect(moved); r.has_value() && !r->ask) OnClusterMoved(worker_, *r);
+        if (worker_.cluster->refresh) worker_.cluster->refresh();
+      }
+    }
     if (!ok) {
       FailUpstream(conn_.read_error());
       co_return;

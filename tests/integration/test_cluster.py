@@ -837,3 +837,21 @@ def test_a_cluster_that_announces_hostnames():
             assert r.mget(list(keys)) == list(keys.values())
             check_stored(c, keys)
             assert kg.http("/readyz") == (200, "ready\n")
+
+
+def test_a_pinned_command_after_its_slot_moved(fresh):
+    """A blocking command pins to the node keyguard's map names. When the slot moved behind
+    keyguard's back, that node answers MOVED on the client's own connection (passed on, as a
+    cluster node would); keyguard corrects its map from it, so the client's next try is served."""
+    c, kg = fresh
+    r = client(kg)
+    slot = c.keyslot("bq")
+    assert r.rpush("bq", "x") == 1
+    target = [p for p in c.primaries() if p != c.slot_map()[slot]][0]
+    move_slot(c, slot, target)
+    first = None
+    try:
+        first = r.blpop(["bq"], timeout=1)
+    except redis.ResponseError as e:
+        assert str(e).startswith("MOVED %d " % slot), e
+    assert (first or r.blpop(["bq"], timeout=1)) == ("bq", "x")
