@@ -126,7 +126,7 @@ bool ClusterClient::ready() const {
 }
 
 size_t ClusterClient::backlog() const {
-  size_t most = 0;
+  size_t most = buffered_;  // replies waiting for their turn: no more commands read meanwhile
   for (const LinkQueue& q : queues_) most = std::max(most, q.link->backlog());
   return most;
 }
@@ -179,6 +179,7 @@ void ClusterClient::Entry::Reset() {
   scan = false;
   read = false;
   held = false;
+  buffered = 0;
   scan_node = 0;
   redirects = tries = 0;
   ask_link = nullptr;
@@ -417,6 +418,17 @@ void ClusterClient::ArmHoldTimer(int tries) {
 }
 
 void ClusterClient::Complete(Entry* e, int part, std::string_view reply) {
+  // Replies kept until their turn (behind an earlier command still unanswered) count against the
+  // client: past the bound, it is cut off. (The head's parts are merged as they come, as big as
+  // the reply itself.)
+  if (e != &entries_.front()) {
+    e->buffered += reply.size();
+    buffered_ += reply.size();
+  }
+  if (buffered_ > 16 * static_cast<size_t>(worker_.config.max_output_buffer) && on_overflow_ && !overflowed_) {
+    overflowed_ = true;
+    on_overflow_();  // (posts the cut-off: this runs inside a link's delivery)
+  }
   if (e->merge != cluster::Merge::kNone) {
     if (part >= 0 && static_cast<size_t>(part) < e->parts.size()) e->parts[static_cast<size_t>(part)] = reply;
     if (--e->parts_left > 0) return;
@@ -459,6 +471,7 @@ void ClusterClient::Deliver(std::string_view frame, const resp::ReplyFramer& f) 
 void ClusterClient::DeliverReady() {
   while (!entries_.empty() && entries_.front().done) {
     // The connection keeps views of the frame until the run ends: the bytes are kept until then.
+    buffered_ -= entries_.front().buffered;
     const std::string& reply = delivered_.emplace_back(std::move(entries_.front().reply));
     entries_.Pop();
     reframer_.Reset();

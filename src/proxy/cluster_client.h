@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,6 +45,9 @@ class ClusterClient final : public LinkClient {
   awaitable<void> WaitBelow(size_t limit);
   // The session goes away: the links drop the replies still owed to it.
   void Detach();
+  // Called once when the replies kept until their turn (a node answers late, the others' replies
+  // wait behind it) pass 16 times limits.max_output_buffer: the session cuts the client off.
+  void set_on_overflow(std::function<void()> f) { on_overflow_ = std::move(f); }
 
   // LinkClient (called by the node links).
   void BeginLinkReplies(SharedLink* from) override;
@@ -67,8 +71,9 @@ class ClusterClient final : public LinkClient {
     int32_t slot = kAnyNode;
     cluster::Merge merge = cluster::Merge::kNone;
     bool scan = false;
-    bool read = false;  // read-only: a replica may serve it (cluster.read_from)
-    bool held = false;  // waits (ReleaseHeld) behind earlier commands of its slot being redirected
+    bool read = false;    // read-only: a replica may serve it (cluster.read_from)
+    bool held = false;    // waits (ReleaseHeld) behind earlier commands of its slot being redirected
+    size_t buffered = 0;  // reply bytes kept for it (buffered_)
     int scan_node = 0;
     uint32_t redirects = 0;
     uint8_t tries = 0;
@@ -154,7 +159,10 @@ class ClusterClient final : public LinkClient {
   std::vector<LinkQueue> queues_;    // one per link used (a few)
   size_t last_queue_ = 0;            // the one QueueOf found last
   std::vector<int32_t> redirected_;  // see Redirected
-  uint32_t held_ = 0;                // entries held
+  size_t buffered_ = 0;              // bytes of replies kept until their turn
+  bool overflowed_ = false;
+  std::function<void()> on_overflow_;
+  uint32_t held_ = 0;  // entries held
   bool hold_timer_armed_ = false;
   SharedLink* from_ = nullptr;  // the link whose replies are being handed over
   bool run_open_ = false;       // the session's Begin was called, its End is due

@@ -73,6 +73,12 @@ awaitable<void> Session::Run() {
     const tcp::endpoint local = client_.socket().local_endpoint(ec);
     conn_.set_cluster(ec ? std::string("127.0.0.1") : local.address().to_string(), ec ? 0 : local.port());
     cluster_ = std::make_unique<ClusterClient>(worker_, static_cast<LinkClient&>(*this));
+    std::weak_ptr<Session> weak = self;
+    cluster_->set_on_overflow([weak, &io = worker_.io]() {
+      asio::post(io, [weak]() {
+        if (auto s = weak.lock(); s != nullptr && !s->closed_) s->CutOff();
+      });
+    });
     co_await ClientPump<true>();
     co_return;
   }

@@ -855,3 +855,29 @@ def test_a_pinned_command_after_its_slot_moved(fresh):
     except redis.ResponseError as e:
         assert str(e).startswith("MOVED %d " % slot), e
     assert (first or r.blpop(["bq"], timeout=1)) == ("bq", "x")
+
+
+def test_replies_held_behind_a_slow_node_are_bounded(fresh):
+    """A node that answers late (DEBUG SLEEP) holds the client's later replies from the other
+    nodes in keyguard until their turn; a client piling up more than 16 times
+    limits.max_output_buffer of them is cut off, and keyguard's memory stays bounded."""
+    c, _ = fresh
+    kg = Keyguard(0, upstream=seed_url(c), config="limits:\n  max_output_buffer: 65536\n")
+    try:
+        r = client(kg)
+        slow, fast, _ = keys_on_distinct_nodes(c, prefix="hol")
+        assert r.set(fast, "x" * 100000) is True
+        rss_before = kg.rss_kb()
+        conn = RespConn(kg.port, timeout=30)
+        sleeper = threading.Thread(target=lambda: c.client_for_key(slow).execute_command("DEBUG", "SLEEP", "1"))
+        sleeper.start()
+        time.sleep(0.1)
+        # GET of the slow node's key first, then 400 GETs of a 100 kB value on another node.
+        conn.sock.sendall(encode("GET", slow) + encode("GET", fast) * 400)
+        sleeper.join()
+        assert conn.exchange(b"", closed=True).endswith(b"<closed>")
+        wait_until(lambda: kg.events("slow_client_closed"), "keyguard to cut the client off")
+        assert kg.rss_kb() - rss_before < 30000, "keyguard kept %d kB" % (kg.rss_kb() - rss_before)
+        assert r.get(fast) == "x" * 100000  # everyone else is served
+    finally:
+        assert kg.stop() == 0, kg.output()[-3000:]
