@@ -50,6 +50,15 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
   for (size_t i = 0; i < c.map->primaries.size(); ++i) {
     c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
   }
+  // A node that is no longer a primary (failed over: hung, partitioned, demoted) answers its
+  // commands in flight late or never: its link is closed (they fail, their clients go on) and
+  // connects again, in case it serves again.
+  for (auto& [addr, link] : c.links) {
+    if (addr.starts_with("r:") || !link->owes()) continue;
+    const bool primary = std::any_of(c.map->primaries.begin(), c.map->primaries.end(),
+                                     [&](const cluster::Node& n) { return n.ToString() == addr; });
+    if (!primary) link->Restart();
+  }
   c.replica_links.assign(c.map->primaries.size(), {});
   if (worker.config.read_from_replicas) {
     for (size_t i = 0; i < c.map->replicas.size() && i < c.replica_links.size(); ++i) {

@@ -282,6 +282,9 @@ void SharedLink::Flush() {
 
 void SharedLink::CheckLiveness(int64_t now_ns) {
   if (!up_ || owed_.empty() || eof_ || now_ns - last_read_ns_ < 1'000'000'000) return;
+  // A cluster node silent for a second with commands in flight may be failing over: the map is
+  // asked for (a new one closes this link when the node is no longer a primary).
+  if (to_.endpoint.has_value() && worker_.cluster != nullptr && worker_.cluster->refresh) worker_.cluster->refresh();
   if (Peek(conn_->stream.socket()) == Peeked::kClosed) {
     eof_ = true;
     error_code ignored;

@@ -113,6 +113,8 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
     if (conn_ != nullptr) conn_->stream.Close();
   }
   bool up() const { return up_; }
+  // Whether replies are owed on it (commands in flight).
+  bool owes() const { return !owed_.empty(); }
   // "host:port" of a cluster node ("" for the worker's upstream).
   std::string address() const {
     return to_.host.empty() ? std::string() : config::HostPort{to_.host, to_.endpoint->port()}.ToString();

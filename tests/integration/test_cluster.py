@@ -881,3 +881,29 @@ def test_replies_held_behind_a_slow_node_are_bounded(fresh):
         assert r.get(fast) == "x" * 100000  # everyone else is served
     finally:
         assert kg.stop() == 0, kg.output()[-3000:]
+
+
+def test_a_hung_primary_fails_its_commands_once_the_cluster_fails_it_over():
+    """A primary stops answering (SIGSTOP: no RST, as in a partition) with a client's command in
+    flight on it and later commands of that client answered by other nodes. Once the cluster has
+    promoted its replica and keyguard has the new map, the command in flight gets an error and
+    the others their replies; a new command for the slot is served by the promoted replica."""
+    import signal
+    with cluster() as c, keyguard_for(c) as kg:
+        r = client(kg)
+        a, b, d = keys_on_distinct_nodes(c, prefix="hung")
+        assert r.mset({a: "A", b: "B", d: "D"}) is True
+        stopped = c.node(c.node_for_key(a))
+        conn = RespConn(kg.port, timeout=30)
+        stopped.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            out = conn.exchange(encode("GET", a) + encode("GET", b) + encode("GET", d), replies=3)
+            waited = time.monotonic() - started
+            print("\nthe client's replies came %.1f s after its primary stopped" % waited)
+            assert out.startswith(b"-ERR keyguard: cluster node 127.0.0.1:%d unavailable\r\n" % stopped.port), out
+            assert out.endswith(b"$1\r\nB\r\n$1\r\nD\r\n")
+            assert waited < 20
+            wait_until(lambda: r.get(a) == "A", "the promoted replica to serve the slot", timeout=20)
+        finally:
+            stopped.proc.send_signal(signal.SIGCONT)
