@@ -472,6 +472,35 @@ def check_on(c, port, writes):
         len(missing), port, missing[:10])
 
 
+def fail_over_under_load(c, kg, old, switch):
+    """A write load through keyguard on keys `old` owns; `switch()` takes `old` away and its
+    replica is promoted. Returns (load, replica, started, switched) once writes are acknowledged
+    after the switch; checks that no redirection reached a client, that the window in which
+    writes failed and the longest gap without an acknowledged write are under 10 s, that the
+    replica owns the keys and that every write acknowledged after the switch is on it."""
+    replica = c.replicas_of(old)[0]
+    tags = tags_owned_by(c, old)
+    load = WriteLoad(kg, tags)
+    try:
+        load.wait_acked_after(0, 300, "writes through keyguard")
+        started = time.monotonic()
+        switch()
+        wait_until(lambda: c.role(replica) == "master", "the replica on %d promoted" % replica)
+        switched = time.monotonic()
+        c.wait_agreed()
+        load.wait_acked_after(switched, 300, "writes acknowledged after the failover")
+    finally:
+        load.stop()
+    window, gap = load.window(started, switched)
+    load.check_no_redirection(old, replica)
+    assert window < 10, "writes failed for %.2f s: %r" % (window, load.failures[:10])
+    assert gap < 10, "no write was acknowledged for %.2f s" % gap
+    assert old not in c.primaries() and replica in c.primaries(), (old, replica, c.primaries())
+    assert all(c.node_for_key(t) == replica for t in tags)
+    check_on(c, replica, load.acked_after(switched))
+    return load, replica
+
+
 def test_failover_under_write_load():
     """CLUSTER FAILOVER on the replica of the primary owning the keys being written through
     keyguard: the window in which writes fail is measured (and printed), and every write
@@ -479,25 +508,10 @@ def test_failover_under_write_load():
     with cluster() as c, keyguard_for(c) as kg:
         old = c.primaries()[0]
         replica = c.replicas_of(old)[0]
-        tags = tags_owned_by(c, old)
-        load = WriteLoad(kg, tags)
-        try:
-            load.wait_acked_after(0, 300, "writes through keyguard")
-            started = time.monotonic()
+
+        def manual_failover():
             assert c.node(replica).client.execute_command("CLUSTER", "FAILOVER") == "OK"
-            wait_until(lambda: c.role(replica) == "master", "the replica on %d promoted" % replica)
-            switched = time.monotonic()
-            c.wait_agreed()
-            load.wait_acked_after(switched, 300, "writes acknowledged after the failover")
-        finally:
-            load.stop()
-        window, gap = load.window(started, switched)
-        load.check_no_redirection(old, replica)
-        assert window < 10, "writes failed for %.2f s: %r" % (window, load.failures[:10])
-        assert gap < 10, "no write was acknowledged for %.2f s" % gap
-        assert old not in c.primaries() and replica in c.primaries(), (old, replica, c.primaries())
-        assert all(c.node_for_key(t) == replica for t in tags)
-        check_on(c, replica, load.acked_after(switched))
+        load, _ = fail_over_under_load(c, kg, old, manual_failover)
         # A manual failover loses nothing: the replica caught up before it took over.
         check_on(c, replica, load.acked)
 
@@ -509,26 +523,7 @@ def test_killed_primary_under_write_load():
     with cluster() as c, keyguard_for(c) as kg:
         old = c.ports[0]
         assert old in c.primaries(), "redis-cli made the first node a replica"
-        replica = c.replicas_of(old)[0]
-        tags = tags_owned_by(c, old)
-        load = WriteLoad(kg, tags)
-        try:
-            load.wait_acked_after(0, 300, "writes through keyguard")
-            started = time.monotonic()
-            c.kill(old)
-            wait_until(lambda: c.role(replica) == "master", "the replica on %d promoted" % replica)
-            switched = time.monotonic()
-            c.wait_agreed()
-            load.wait_acked_after(switched, 300, "writes acknowledged after the failover")
-        finally:
-            load.stop()
-        window, gap = load.window(started, switched)
-        load.check_no_redirection(old, replica)
-        assert window < 10, "writes failed for %.2f s: %r" % (window, load.failures[:10])
-        assert gap < 10, "no write was acknowledged for %.2f s" % gap
-        assert old not in c.primaries() and replica in c.primaries()
-        assert all(c.node_for_key(t) == replica for t in tags)
-        check_on(c, replica, load.acked_after(switched))
+        fail_over_under_load(c, kg, old, lambda: c.kill(old))
 
 
 def encode_reply(items):
