@@ -219,6 +219,11 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
   if (r == PinReason::kNone) return false;
   if (cluster_ && ClusterAnswers(id, args)) return false;  // keyguard answers it
+  // WAIT, WAITAOF: a connection pinned for them carried none of the client's writes (the access
+  // stage refuses them on a shared connection).
+  static const commands::CommandId kWait = commands::LookupCommand("wait");
+  static const commands::CommandId kWaitAof = commands::LookupCommand("waitaof");
+  if (!pinned_ && (id == kWait || id == kWaitAof)) return false;
   if (pinned_) {
     // Already on a connection of its own: state that lasts keeps it there for good.
     if (!PinEnds(r)) {
@@ -298,6 +303,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   c.state = &state_;
   c.queue = &queue_;
   c.upstream_ready = upstream_ready_;
+  c.own_upstream = !multiplexed_ || pinned_;
   c.client = client_address_;
   if (tenant_commands_ != nullptr) {
     tenant_commands_->Add();

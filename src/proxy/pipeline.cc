@@ -62,10 +62,20 @@ void StageShared::Refresh() {
   rewrite_handles.Clear();
   access.assign(commands::CommandCount(), 0);
   constexpr auto kCode = [](Refusal r) { return static_cast<uint8_t>(static_cast<uint8_t>(r) + 1); };
+  constexpr uint8_t kSharedWait = StageShared::kSharedWait;
   if (live->reject_unknown_commands) access[commands::kUnknownCommand] = kCode(Refusal::kUnknownCommand);
   for (const std::string& name : live->deny_commands) {
     const commands::CommandId id = commands::LookupCommand(name);
     if (id != commands::kUnknownCommand) access[id] = kCode(Refusal::kDenyList);
+  }
+  if (config.shared_upstream) {
+    // WAIT and WAITAOF count the replicas that have this connection's writes: on a shared
+    // connection (or a connection pinned for them, which carried none) that would be others'
+    // writes, or none. Refused unless the client's commands go to a connection of its own.
+    for (std::string_view name : {"wait", "waitaof"}) {
+      const commands::CommandId id = commands::LookupCommand(name);
+      if (id != commands::kUnknownCommand && access[id] == 0) access[id] = kSharedWait;
+    }
   }
 }
 
@@ -224,6 +234,13 @@ bool CommandPipeline::Login(const CommandContext& c) {
 }
 
 bool CommandPipeline::Access(const CommandContext& c) {
+  if (shared_.access[c.id] == StageShared::kSharedWait) {
+    if (c.own_upstream) return true;
+    return Refuse(Refusal::kDenyList,
+                  absl::StrCat("ERR keyguard: ", Upper(c.args[0]),
+                               " cannot tell about this client's writes: they go over shared upstream connections "
+                               "(upstream_connections: shared)"));
+  }
   if (static_cast<Refusal>(shared_.access[c.id] - 1) == Refusal::kUnknownCommand) {
     return Refuse(Refusal::kUnknownCommand,
                   absl::StrCat("ERR keyguard: unknown command '", std::string(c.args[0]), "'"));

@@ -52,6 +52,7 @@ struct StageShared {
   // By command id, from `live`: the access stage's refusal (0: none, else a Refusal + 1:
   // kDenyList, or kUnknownCommand for the unknown command id), one load per command.
   std::vector<uint8_t> access;
+  static constexpr uint8_t kSharedWait = 0xFF;  // access: WAIT/WAITAOF with shared connections (Access)
   metrics::WorkerShard* shard;
   std::array<metrics::Counter*, kRefusalCount> rejected{};  // keyguard_commands_rejected_total by reason
   tenant::Connections* connections;                   // with tenancy: which tenant each upstream connection serves
@@ -85,6 +86,7 @@ struct CommandContext {
   const ReplyQueue* queue = nullptr;  // what is pending (a subscribe still unconfirmed)
   std::string_view client;            // its address, for warn lines
   bool upstream_ready = true;         // false: the upstream connection failed
+  bool own_upstream = true;           // the client's commands go to a connection of its own (not shared)
 };
 
 // The outcome of a command's run through the stages.

@@ -319,3 +319,19 @@ def test_a_thousand_clients_get_exactly_their_own_replies():
             w.close()
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
+
+
+def test_wait_is_refused_unless_the_client_writes_on_its_own_connection():
+    """WAIT counts the replicas that have the connection's writes. A client's writes on a shared
+    connection are not that connection's alone, and a connection pinned for WAIT carried none
+    (WAIT would answer at once, with every replica): refused. A client pinned for good (CLIENT
+    SETNAME) writes on its own connection, so its WAIT is the server's."""
+    with shared() as (server, kg):
+        c = RespConn(kg.port)
+        assert c.exchange(encode("SET", "w", "1") + encode("WAIT", "0", "0"), replies=2) == (
+            b"+OK\r\n-ERR keyguard: WAIT cannot tell about this client's writes: they go over shared upstream "
+            b"connections (upstream_connections: shared)\r\n")
+        assert kind(kg, "pinned") == 0
+        assert c.exchange(encode("CLIENT", "SETNAME", "own") + encode("SET", "w", "2") + encode("WAIT", "0", "0"),
+                          replies=3) == b"+OK\r\n+OK\r\n:0\r\n"
+        assert kg.metric('keyguard_commands_rejected_total{reason="deny_list"}') == 1
