@@ -223,7 +223,7 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   // stage refuses them on a shared connection).
   static const commands::CommandId kWait = commands::LookupCommand("wait");
   static const commands::CommandId kWaitAof = commands::LookupCommand("waitaof");
-  if (!pinned_ && (id == kWait || id == kWaitAof)) return false;
+  if (!pinned_ && id != commands::kUnknownCommand && (id == kWait || id == kWaitAof)) return false;
   if (pinned_) {
     // Already on a connection of its own: state that lasts keeps it there for good.
     if (!PinEnds(r)) {

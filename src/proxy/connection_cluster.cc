@@ -62,7 +62,7 @@ const std::vector<uint8_t>& Classes() {
           ids.function, ids.scan,   ids.client, ids.readonly, ids.readwrite, ids.mget,       ids.mset,
           ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe,
           ids.publish,  ids.pubsub, ids.wait,   ids.waitaof}) {
-      c[id] = static_cast<uint8_t>(kSpecial | (c[id] & kReadOnly));
+      if (id != commands::kUnknownCommand) c[id] = static_cast<uint8_t>(kSpecial | (c[id] & kReadOnly));
     }
     return c;
   }();
@@ -106,6 +106,7 @@ void Connection::ClearRoutes() {
 
 bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
   const ClusterIds& ids = Ids();
+  if (id == commands::kUnknownCommand) return false;  // (WAITAOF is unknown to a 7.0 table: its id is 0)
   if (id == ids.readonly || id == ids.readwrite || id == ids.wait || id == ids.waitaof) return true;
   if (id != ids.client || args.size() < 2) return false;
   const std::string sub = Lower(args[1]);

@@ -637,6 +637,22 @@ TEST_F(ClusterConnectionTest, MultiKeyCommandsAcrossSlotsAreSplitOthersGetCrosss
   EXPECT_EQ(TakeClient(), "*2\r\n$1\r\nv\r\n$-1\r\n+OK\r\n-CROSSSLOT Keys in request don't hash to the same slot\r\n");
 }
 
+TEST_F(ClusterConnectionTest, AnUnknownCommandGoesToTheServerWhichAnswersIt) {
+  OpenCluster();
+  // (WAITAOF is not in a 7.0 table: its id is the unknown command's, which must not be refused as WAIT.)
+  const std::string unknown = "*2\r\n$9\r\nNOSUCHCMD\r\n$1\r\nx\r\n";
+  Client(unknown);
+  EXPECT_EQ(TakeUpstream(), unknown);
+  const std::vector<Route> r = TakeRoutes();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].slot, kAnyNode);
+  EXPECT_EQ(TakeClient(), "");
+  // WAIT is refused: the client's writes went over shared connections to several nodes.
+  Client("*3\r\n$4\r\nWAIT\r\n$1\r\n1\r\n$1\r\n0\r\n");
+  EXPECT_EQ(TakeUpstream(), "");
+  EXPECT_EQ(conn_->pin_wanted(), PinReason::kNone);
+}
+
 TEST_F(ClusterConnectionTest, KeyguardAnswersAsAOneNodeCluster) {
   OpenCluster();
   Client(
