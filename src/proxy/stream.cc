@@ -4,6 +4,8 @@
 
 #include <cerrno>
 
+#include "absl/strings/str_cat.h"
+
 namespace keyguard::proxy {
 
 Peeked Peek(Socket& socket) {
@@ -59,7 +61,8 @@ awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const st
   if (!ec && tls != nullptr) {
     context_ = tls->Current();
     tls_ = std::make_unique<asio::ssl::stream<Socket&>>(socket_, context_->context());
-    context_->Prepare(tls_->native_handle(), tls->NameFor(host));
+    context_->Prepare(tls_->native_handle(), tls->NameFor(host),
+                      absl::StrCat(to.address().to_string(), ":", to.port()));
     co_await tls_->async_handshake(asio::ssl::stream_base::client, AwaitEc(ec));
     if (ec) {
       tls_failure_ = deadline.timed_out() ? "handshake timed out" : TlsFailure(tls_->native_handle(), ec);

@@ -38,21 +38,43 @@ bool IsIpAddress(const std::string& name) {
   return inet_pton(AF_INET, name.c_str(), &a4) == 1 || inet_pton(AF_INET6, name.c_str(), &a6) == 1;
 }
 
+// Where an SSL keeps the TlsContext::Sessions of the server it connects to.
+int SslSessionsIndex() {
+  static const int index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  return index;
+}
+
+void FreeSessions(std::deque<SSL_SESSION*>& sessions) {
+  for (SSL_SESSION* s : sessions) SSL_SESSION_free(s);
+  sessions.clear();
+}
+
 }  // namespace
 
 TlsContext::~TlsContext() {
-  if (session_ != nullptr) SSL_SESSION_free(session_);
+  for (auto& [server, sessions] : sessions_) {
+    FreeSessions(sessions->unused);
+    if (sessions->newest != nullptr) SSL_SESSION_free(sessions->newest);
+  }
 }
 
 int TlsContext::OnNewSession(SSL* ssl, SSL_SESSION* session) {
   auto* self = static_cast<TlsContext*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), ContextIndex()));
+  auto* sessions = static_cast<Sessions*>(SSL_get_ex_data(ssl, SslSessionsIndex()));
+  if (sessions == nullptr) return 0;  // not ours to keep: OpenSSL frees it
   std::lock_guard<std::mutex> lock(self->mu_);
-  if (self->session_ != nullptr) SSL_SESSION_free(self->session_);
-  self->session_ = session;
+  if (sessions->unused.size() == kUnusedPerServer) {
+    SSL_SESSION_free(sessions->unused.front());
+    sessions->unused.pop_front();
+  }
+  SSL_SESSION_up_ref(session);
+  sessions->unused.push_back(session);
+  if (sessions->newest != nullptr) SSL_SESSION_free(sessions->newest);
+  sessions->newest = session;
   return 1;  // the reference is ours now
 }
 
-void TlsContext::Prepare(SSL* ssl, const std::string& name) {
+void TlsContext::Prepare(SSL* ssl, const std::string& name, const std::string& server) {
   if (!IsIpAddress(name)) SSL_set_tlsext_host_name(ssl, name.c_str());
   if (verify_) {
     X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
@@ -64,7 +86,24 @@ void TlsContext::Prepare(SSL* ssl, const std::string& name) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (session_ != nullptr) SSL_set_session(ssl, session_);
+  std::string key = absl::StrCat(name, "|", server);
+  auto it = sessions_.find(key);
+  if (it == sessions_.end()) {
+    // Open connections may still get sessions for every server known, so none is forgotten; a
+    // server past the bound (a cluster's nodes replaced many times over) is not resumed.
+    if (sessions_.size() >= kServers) return;
+    it = sessions_.emplace(std::move(key), std::make_unique<Sessions>()).first;
+  }
+  Sessions* sessions = it->second.get();
+  SSL_set_ex_data(ssl, SslSessionsIndex(), sessions);
+  if (!sessions->unused.empty()) {
+    SSL_SESSION* s = sessions->unused.back();
+    sessions->unused.pop_back();
+    SSL_set_session(ssl, s);
+    SSL_SESSION_free(s);
+  } else if (sessions->newest != nullptr) {
+    SSL_set_session(ssl, sessions->newest);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<TlsClient>> TlsClient::Create(const config::TlsSettings& settings, std::string field,

@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <openssl/ssl.h>
@@ -32,9 +34,10 @@ class TlsContext {
  public:
   ~TlsContext();
   boost::asio::ssl::context& context() { return ssl_; }
-  // Prepares `ssl` (made from context()) to connect to `name` (a DNS name or an IP address): SNI
-  // for a DNS name, the name or address the certificate must match, the session to resume.
-  void Prepare(SSL* ssl, const std::string& name);
+  // Prepares `ssl` (made from context()) to connect to `name` (a DNS name or an IP address) at
+  // `server` (its address and port, which keys the sessions): SNI for a DNS name, the name or
+  // address the certificate must match, the session to resume.
+  void Prepare(SSL* ssl, const std::string& name, const std::string& server);
 
  private:
   friend class TlsClient;
@@ -43,10 +46,20 @@ class TlsContext {
   }
   static int OnNewSession(SSL* ssl, SSL_SESSION* session);
 
+  // The sessions one server (name and address) issued. A new connection takes an unused one
+  // (servers may accept a session once: stateful TLS 1.3 resumption, RFC 8446's advice to
+  // clients), else offers the newest again (stateless tickets resume many times).
+  struct Sessions {
+    std::deque<SSL_SESSION*> unused;  // owned, newest last
+    SSL_SESSION* newest = nullptr;    // owned
+  };
+  static constexpr size_t kUnusedPerServer = 64;
+  static constexpr size_t kServers = 256;  // more (a cluster's nodes replaced many times): not resumed
+
   boost::asio::ssl::context ssl_;
   bool verify_ = true;
   std::mutex mu_;
-  SSL_SESSION* session_ = nullptr;  // owned; the last one the server issued
+  std::unordered_map<std::string, std::unique_ptr<Sessions>> sessions_;  // by server
 };
 
 // The current TlsContext for a set of settings, shared by every worker thread. kClient connects
