@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 
@@ -413,11 +414,11 @@ def test_compose_sentinel_demo_finds_the_primary_by_name():
         svc = services[name]
         sh, dash_c, script = svc["command"]
         assert (sh, dash_c) == ("sh", "-c")
-        words = shlex.split(script.replace("$$", "$"))
-        copy = words[:words.index("&&")]
-        # A writable copy of the mounted file (Sentinel rewrites it), run by the image's entrypoint.
-        assert copy[0] == "cp" and mounts(svc)[copy[1]] == conf_path
-        run = words[words.index("&&") + 1:]
+        # A writable copy of the mounted file (Sentinel rewrites it), made unless there is one (a
+        # restarted Sentinel keeps what it learnt), run by the image's entrypoint.
+        copy, run = (shlex.split(part) for part in script.replace("$$", "$").split(";"))
+        assert len(copy) == 7 and copy[:2] == ["test", "-e"] and copy[3:5] == ["||", "cp"]
+        assert mounts(svc)[copy[5]] == conf_path and copy[6] == copy[2]
         assert run[:4] == ["exec", "docker-entrypoint.sh", "redis-server", copy[2]]
         assert run[4:] == ["--sentinel", "--sentinel", "announce-ip", "$SENTINEL_NAME"]
         assert svc["environment"] == {"SENTINEL_NAME": name}
@@ -428,8 +429,11 @@ def test_compose_sentinel_demo_finds_the_primary_by_name():
     assert url == "redis-sentinel://%s@%s" % (master, ",".join("%s:%s" % (s, sentinel_port) for s in sentinels))
     assert "--upstream" not in services["keyguard-sentinel"]["command"]
 
-    # For real, on loopback, with "localhost" for the compose names.
-    primary = Redis("--replica-announce-ip", "localhost")
+    # For real, on loopback, with "localhost" for the compose names: redis-primary's arguments, and
+    # sentinel-1's own command (sh -c, with a stand-in for the image's entrypoint) running a copy of
+    # sentinel.conf whose primary and port are loopback ones.
+    local = {name: "localhost" for name in services}
+    primary = Redis(*[local.get(a, a) for a in services["redis-primary"]["command"][1:]])
     d = tempfile.mkdtemp(prefix="kg-demo-sentinel-")
     with open(conf_path) as f:
         text_conf = f.read()
@@ -437,11 +441,19 @@ def test_compose_sentinel_demo_finds_the_primary_by_name():
     text_conf = text_conf.replace("monitor %s %s %s" % (master, primary_host, primary_port),
                                   "monitor %s localhost %d" % (master, primary.port))
     text_conf = text_conf.replace("port %s\n" % sentinel_port, "port %d\nbind 127.0.0.1\n" % port)
-    with open(os.path.join(d, "sentinel.conf"), "w") as f:
+    mounted, data, bin_dir = (os.path.join(d, x) for x in ("sentinel.conf", "data", "bin"))
+    with open(mounted, "w") as f:
         f.write(text_conf)
+    os.mkdir(data)
+    os.mkdir(bin_dir)
+    with open(os.path.join(bin_dir, "docker-entrypoint.sh"), "w") as f:
+        f.write('#!/bin/sh\nexec "$@"\n')
+    os.chmod(os.path.join(bin_dir, "docker-entrypoint.sh"), 0o755)
+    sh, dash_c, script = services["sentinel-1"]["command"]
+    script = script.replace("$$", "$").replace(copy[5], mounted).replace(copy[2], os.path.join(data, "sentinel.conf"))
     log = tempfile.TemporaryFile()
-    sentinel = subprocess.Popen(["redis-server", os.path.join(d, "sentinel.conf"), "--sentinel",
-                                 "--sentinel", "announce-ip", "localhost"], cwd=d, stdout=log, stderr=subprocess.STDOUT)
+    sentinel = subprocess.Popen([sh, dash_c, script], cwd=data, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PATH=bin_dir + ":" + os.environ["PATH"], SENTINEL_NAME="localhost"))
     kg = None
     try:
         wait_port(port, proc=sentinel)
@@ -454,6 +466,11 @@ def test_compose_sentinel_demo_finds_the_primary_by_name():
         assert client.set("demo:sentinel", "primary") is True
         assert client.get("demo:sentinel") == b"primary"
         assert redis.Redis(port=primary.port).get("demo:sentinel") == b"primary"
+        # It ran on the copy, which it rewrote, and announces the name it was given.
+        with open(os.path.join(data, "sentinel.conf")) as f:
+            assert 'sentinel announce-ip "localhost"' in f.read()
+        with open(mounted) as f:
+            assert f.read() == text_conf
     finally:
         if kg is not None:
             assert kg.stop() == 0
@@ -462,3 +479,4 @@ def test_compose_sentinel_demo_finds_the_primary_by_name():
         primary.stop()
         log.seek(0)
         print(log.read().decode(errors="replace")[-2000:])
+        shutil.rmtree(d, ignore_errors=True)
