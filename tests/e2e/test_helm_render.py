@@ -6,7 +6,9 @@ security context, the ConfigMap keyguard reloads (its keyguard.yaml passes `keyg
 check-config` with the files the pod mounts from Secrets: upstream password, tenants' users),
 the Secrets (no credential in a ConfigMap), TLS Secrets mounted for the upstream and the listener,
 the Sentinel credentials, monitors, the PrometheusRule (equal to the rule file) and the
-dashboard ConfigMaps (equal to the JSON files)."""
+dashboard ConfigMaps (equal to the JSON files). NOTES.txt, as `helm install` prints it, says what
+upstream keyguard fronts (no credential) and how clients reach it: plain, or with TLS (rediss://,
+redis-cli --tls) in standalone and sidecar mode."""
 import base64
 import hashlib
 import json
@@ -458,14 +460,90 @@ def test_app_chart_with_keyguard_sidecar(helmrender, native):
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] in [p["name"] for p in kg["ports"]]
 
 
-@pytest.mark.parametrize("mode,expect", [("standalone", "shop-keyguard.prod.svc:6380"),
-                                         ("sidecar", "point the app at 127.0.0.1:6380")])
-def test_notes(helmrender, mode, expect):
+def notes(helmrender, values):
+    """NOTES.txt as `helm install` would print it for these values (whose manifests must render and
+    lint too)."""
+    render(helmrender, values)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        json.dump({"mode": mode}, f)
+        json.dump(values, f)
         f.flush()
         r = subprocess.run([helmrender, "-chart", CHART, "-release", "shop", "-namespace", "prod", "-f", f.name],
                            env=dict(os.environ, HELMRENDER_NOTES="1"), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    notes = r.stdout.split("# Source: keyguard/templates/NOTES.txt\n", 1)[1].split("\n---\n")[0]
-    assert expect in notes, notes
+    return r.stdout.split("# Source: keyguard/templates/NOTES.txt\n", 1)[1].split("\n---\n")[0]
+
+
+POLICY_NOTE = "Policy changes: edit the ConfigMap; keyguard reloads it within seconds (see /config on the admin port)."
+
+
+@pytest.mark.parametrize("mode,expect", [
+    ("standalone", ["keyguard fronts redis:6379", "Point Redis clients at:", "  shop-keyguard.prod.svc:6380",
+                    "Metrics: http://shop-keyguard.prod.svc:9121/metrics", POLICY_NOTE]),
+    ("sidecar", ["keyguard fronts redis:6379", "Sidecar mode: this release holds keyguard's config (shop-keyguard-config).",
+                 "Add keyguard to your app's pods with the keyguard.sidecar.* templates (helm/keyguard/README.md)",
+                 "and point the app at 127.0.0.1:6380.", POLICY_NOTE])])
+def test_notes_plain_tcp(helmrender, mode, expect):
+    assert notes(helmrender, {"mode": mode}).split("\n") == expect
+
+
+def test_notes_tls_listener_and_managed_redis_over_tls(helmrender):
+    """Standalone with listenTls: the TLS address and redis-cli --tls in place of the plain one;
+    the upstream over TLS with where its trust comes from, and no credential."""
+    values = {"upstream": "rediss://keyguard@redis.example.com:6380",
+              "upstreamTls": {"existingSecret": "redis-tls", "serverName": "redis.example.com", "minVersion": "1.3"},
+              "upstreamAuth": {"username": "kg", "password": "s3cret-upstream"},
+              "listenTls": {"enabled": True, "existingSecret": "keyguard-tls", "caKey": "ca.crt",
+                            "requireClientCert": True}}
+    text = notes(helmrender, values)
+    assert "s3cret-upstream" not in text
+    assert text.split("\n") == [
+        "keyguard fronts rediss://keyguard@redis.example.com:6380",
+        "  over TLS: their certificates must chain to the CA in Secret redis-tls (ca.crt)",
+        "  and name redis.example.com; TLS 1.3 or later",
+        "  AUTH to Redis as kg, password from Secret shop-keyguard-upstream",
+        "Clients connect with TLS (keyguard's certificate from Secret keyguard-tls):",
+        "  rediss://shop-keyguard.prod.svc:6380",
+        "  redis-cli --tls --cacert ca.crt -h shop-keyguard.prod.svc -p 6380 --cert client.crt --key client.key",
+        "  A client certificate signed by the CA in Secret keyguard-tls (ca.crt) is required.",
+        "Metrics: http://shop-keyguard.prod.svc:9121/metrics",
+        POLICY_NOTE]
+    # Without client certificates: no --cert in the example, and no plain address anywhere.
+    text = notes(helmrender, dict(values, listenTls={"enabled": True, "existingSecret": "keyguard-tls"},
+                                  upstreamTls={}, upstream="redis:6379", upstreamAuth={}))
+    assert "  redis-cli --tls --cacert ca.crt -h shop-keyguard.prod.svc -p 6380\n" in text
+    assert "Point Redis clients at" not in text and "client certificate" not in text
+    assert "over TLS" not in text.split("Clients connect")[0]
+
+
+def test_notes_sidecar_with_tls_in_front_of_a_sentinel_group(helmrender):
+    values = {"mode": "sidecar", "upstream": "rediss-sentinel://mymaster@s-0.redis:26379,s-1.redis:26379",
+              "sentinel": {"username": "keyguard", "password": "sentinel-pw"},
+              "upstreamTls": {"existingSecret": "redis-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
+              "listenTls": {"enabled": True, "existingSecret": "kg-tls", "caKey": "ca.crt"}}
+    text = notes(helmrender, values)
+    assert "sentinel-pw" not in text
+    assert text.split("\n") == [
+        "keyguard fronts rediss-sentinel://mymaster@s-0.redis:26379,s-1.redis:26379",
+        "  the primary of Sentinel group mymaster, asked of the Sentinels s-0.redis:26379, s-1.redis:26379;",
+        "  keyguard follows it across failovers (AUTH to the Sentinels as keyguard, password from Secret "
+        "shop-keyguard-sentinel)",
+        "  over TLS to the Sentinels and the servers: their certificates must chain to the CA in Secret redis-tls "
+        "(ca.crt)",
+        "  and name the host keyguard connects to; keyguard's client certificate from Secret redis-tls (tls.crt)",
+        "Sidecar mode: this release holds keyguard's config (shop-keyguard-config).",
+        "Add keyguard to your app's pods with the keyguard.sidecar.* templates (helm/keyguard/README.md)",
+        "and point the app at rediss://127.0.0.1:6380: it connects with TLS (keyguard's certificate from",
+        "Secret kg-tls, which must name what the app checks: 127.0.0.1 or the server name it sends).",
+        "  redis-cli --tls --cacert ca.crt -h 127.0.0.1 -p 6380 --cert client.crt --key client.key",
+        "  A client certificate, when given, must be signed by the CA in Secret kg-tls (ca.crt).",
+        POLICY_NOTE]
+    # A plain Sentinel group: no TLS line.
+    text = notes(helmrender, {"upstream": "redis-sentinel://mymaster@s-0.redis:26379"})
+    assert "  the primary of Sentinel group mymaster, asked of the Sentinels s-0.redis:26379;\n" in text
+    assert "TLS" not in text and "AUTH" not in text
+
+
+def test_notes_never_repeat_a_password_in_the_url(helmrender):
+    # keyguard refuses such a URL at start; NOTES do not print the password meanwhile.
+    text = notes(helmrender, {"upstream": "redis://app:hunter2@redis:6379"})
+    assert "hunter2" not in text and text.startswith("keyguard fronts redis://app:***@redis:6379\n")

@@ -161,6 +161,20 @@ when they change.
 {{- .Values.listenAddress | default (ternary "127.0.0.1" "0.0.0.0" (eq .Values.mode "sidecar")) -}}
 {{- end -}}
 
+{{/*
+NOTES.txt: how a client reaches keyguard's TLS listener at a host, with redis-cli. Called with
+(list HOST .).
+*/}}
+{{- define "keyguard.notes.tlsClient" -}}
+{{- $host := index . 0 }}{{ $v := (index . 1).Values }}{{ $l := $v.listenTls }}
+  redis-cli --tls --cacert ca.crt -h {{ $host }} -p {{ $v.ports.redis }}{{ if $l.caKey }} --cert client.crt --key client.key{{ end }}
+{{- if $l.requireClientCert }}
+  A client certificate signed by the CA in Secret {{ $l.existingSecret }} ({{ $l.caKey }}) is required.
+{{- else if $l.caKey }}
+  A client certificate, when given, must be signed by the CA in Secret {{ $l.existingSecret }} ({{ $l.caKey }}).
+{{- end }}
+{{- end -}}
+
 {{- define "keyguard.validate" -}}
 {{- if not (has .Values.mode (list "standalone" "sidecar")) -}}
 {{- fail (printf "mode: must be standalone or sidecar, not %q" .Values.mode) -}}
