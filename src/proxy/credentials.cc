@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "config/yaml_proto.h"
 #include "keyguard/common/json_line.h"
 #include "keyguard/common/views.h"
@@ -12,10 +14,15 @@
 namespace keyguard::proxy {
 
 UpstreamCredentials::UpstreamCredentials(const config::ProxyConfig& config)
-    : user_(config.UpstreamUser()),
-      file_(config.upstream_auth.password_file),
-      current_(Encode(config.upstream_auth.password)),
-      password_(config.upstream_auth.password),
+    : UpstreamCredentials("upstream_auth", config.UpstreamUser(), config.upstream_auth.password,
+                          config.upstream_auth.password_file) {}
+
+UpstreamCredentials::UpstreamCredentials(std::string what, std::string user, std::string password, std::string file)
+    : what_(std::move(what)),
+      user_(std::move(user)),
+      file_(std::move(file)),
+      current_(Encode(password)),
+      password_(std::move(password)),
       stamp_(FileStamp::Of(file_)) {}
 
 std::shared_ptr<const std::string> UpstreamCredentials::Encode(const std::string& password) const {
@@ -50,7 +57,7 @@ void UpstreamCredentials::Refresh() {
   while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) password.pop_back();
   if (password.empty()) {
     // Mid-rotation (the file not yet written): the next change tries again.
-    EventLine("error", "upstream_auth_reload_failed")
+    EventLine("error", absl::StrCat(what_, "_reload_failed"))
         .Str("file", file_)
         .Str("error", text.ok() ? "the file is empty" : AsStd(text.status().message()))
         .Write(stderr);
@@ -59,7 +66,7 @@ void UpstreamCredentials::Refresh() {
   current_ = Encode(password);
   password_ = std::move(password);
   ++reloads_;
-  EventLine("info", "upstream_auth_reloaded")
+  EventLine("info", absl::StrCat(what_, "_reloaded"))
       .Str("file", file_)
       .Int("reloads", static_cast<int64_t>(reloads_))
       .Write(stderr);

@@ -1,7 +1,7 @@
 // keyguard's own credentials for its upstream connections (upstream_auth), shared by every worker
-// thread. With upstream_auth.password_file the file is looked at for each new connection and read
-// again when it changed (a rotated Secret): new connections AUTH with the new secret, open ones
-// keep theirs.
+// thread, and those for the Sentinels (sentinel.password_file). With a password file the file is
+// looked at for each new connection and read again when it changed (a rotated Secret): new
+// connections AUTH with the new secret, open ones keep theirs.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,11 @@ namespace keyguard::proxy {
 
 class UpstreamCredentials {
  public:
+  // keyguard's credentials for its upstream connections (upstream_auth).
   explicit UpstreamCredentials(const config::ProxyConfig& config);
+  // Other credentials that rotate the same way (`what` names them in log events: "sentinel" for
+  // the Sentinels' sentinel.user and sentinel.password_file).
+  UpstreamCredentials(std::string what, std::string user, std::string password, std::string file);
 
   // The encoded AUTH a new upstream connection sends first (empty: none). A file that cannot be
   // read, or is empty, keeps the secret read before (logged).
@@ -31,6 +35,7 @@ class UpstreamCredentials {
   // Reads the file again when it changed. Holds mu_.
   void Refresh();
 
+  const std::string what_;  // "upstream_auth", "sentinel"
   const std::string user_;
   const std::string file_;  // empty: the password is fixed
   mutable std::mutex mu_;

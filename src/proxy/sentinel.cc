@@ -26,7 +26,12 @@ constexpr auto kRecheckGap = std::chrono::milliseconds(100);
 
 SentinelWatch::SentinelWatch(asio::io_context& io, const config::ProxyConfig& config, TlsClient* tls,
                              UpstreamCredentials* credentials)
-    : io_(io), config_(config), tls_(tls), credentials_(credentials), poll_timer_(io) {}
+    : io_(io),
+      config_(config),
+      tls_(tls),
+      credentials_(credentials),
+      sentinel_auth_("sentinel_auth", config.sentinel.user, config.sentinel.password, config.sentinel.password_file),
+      poll_timer_(io) {}
 
 Primary SentinelWatch::current() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -36,8 +41,8 @@ Primary SentinelWatch::current() const {
 awaitable<absl::StatusOr<Primary>> SentinelWatch::Ask(const config::HostPort& sentinel) {
   const auto timeout = std::chrono::milliseconds(config_.upstream_connect_timeout_ms);
   ControlLink link(io_);
-  if (auto s = co_await link.Open(sentinel.host, sentinel.port, tls_, timeout, config_.sentinel.user,
-                                  config_.sentinel.password);
+  const std::string password = sentinel_auth_.Password();
+  if (auto s = co_await link.Open(sentinel.host, sentinel.port, tls_, timeout, config_.sentinel.user, password);
       !s.ok()) {
     co_return s;
   }
@@ -138,8 +143,8 @@ awaitable<void> SentinelWatch::Follow() {
     const config::HostPort& s = config_.upstream.sentinels[i];
     const auto timeout = std::chrono::milliseconds(config_.upstream_connect_timeout_ms);
     ControlLink link(io_);
-    absl::Status status =
-        co_await link.Open(s.host, s.port, tls_, timeout, config_.sentinel.user, config_.sentinel.password);
+    const std::string password = sentinel_auth_.Password();
+    absl::Status status = co_await link.Open(s.host, s.port, tls_, timeout, config_.sentinel.user, password);
     if (status.ok()) {
       const std::vector<std::string_view> subscribe = {"SUBSCRIBE", "+switch-master"};
       auto r = co_await link.Call(subscribe, timeout);

@@ -61,6 +61,7 @@ class SentinelWatch {
   const config::ProxyConfig& config_;
   TlsClient* tls_;
   UpstreamCredentials* credentials_;
+  UpstreamCredentials sentinel_auth_;  // sentinel.user and sentinel.password_file, which may rotate
   OnChange on_change_;
   mutable std::mutex mu_;
   Primary current_;

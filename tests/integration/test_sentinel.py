@@ -17,7 +17,7 @@ MASTER = "mymaster"
 
 
 class Sentinel:
-    def __init__(self, primary_port):
+    def __init__(self, primary_port, password=None):
         self.dir = tempfile.mkdtemp(prefix="kg-sentinel-")
         self.port = free_port()
         conf = os.path.join(self.dir, "sentinel.conf")
@@ -26,10 +26,13 @@ class Sentinel:
                     "sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s 1000\n"
                     "sentinel failover-timeout %s 10000\n" % (self.port, self.dir, MASTER, primary_port, MASTER,
                                                              MASTER))
+            if password is not None:
+                # Clients (keyguard) and the other Sentinels must AUTH.
+                f.write("requirepass %s\nsentinel sentinel-pass %s\n" % (password, password))
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(["redis-server", conf, "--sentinel"], stdout=self.log, stderr=subprocess.STDOUT)
         wait_port(self.port, proc=self.proc)
-        self.client = redis.Redis(port=self.port, decode_responses=True)
+        self.client = redis.Redis(port=self.port, password=password, decode_responses=True)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -46,9 +49,10 @@ def client_names(port):
 
 
 @contextlib.contextmanager
-def sentinel_group():
+def sentinel_group(password_file=None):
     """A primary, its replica in sync, three Sentinels that know the group, and keyguard in front of
-    it through them: yields (primary, replica, sentinels, kg); all stopped afterwards."""
+    it through them: yields (primary, replica, sentinels, kg); all stopped afterwards. With
+    `password_file`, the Sentinels require the password in it and keyguard reads it from there."""
     primary = Redis()
     replica = Redis("--replicaof", "127.0.0.1", str(primary.port))
     sentinels = []
@@ -56,13 +60,15 @@ def sentinel_group():
     try:
         wait_until(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"] == "up",
                    "the replica in sync")
-        sentinels = [Sentinel(primary.port) for _ in range(3)]
+        password = open(password_file).read().strip() if password_file else None
+        sentinels = [Sentinel(primary.port, password) for _ in range(3)]
         # Every Sentinel knows the replica and the other two (they meet over the primary's hello channel).
         wait_until(lambda: all(len(s.client.execute_command("SENTINEL", "REPLICAS", MASTER)) == 1 and
                                len(s.client.execute_command("SENTINEL", "SENTINELS", MASTER)) == 2
                                for s in sentinels), "the Sentinels to know the group")
         url = "redis-sentinel://%s@%s" % (MASTER, ",".join("127.0.0.1:%d" % s.port for s in sentinels))
-        kg = Keyguard(primary.port, upstream=url)
+        kg = Keyguard(primary.port, upstream=url,
+                      config="sentinel:\n  password_file: %s\n" % password_file if password_file else None)
         yield primary, replica, sentinels, kg
     finally:
         if kg is not None:
@@ -73,8 +79,10 @@ def sentinel_group():
         primary.stop()
 
 
-def test_keyguard_finds_the_primary_and_follows_a_failover():
-    with sentinel_group() as (primary, replica, sentinels, kg):
+def test_keyguard_finds_the_primary_and_follows_a_failover(tmp_path):
+    secret = tmp_path / "sentinel-password"
+    secret.write_text("old-secret\n")
+    with sentinel_group(password_file=str(secret)) as (primary, replica, sentinels, kg):
         c = redis.Redis(port=kg.port)
         assert c.set("before", "1") is True
         assert redis.Redis(port=primary.port).get("before") == b"1"
@@ -97,6 +105,19 @@ def test_keyguard_finds_the_primary_and_follows_a_failover():
         assert redis.Redis(port=replica.port).get("after") == b"2"
         assert kg.http("/readyz") == (200, "ready\n")
         assert [e["to"] for e in kg.events("upstream_failover")] == ["127.0.0.1:%d" % replica.port]
+
+        # sentinel.password_file is read again when it changes, as upstream_auth's is: keyguard's
+        # next questions to the Sentinels (one a second) use the new password.
+        assert kg.events("sentinel_recheck_failed") == []
+        for s in sentinels:
+            assert s.client.execute_command("ACL", "SETUSER", "default", "resetpass", ">new-secret") == "OK"
+        (tmp_path / "next").write_text("new-secret\n")  # written as a Secret is: a new file moved in
+        os.replace(tmp_path / "next", secret)
+        wait_until(lambda: kg.events("sentinel_auth_reloaded"), "keyguard to read the new password")
+        seen = len(kg.log_lines())
+        time.sleep(2.2)  # two rechecks, each of which failed with the old password
+        assert [e for e in kg.log_lines()[seen:] if e.get("event") == "sentinel_recheck_failed"] == []
+        assert redis.Redis(port=kg.port).get("after") == b"2"
 
 
 def test_a_killed_primary_under_write_load():
