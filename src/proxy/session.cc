@@ -155,8 +155,7 @@ void Session::ArmWalkTimer(int64_t wait_ns) {
 
 bool Session::ClientGone() {
   if (client_buf_.size() != 0) return false;  // commands held behind the walk are still served
-  const Peeked p = Peek(client_.socket());
-  return p == Peeked::kClosed || p == Peeked::kError;
+  return client_.PeerGone();
 }
 
 void ReportFinding(Worker& worker, hygiene::Finding f) {

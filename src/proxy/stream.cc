@@ -1,5 +1,6 @@
 #include "proxy/stream.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -14,6 +15,33 @@ Peeked Peek(Socket& socket) {
   if (n > 0) return Peeked::kData;
   if (n == 0) return Peeked::kClosed;
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Peeked::kNothing : Peeked::kError;
+}
+
+bool Stream::PeerGone() {
+  if (tls_ == nullptr) {
+    const Peeked p = Peek(socket_);
+    return p == Peeked::kClosed || p == Peeked::kError;
+  }
+  // A TLS peer's close usually comes as a close_notify alert and then the FIN: a peek sees the
+  // alert, so the FIN is asked of poll (POLLRDHUP is set while bytes are still unread).
+  pollfd pfd{socket_.native_handle(), POLLIN | POLLRDHUP, 0};
+  if (::poll(&pfd, 1, 0) != 1) return false;
+  if ((pfd.revents & (POLLERR | POLLHUP)) != 0) return true;
+  if ((pfd.revents & POLLRDHUP) == 0 || SSL_has_pending(tls_->native_handle()) == 1) return false;
+  unsigned char unread[512];
+  const ssize_t n = ::recv(socket_.native_handle(), unread, sizeof unread, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  // Whole alert records only, ending where the peeked bytes end. TLS 1.2 labels them (type 21);
+  // TLS 1.3 encrypts them as application data (23) of 2 bytes + the inner type + a 16-byte tag,
+  // shorter than any record that carries a command of 3 bytes or more.
+  const bool tls13 = SSL_version(tls_->native_handle()) == TLS1_3_VERSION;
+  ssize_t at = 0;
+  while (at + 5 <= n) {
+    const size_t length = (static_cast<size_t>(unread[at + 3]) << 8) | unread[at + 4];
+    if (unread[at] != 21 && !(tls13 && unread[at] == 23 && length <= 19)) break;
+    at += static_cast<ssize_t>(5 + length);
+  }
+  return at == n;
 }
 
 namespace {

@@ -44,6 +44,11 @@ class Stream {
   // The TCP layer (endpoints, options, peeking); reading and writing go through the calls below.
   Socket& socket() { return socket_; }
   bool tls() const { return tls_ != nullptr; }
+  // Whether the peer hung up and left nothing unread behind: plain TCP, its close (a FIN with no
+  // byte before it) or a reset; TLS, the same once what is unread is only TLS alerts (a
+  // close_notify) and OpenSSL holds no record it has not handed on. Bytes that may be a command
+  // mean the peer is not gone.
+  bool PeerGone();
 
   // Connects to `to` within `timeout` and sets the options of a proxy connection (non-blocking,
   // TCP_NODELAY, keep-alive); with `tls`, then completes a TLS handshake with the server `host`

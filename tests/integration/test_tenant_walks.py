@@ -4,8 +4,11 @@ of walk_step_keys keys, at most walk_steps_per_second steps a second per tenant.
 redis-server: exact answers, the other tenant's keys untouched, the steps the server ran (MONITOR
 on a direct connection), replies in order behind a pipelined walk, and the refusals where a walk
 cannot run (inside MULTI, under CLIENT REPLY OFF/SKIP)."""
+import contextlib
 import os
 import re
+import socket
+import ssl
 import threading
 import time
 
@@ -14,6 +17,7 @@ import redis
 
 from conftest import ROOT, Keyguard, Redis, wait_until
 from resp import RespConn, encode
+from test_tls import make_ca, make_cert
 
 STEP_KEYS = 100
 CONFIG = open(os.path.join(ROOT, "examples", "tenants.yaml")).read().replace(
@@ -224,6 +228,38 @@ def test_a_read_only_walk_stops_when_its_client_hangs_up(server, direct):
         c.close()
         wait_until(lambda: direct.keys("tenant:a:*") == [], "the flush to finish")
         assert direct.dbsize() == BOB_KEYS
+    finally:
+        assert k.stop() == 0, k.output()
+
+
+@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
+def test_a_walk_stops_when_its_tls_client_hangs_up_with_close_notify(server, direct, tmp_path):
+    """Over listen_tls a client's close comes as a close_notify alert and then the FIN: the alert
+    bytes in the socket are not a command, so the walk stops as it does for a plain client."""
+    d = str(tmp_path)
+    make_ca(d, "ca")
+    make_cert(d, "server", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
+    k = Keyguard(server.port, config=CRAWL + "listen_tls:\n  cert_file: %s/server.crt\n  key_file: %s/server.key\n"
+                 % (d, d))
+    try:
+        def evals():
+            return int(direct.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+
+        ctx = ssl.create_default_context(cafile=os.path.join(d, "ca.crt"))
+        s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", k.port), timeout=10), server_hostname="localhost")
+        s.sendall(encode("AUTH", "alice", "alice-secret"))
+        assert s.recv(64) == b"+OK\r\n"
+        before = evals()
+        s.sendall(encode("DBSIZE"))  # 26 steps at 5 a second
+        wait_until(lambda: evals() > before, "the walk to start")
+        s.settimeout(0.2)
+        with contextlib.suppress(OSError):
+            s.unwrap()  # sends close_notify (then waits for keyguard's, which does not come)
+        s.close()
+        time.sleep(1.0)  # the step after the close notices it
+        stopped = evals()
+        time.sleep(1.0)
+        assert evals() == stopped and stopped - before < ALICE_KEYS // STEP_KEYS
     finally:
         assert k.stop() == 0, k.output()
 
