@@ -34,6 +34,7 @@ step "integration tests with shared upstream connections (release)"
 # tests whose results must differ are marked dedicated_only, with the reason.
 KEYGUARD_UPSTREAM_CONNECTIONS=shared KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration \
   --ignore=tests/integration/test_audit.py --ignore=tests/integration/test_migrate.py \
+  --ignore=tests/integration/test_maintenance_upstreams.py \
   --ignore=tests/integration/test_admin_cli.py --ignore=tests/integration/test_detector_memory.py \
   --ignore=tests/integration/test_shared_upstream.py --ignore=tests/integration/test_shared_review.py \
   --ignore=tests/integration/test_cluster.py

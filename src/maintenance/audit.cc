@@ -39,8 +39,7 @@ constexpr int kTailBytes = 16;
 }  // namespace
 
 const char kAuditUsage[] =
-    "usage: keyguard audit [--config FILE] [--upstream HOST:PORT|redis-cluster://...] [--db N] [--format "
-    "table|json|prom]\n"
+    "usage: keyguard audit [--config FILE] [--upstream URL] [--db N] [--format table|json|prom]\n"
     "                      [--match GLOB] [--count N] [--rate OPS] [--pause-ms MS] [--sample FRACTION]\n"
     "                      [--max-keys N] [--cursor C] [--cold-after SECONDS] [--top N]\n"
     "                      [--fail-on info|warning|critical|never] [--no-progress]\n"
@@ -50,7 +49,9 @@ const char kAuditUsage[] =
     "  --rate caps commands per second (default audit.max_ops_per_second, 10000; 0: no cap).\n"
     "  --sample looks at a fraction of the keys; --max-keys stops after about N keys and prints the\n"
     "  cursor to resume from (as does Ctrl-C). Exit 1 when a finding reaches --fail-on.\n"
-    "  A Redis Cluster (redis-cluster://SEED,...) is walked primary after primary.\n";
+    "  --upstream: HOST:PORT, redis[s]://[USER@]HOST:PORT, redis[s]-sentinel://MASTER@H:P,... (the\n"
+    "  primary) or redis[s]-cluster://SEED,... (walked primary after primary); rediss uses the config's\n"
+    "  upstream_tls. AUTH: $REDISCLI_AUTH, else the config's upstream_auth.\n";
 
 int RunAudit(const std::vector<std::string>& argv) {
   auto parsed = ParseArgs(argv,
@@ -104,13 +105,15 @@ int RunAudit(const std::vector<std::string>& argv) {
   // the node as keyguard's SCAN does), else one.
   std::vector<std::unique_ptr<RedisLink>> links;
   const bool cluster = cfg.proxy.upstream.kind == config::Upstream::Kind::kCluster;
+  if (cluster && *db != 0) return Fail("--db: a Redis Cluster has database 0 only");
+  auto upstream = UpstreamLinks::Create(cfg.proxy);
+  if (!upstream.ok()) return Fail(std::string(upstream.status().message()));
   size_t node = 0;
   if (cluster) {
-    if (*db != 0) return Fail("--db: a Redis Cluster has database 0 only");
-    auto primaries = RedisLink::ClusterPrimaries(cfg.proxy.upstream);
+    auto primaries = upstream->ClusterPrimaries();
     if (!primaries.ok()) return Fail(std::string(primaries.status().message()));
     for (const config::HostPort& p : *primaries) {
-      auto l = RedisLink::Connect(p, 0);
+      auto l = upstream->ConnectNode(p, 0);
       if (!l.ok()) return Fail(std::string(l.status().message()));
       links.push_back(*std::move(l));
     }
@@ -120,7 +123,7 @@ int RunAudit(const std::vector<std::string>& argv) {
     node = static_cast<size_t>(c->node);
     cursor = c->node_cursor;
   } else {
-    auto link_or = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
+    auto link_or = upstream->Connect(static_cast<int>(*db));
     if (!link_or.ok()) return Fail(std::string(link_or.status().message()));
     links.push_back(*std::move(link_or));
   }
@@ -129,6 +132,10 @@ int RunAudit(const std::vector<std::string>& argv) {
   AuditReport report(cfg.proxy, s);
   ScanInfo& info = report.scan();
   info.upstream = cfg.proxy.upstream.ToString();
+  // A Sentinel group: the primary its Sentinels named (and whose ROLE said master).
+  if (cfg.proxy.upstream.kind == config::Upstream::Kind::kSentinel) {
+    absl::StrAppend(&info.upstream, " primary ", link->address());
+  }
   info.db = static_cast<int>(*db);
   info.sample = *sample;
   info.start_cursor = cursor;

@@ -394,7 +394,7 @@ absl::Status RunBatch(Step& st, const std::vector<Pair>& batch) {
 }  // namespace
 
 const char kMigrateUsage[] =
-    "usage: keyguard migrate --migration NAME {copy|verify|cleanup} [--config FILE] [--upstream HOST:PORT]\n"
+    "usage: keyguard migrate --migration NAME {copy|verify|cleanup} [--config FILE] [--upstream URL]\n"
     "                        [--db N] [--dry-run] [--refresh] [--new-keys-win] [--cursor C] [--max-keys N]\n"
     "                        [--rate OPS] [--verbose] [--summary-json FILE] [--progress-seconds S]\n"
     "                        [--no-progress]\n"
@@ -411,6 +411,8 @@ const char kMigrateUsage[] =
     "  --dry-run changes nothing and says what would change (totals, and the first lines of each\n"
     "  kind; --verbose lists every key). --max-keys stops after about N keys and prints the cursor to\n"
     "  resume from (as does Ctrl-C). --summary-json writes the totals as JSON ('-': stdout).\n"
+    "  --upstream: HOST:PORT, redis[s]://[USER@]HOST:PORT or redis[s]-sentinel://MASTER@H:P,... (the\n"
+    "  primary), as for audit (a Redis Cluster: each primary in turn).\n"
     "  Exit: 0 done, 1 a key needs attention (listed), 2 usage, config or connection error,\n"
     "  3 stopped before the end with nothing to report so far (resume with --cursor).\n";
 
@@ -462,7 +464,14 @@ int RunMigrate(const std::vector<std::string>& argv) {
   if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit))
     return Fail("--cursor: expected a SCAN cursor");
   const std::string start_cursor = cursor;
-  auto link = RedisLink::Connect(cfg.proxy.upstream, static_cast<int>(*db));
+  if (cfg.proxy.upstream.kind == config::Upstream::Kind::kCluster) {
+    return Fail(absl::StrCat("upstream ", cfg.proxy.upstream.ToString(),
+                             ": migrate works on one server at a time: point --upstream at each primary in "
+                             "turn (HOST:PORT, redis:// or rediss://)"));
+  }
+  auto upstream = UpstreamLinks::Create(cfg.proxy);
+  if (!upstream.ok()) return Fail(std::string(upstream.status().message()));
+  auto link = upstream->Connect(static_cast<int>(*db));
   if (!link.ok()) return Fail(std::string(link.status().message()));
 
   CatchStopSignals();

@@ -720,6 +720,20 @@ def test_a_tls_cluster_through_rediss_cluster(tmp_path):
         assert p.returncode != 0
         assert "no cluster node gave a slot map" in p.stderr + p.stdout and "TLS" in p.stderr + p.stdout, \
             p.stderr + p.stdout
+        # keyguard audit walks the same nodes over TLS, with the same settings; and says why not with
+        # the other CA, naming each seed.
+        import json
+        with open(d + "/ca.yaml", "w") as f:
+            f.write("upstream_tls:\n  ca_file: %s\n" % tls["ca"])
+        audit = [KEYGUARD, "audit", "--upstream", seed_url(c), "--format", "json", "--no-progress", "--config"]
+        p = subprocess.run(audit + [d + "/ca.yaml"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        j = json.loads(p.stdout)
+        assert (j["scanned"], j["dbsize"], j["complete"], j["patterns"][0]["keys"]) == (60, 60, True, 60)
+        p = subprocess.run(audit + [d + "/other.yaml"], capture_output=True, text=True, timeout=60)
+        why = "TLS: certificate verify failed: self-signed certificate in certificate chain"
+        assert (p.returncode, p.stderr) == (2, "keyguard audit: upstream %s: 127.0.0.1:%d: %s; 127.0.0.1:%d: %s\n" % (
+            seed_url(c), c.ports[0], why, c.ports[1], why))
 
 
 def test_reads_from_replicas_when_asked(fresh):

@@ -1,7 +1,11 @@
-// Unit tests of the maintenance commands' sans-io parts: config sections, JSON splitting, and the
-// audit report fed with key records directly.
+// Unit tests of the maintenance commands' sans-io parts: config sections, JSON splitting, the
+// audit report fed with key records directly, and what the links make of Sentinel and cluster
+// replies and of the upstream settings.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +13,7 @@
 #include "maintenance/args.h"
 #include "maintenance/audit_report.h"
 #include "maintenance/json_fields.h"
+#include "maintenance/redis_link.h"
 #include "maintenance/settings.h"
 
 namespace keyguard::maintenance {
@@ -119,6 +124,104 @@ TEST(MaintenanceArgsTest, ValuedSwitchesAndPositional) {
   EXPECT_EQ(a->Int("--max-keys", 0, 0, 5).status().message(), "--max-keys: expected an integer in 0..5");
   EXPECT_EQ(ParseArgs({"--bogus"}, {}, {}).status().message(), "unknown flag '--bogus'");
   EXPECT_EQ(ParseArgs({"--migration"}, {"--migration"}, {}).status().message(), "--migration needs a value");
+}
+
+Reply Bulk(std::string s) {
+  Reply r;
+  r.kind = Reply::Kind::kString;
+  r.str = std::move(s);
+  return r;
+}
+
+Reply Int(int64_t v) {
+  Reply r;
+  r.kind = Reply::Kind::kInteger;
+  r.integer = v;
+  return r;
+}
+
+Reply Array(std::vector<Reply> elements) {
+  Reply r;
+  r.kind = Reply::Kind::kArray;
+  r.elements = std::move(elements);
+  return r;
+}
+
+TEST(RedisLinkTest, PrimaryFromASentinelsAnswer) {
+  auto p = PrimaryFromSentinel(Array({Bulk("10.0.0.7"), Bulk("6380")}));
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->ToString(), "10.0.0.7:6380");
+  EXPECT_FALSE(PrimaryFromSentinel(Reply()).has_value());  // nil: the Sentinel does not know the master
+  Reply error;
+  error.kind = Reply::Kind::kError;
+  error.str = "NOAUTH Authentication required.";
+  EXPECT_FALSE(PrimaryFromSentinel(error).has_value());
+  EXPECT_FALSE(PrimaryFromSentinel(Array({Bulk("10.0.0.7"), Bulk("65536")})).has_value());
+  EXPECT_FALSE(PrimaryFromSentinel(Array({Bulk("10.0.0.7"), Bulk("0")})).has_value());
+  EXPECT_FALSE(PrimaryFromSentinel(Array({Bulk(""), Bulk("6379")})).has_value());
+  EXPECT_FALSE(PrimaryFromSentinel(Array({Bulk("10.0.0.7")})).has_value());
+}
+
+TEST(RedisLinkTest, PrimariesInTheOrderOfTheirFirstSlot) {
+  // CLUSTER SLOTS: [first, last, [host, port, id], replicas...], in no particular order.
+  auto range = [](int64_t first, int64_t last, std::string host, int64_t port) {
+    return Array({Int(first), Int(last), Array({Bulk(std::move(host)), Int(port), Bulk("id")}),
+                  Array({Bulk("10.0.0.9"), Int(7000), Bulk("replica")})});
+  };
+  const Reply slots =
+      Array({range(10923, 16383, "10.0.0.3", 7002), range(0, 100, "10.0.0.2", 7001), range(5461, 10922, "", 7003),
+             range(101, 5460, "10.0.0.1", 7000), range(200, 100, "10.0.0.2", 7001)});
+  std::vector<std::string> got;
+  for (const config::HostPort& p : PrimariesFromSlots(slots, "seed.example")) got.push_back(p.ToString());
+  EXPECT_EQ(got, (std::vector<std::string>{"10.0.0.2:7001", "10.0.0.1:7000", "seed.example:7003", "10.0.0.3:7002"}));
+  EXPECT_TRUE(PrimariesFromSlots(Array({}), "seed").empty());
+}
+
+std::string CreateError(const std::string& yaml, const std::string& upstream) {
+  auto c = ParseMaintenanceConfig(yaml);
+  if (!c.ok()) return std::string(c.status().message());
+  auto u = config::ParseUpstream(upstream, "--upstream");
+  if (!u.ok()) return std::string(u.status().message());
+  c->proxy.upstream = *u;
+  auto links = UpstreamLinks::Create(c->proxy);
+  return links.ok() ? "ok" : std::string(links.status().message());
+}
+
+TEST(UpstreamLinksTest, SettingsAreCheckedAsTheProxyChecksThem) {
+  unsetenv("REDISCLI_AUTH");
+  EXPECT_EQ(CreateError("", "rediss://127.0.0.1:6390"), "ok");
+  EXPECT_EQ(CreateError("upstream_tls: {ca_file: /nonexistent/ca.pem}\n", "rediss://127.0.0.1:6390").substr(0, 43),
+            "upstream_tls.ca_file: /nonexistent/ca.pem: ");
+  EXPECT_EQ(CreateError("upstream_tls: {ca_file: /nonexistent/ca.pem}\n", "127.0.0.1:6379"),
+            "upstream_tls: set, but upstream '127.0.0.1:6379' is not TLS (rediss:// or rediss-sentinel://)");
+  EXPECT_EQ(CreateError("", "redis://alice@127.0.0.1:6379"),
+            "upstream: names user 'alice' but no password is set: upstream_auth.password_file");
+  // A Sentinel group's config pointed at one of its servers: the Sentinel credentials go unused.
+  const std::string password_file = testing::TempDir() + "/kg-sentinel-password";
+  std::ofstream(password_file) << "secret\n";
+  EXPECT_EQ(CreateError("sentinel: {password_file: " + password_file + "}\n", "127.0.0.1:6379"), "ok");
+  std::remove(password_file.c_str());
+  // $REDISCLI_AUTH is the password, as for redis-cli.
+  setenv("REDISCLI_AUTH", "secret", 1);
+  EXPECT_EQ(CreateError("", "redis://alice@127.0.0.1:6379"), "ok");
+  unsetenv("REDISCLI_AUTH");
+}
+
+TEST(UpstreamLinksTest, ErrorsNameTheUpstream) {
+  unsetenv("REDISCLI_AUTH");
+  auto c = ParseMaintenanceConfig("");
+  ASSERT_TRUE(c.ok());
+  // Port 1 on loopback: nothing listens there (refused at once).
+  c->proxy.upstream = *config::ParseUpstream("redis://127.0.0.1:1", "--upstream");
+  auto direct = UpstreamLinks::Create(c->proxy);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(direct->Connect(0).status().message(), "upstream 127.0.0.1:1: Connection refused");
+  c->proxy.upstream = *config::ParseUpstream("redis-sentinel://mymaster@127.0.0.1:1,127.0.0.1:2", "--upstream");
+  auto sentinel = UpstreamLinks::Create(c->proxy);
+  ASSERT_TRUE(sentinel.ok());
+  EXPECT_EQ(sentinel->Connect(0).status().message(),
+            "upstream redis-sentinel://mymaster@127.0.0.1:1,127.0.0.1:2: no Sentinel gave a verified master: "
+            "Sentinel 127.0.0.1:1: Connection refused; Sentinel 127.0.0.1:2: Connection refused");
 }
 
 TEST(JsonFieldsTest, DepthCountsBracketsOutsideStringsEvenOnAPrefix) {
