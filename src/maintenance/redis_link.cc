@@ -216,7 +216,7 @@ absl::Status RedisLink::Handshake(proxy::TlsClient& tls, const std::string& host
   if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) {
     return absl::InternalError(absl::StrCat(where_, ": TLS: cannot make a connection"));
   }
-  context_->Prepare(ssl_, tls.NameFor(host));
+  context_->Prepare(ssl_, tls.NameFor(host), address_);
   // A blocking socket: a read that meets only a post-handshake message (a session ticket) reads on.
   SSL_set_mode(ssl_, SSL_MODE_AUTO_RETRY);
   for (;;) {
