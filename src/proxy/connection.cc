@@ -802,10 +802,11 @@ Connection::AfterFailure Connection::OnUpstreamFailed(metrics::UpstreamError rea
     return AfterFailure::kClose;
   }
   if (!(state_.quit_sent() && reason == metrics::UpstreamError::kClosed)) shard_.CountUpstreamError(reason);
-  if (reason == metrics::UpstreamError::kAuth && !queue_.ClientWaiting()) {
-    // The upstream refused keyguard's own credentials before the client asked anything: as when
-    // the upstream is down at connect, the client's next command gets the error, then the
-    // connection closes (rather than a close with nothing said).
+  if ((reason == metrics::UpstreamError::kAuth || reason == metrics::UpstreamError::kTls) && !queue_.ClientWaiting()) {
+    // The upstream refused keyguard's own credentials, or its TLS (TLS 1.3 refuses a client
+    // certificate after the handshake), before the client asked anything: as when the upstream
+    // is down at connect, the client's next command gets the error, then the connection closes
+    // (rather than a close with nothing said).
     OnUpstreamClosed();
     queue_.Clear();
     return AfterFailure::kContinue;

@@ -3,7 +3,12 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,7 +23,7 @@ Peeked Peek(Socket& socket) {
 }
 
 bool Stream::PeerGone() {
-  if (tls_ == nullptr) {
+  if (ssl_ == nullptr) {
     const Peeked p = Peek(socket_);
     return p == Peeked::kClosed || p == Peeked::kError;
   }
@@ -27,14 +32,14 @@ bool Stream::PeerGone() {
   pollfd pfd{socket_.native_handle(), POLLIN | POLLRDHUP, 0};
   if (::poll(&pfd, 1, 0) != 1) return false;
   if ((pfd.revents & (POLLERR | POLLHUP)) != 0) return true;
-  if ((pfd.revents & POLLRDHUP) == 0 || SSL_has_pending(tls_->native_handle()) == 1) return false;
+  if ((pfd.revents & POLLRDHUP) == 0 || SSL_has_pending(ssl_) == 1) return false;
   unsigned char unread[512];
   const ssize_t n = ::recv(socket_.native_handle(), unread, sizeof unread, MSG_PEEK | MSG_DONTWAIT);
   if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
   // Whole alert records only, ending where the peeked bytes end. TLS 1.2 labels them (type 21);
   // TLS 1.3 encrypts them as application data (23) of 2 bytes + the inner type + a 16-byte tag,
   // shorter than any record that carries a command of 3 bytes or more.
-  const bool tls13 = SSL_version(tls_->native_handle()) == TLS1_3_VERSION;
+  const bool tls13 = SSL_version(ssl_) == TLS1_3_VERSION;
   ssize_t at = 0;
   while (at + 5 <= n) {
     const size_t length = (static_cast<size_t>(unread[at + 3]) << 8) | unread[at + 4];
@@ -74,6 +79,54 @@ class Deadline {
 
 }  // namespace
 
+Stream::~Stream() {
+  if (ssl_ == nullptr) return;
+  // A connection that ends without a TLS error ended well (Redis closes without close_notify,
+  // keyguard closes at the socket): OpenSSL would otherwise mark its session not resumable.
+  if (tls_failure_.empty()) SSL_set_shutdown(ssl_, SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
+  SSL_free(ssl_);  // the socket BIO does not close the socket
+}
+
+void Stream::StartTls(TlsClient& tls) {
+  error_code ignored;
+  socket_.non_blocking(true, ignored);  // OpenSSL's reads and writes must not block the thread
+  context_ = tls.Current();
+  ssl_ = SSL_new(context_->context().native_handle());
+  SSL_set_fd(ssl_, socket_.native_handle());
+  SSL_set_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_set_read_ahead(ssl_, 1);  // one recv for as much as the socket holds, not a header then a body
+}
+
+awaitable<bool> Stream::TlsWait(int ret, error_code& ec) {
+  const int saved_errno = errno;
+  const int error = SSL_get_error(ssl_, ret);
+  if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) {
+    co_await socket_.async_wait(error == SSL_ERROR_WANT_READ ? Socket::wait_read : Socket::wait_write, AwaitEc(ec));
+    co_return !ec;
+  }
+  const unsigned long queued = ERR_peek_error();
+  if (error == SSL_ERROR_ZERO_RETURN || (error == SSL_ERROR_SYSCALL && queued == 0 && (ret == 0 || saved_errno == 0)) ||
+      (error == SSL_ERROR_SSL && ERR_GET_REASON(queued) == SSL_R_UNEXPECTED_EOF_WHILE_READING)) {
+    // close_notify, or a peer that closed without it (Redis does): the end of the stream.
+    ec = asio::error::eof;
+  } else if (error == SSL_ERROR_SYSCALL && queued == 0) {
+    ec = error_code(saved_errno, asio::error::get_system_category());
+  } else {
+    // The cause: the oldest error queued (asio's ssl category names its reason).
+    ec = error_code(static_cast<int>(ERR_get_error()), asio::error::get_ssl_category());
+  }
+  ERR_clear_error();
+  co_return false;
+}
+
+awaitable<void> Stream::TlsHandshake(error_code& ec) {
+  ERR_clear_error();  // SSL_get_error needs an empty queue; other OpenSSL calls may have left one
+  for (;;) {
+    const int ret = SSL_do_handshake(ssl_);
+    if (ret == 1 || !co_await TlsWait(ret, ec)) co_return;
+  }
+}
+
 awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const std::string& host,
                                       std::chrono::milliseconds timeout) {
   Deadline deadline(*this, timeout);  // connecting and the handshake
@@ -87,15 +140,14 @@ awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const st
     socket_.set_option(asio::socket_base::keep_alive(true), ignored);
   }
   if (!ec && tls != nullptr) {
-    context_ = tls->Current();
-    tls_ = std::make_unique<asio::ssl::stream<Socket&>>(socket_, context_->context());
-    context_->Prepare(tls_->native_handle(), tls->NameFor(host),
-                      absl::StrCat(to.address().to_string(), ":", to.port()));
-    co_await tls_->async_handshake(asio::ssl::stream_base::client, AwaitEc(ec));
+    StartTls(*tls);
+    context_->Prepare(ssl_, tls->NameFor(host), absl::StrCat(to.address().to_string(), ":", to.port()));
+    SSL_set_connect_state(ssl_);
+    co_await TlsHandshake(ec);
     if (ec) {
-      tls_failure_ = deadline.timed_out() ? "handshake timed out" : TlsFailure(tls_->native_handle(), ec);
+      tls_failure_ = deadline.timed_out() ? "handshake timed out" : TlsFailure(ssl_, ec);
     } else {
-      tls->CountHandshake(SSL_session_reused(tls_->native_handle()) == 1);
+      tls->CountHandshake(SSL_session_reused(ssl_) == 1);
     }
   }
   if (deadline.timed_out() && !ec) ec = asio::error::timed_out;
@@ -105,31 +157,51 @@ awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const st
 
 awaitable<error_code> Stream::Accept(TlsClient& tls, std::chrono::milliseconds timeout) {
   Deadline deadline(*this, timeout);
-  context_ = tls.Current();
-  tls_ = std::make_unique<asio::ssl::stream<Socket&>>(socket_, context_->context());
+  StartTls(tls);
+  SSL_set_accept_state(ssl_);
   error_code ec;
-  co_await tls_->async_handshake(asio::ssl::stream_base::server, AwaitEc(ec));
+  co_await TlsHandshake(ec);
   if (ec) {
-    tls_failure_ = deadline.timed_out() ? "handshake timed out" : TlsFailure(tls_->native_handle(), ec);
+    tls_failure_ = deadline.timed_out() ? "handshake timed out" : TlsFailure(ssl_, ec);
     tls.CountFailure();
   } else {
-    tls.CountHandshake(SSL_session_reused(tls_->native_handle()) == 1);
+    tls.CountHandshake(SSL_session_reused(ssl_) == 1);
   }
   deadline.Done();
   co_return ec;
 }
 
 awaitable<size_t> Stream::TlsReadSome(asio::mutable_buffer buffer, error_code& ec) {
-  const size_t n = co_await tls_->async_read_some(buffer, AwaitEc(ec));
-  // A server that closes without close_notify (Redis does) has still ended the stream.
-  if (ec == asio::ssl::error::stream_truncated) {
-    ec = asio::error::eof;
-  } else if (ec.category() == asio::error::get_ssl_category()) {
-    // The server refused something after the handshake (TLS 1.3 checks the client's
+  const int size = static_cast<int>(std::min<size_t>(buffer.size(), INT_MAX));
+  if (tls_drained_) {
+    // As AsyncReadSome: after a short read the socket is most likely empty; wait before the recv.
+    co_await socket_.async_wait(Socket::wait_read, AwaitEc(ec));
+    if (ec) co_return 0;
+  }
+  for (;;) {
+    const int n = SSL_read(ssl_, buffer.data(), size);
+    if (n > 0) {
+      tls_drained_ = n < size && SSL_has_pending(ssl_) == 0;
+      co_return static_cast<size_t>(n);
+    }
+    if (!co_await TlsWait(n, ec)) break;
+  }
+  tls_drained_ = false;
+  if (ec.category() == asio::error::get_ssl_category()) {
+    // The peer refused something after the handshake (TLS 1.3 checks the client's
     // certificate then: "tlsv13 alert certificate required").
     tls_failure_ = TlsFailure(nullptr, ec);
   }
-  co_return n;
+  co_return 0;
+}
+
+awaitable<size_t> Stream::TlsWriteSome(asio::const_buffer buffer, error_code& ec) {
+  const int size = static_cast<int>(std::min<size_t>(buffer.size(), INT_MAX));
+  for (;;) {
+    const int n = SSL_write(ssl_, buffer.data(), size);
+    if (n > 0) co_return static_cast<size_t>(n);
+    if (!co_await TlsWait(n, ec)) co_return 0;
+  }
 }
 
 }  // namespace keyguard::proxy

@@ -193,6 +193,7 @@ std::shared_ptr<TlsContext> TlsClient::Current() {
   if (stamps == stamps_) return current_;
   stamps_ = std::move(stamps);
   auto built = Build();
+  ERR_clear_error();  // a Build that worked may still have queued errors; reads need the queue empty
   if (built.ok()) {
     current_ = *std::move(built);
     ++rebuilds_;
@@ -245,6 +246,7 @@ std::vector<std::string> PeerCertificateNames(SSL* ssl) {
     GENERAL_NAMES_free(sans);
   }
   X509_free(cert);
+  ERR_clear_error();  // the queue stays empty for the next SSL_read (see stream.h)
   return names;
 }
 

@@ -327,6 +327,26 @@ TEST_F(ConnectionTest, KeyguardsOwnUpstreamAuthGoesFirstAndItsReplyIsNotTheClien
   EXPECT_TRUE(conn_->stop_reading());
 }
 
+TEST_F(ConnectionTest, AnUpstreamTlsRefusalBeforeTheClientAskedIsTheAnswerToItsFirstCommand) {
+  // TLS 1.3 refuses keyguard's client certificate after the handshake: the alert may come before
+  // the client's first command.
+  Open(kPlain);
+  conn_->set_upstream_failure("upstream TLS: tlsv13 alert certificate required");
+  std::string owed;
+  EXPECT_EQ(conn_->OnUpstreamFailed(metrics::UpstreamError::kTls, &owed), Connection::AfterFailure::kContinue);
+  EXPECT_EQ(owed, "");
+  EXPECT_FALSE(conn_->upstream_ready());
+  Client("*1\r\n$4\r\nPING\r\n");
+  EXPECT_EQ(TakeClient(), "-ERR keyguard: upstream TLS: tlsv13 alert certificate required\r\n");
+  EXPECT_TRUE(conn_->stop_reading());
+  // Once the client waits for a reply, the same failure answers it and closes.
+  Open(kPlain);
+  conn_->set_upstream_failure("upstream TLS: tlsv13 alert certificate required");
+  Client("*1\r\n$4\r\nPING\r\n");
+  EXPECT_EQ(conn_->OnUpstreamFailed(metrics::UpstreamError::kTls, &owed), Connection::AfterFailure::kClose);
+  EXPECT_EQ(owed, "-ERR keyguard: upstream TLS: tlsv13 alert certificate required\r\n");
+}
+
 TEST_F(ConnectionTest, AFailedUpstreamOwesEveryPendingCommandAnErrorInOrder) {
   Open("deny_commands: [FLUSHALL]\nhygiene: {enabled: false}\n");
   Client("*2\r\n$3\r\nGET\r\n$1\r\na\r\n*1\r\n$8\r\nFLUSHALL\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n");
