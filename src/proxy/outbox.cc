@@ -50,14 +50,16 @@ bool Outbox::Send(std::span<const std::string_view> pieces) {
   if (failed_) return false;
   if (pieces.empty()) return true;
   size_t skip = 0;
-  if (!draining_ && pending_.empty() && (stream_ == nullptr || stream_->can_write_now())) {
+  if (!draining_ && pending_.empty()) {
     error_code ec;
-    skip = socket_->write_some(Pieces(pieces), ec);  // the socket is non-blocking
+    skip = stream_ == nullptr || stream_->can_write_now()
+               ? socket_->write_some(Pieces(pieces), ec)  // the socket is non-blocking
+               : stream_->TryTlsWrite(pieces, ec);
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
       Fail(ec);
       return false;
     }
-    if (ec) skip = 0;
+    // (A write that would block wrote nothing, or, over TLS, the bytes it returns.)
     bytes_sent_->Add(skip);
     sent_ += skip;
   }

@@ -1,7 +1,7 @@
 // Writes to one socket in order. Send() writes straight from the caller's buffers with one
 // non-blocking writev when the socket takes it (the common case: zero copies, no suspension);
-// only what the socket does not take is copied and written in the background. Over TLS every
-// byte takes the background path (SSL_write encrypts as it writes). Callers apply
+// only what the socket does not take is copied and written in the background. Over TLS the
+// same, with one SSL_write of the pieces (Stream::TryTlsWrite) in place of the writev. Callers apply
 // backpressure by waiting for the backlog to shrink before reading more from the other side.
 #pragma once
 

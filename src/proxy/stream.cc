@@ -97,6 +97,29 @@ void Stream::StartTls(TlsClient& tls) {
   SSL_set_read_ahead(ssl_, 1);  // one recv for as much as the socket holds, not a header then a body
 }
 
+namespace {
+
+// The error_code for an OpenSSL call on `ssl` that failed with SSL_get_error's `error` (not a
+// WANT_*), `ret` and `saved_errno`: eof for the end of the stream (close_notify, or a peer that
+// closed without it, as Redis does), the system error, or the oldest error queued (asio's ssl
+// category names its reason). Clears the queue.
+error_code TlsError(int ret, int error, int saved_errno) {
+  error_code ec;
+  const unsigned long queued = ERR_peek_error();
+  if (error == SSL_ERROR_ZERO_RETURN || (error == SSL_ERROR_SYSCALL && queued == 0 && (ret == 0 || saved_errno == 0)) ||
+      (error == SSL_ERROR_SSL && ERR_GET_REASON(queued) == SSL_R_UNEXPECTED_EOF_WHILE_READING)) {
+    ec = asio::error::eof;
+  } else if (error == SSL_ERROR_SYSCALL && queued == 0) {
+    ec = error_code(saved_errno, asio::error::get_system_category());
+  } else {
+    ec = error_code(static_cast<int>(ERR_get_error()), asio::error::get_ssl_category());
+  }
+  ERR_clear_error();
+  return ec;
+}
+
+}  // namespace
+
 awaitable<bool> Stream::TlsWait(int ret, error_code& ec) {
   const int saved_errno = errno;
   const int error = SSL_get_error(ssl_, ret);
@@ -104,19 +127,36 @@ awaitable<bool> Stream::TlsWait(int ret, error_code& ec) {
     co_await socket_.async_wait(error == SSL_ERROR_WANT_READ ? Socket::wait_read : Socket::wait_write, AwaitEc(ec));
     co_return !ec;
   }
-  const unsigned long queued = ERR_peek_error();
-  if (error == SSL_ERROR_ZERO_RETURN || (error == SSL_ERROR_SYSCALL && queued == 0 && (ret == 0 || saved_errno == 0)) ||
-      (error == SSL_ERROR_SSL && ERR_GET_REASON(queued) == SSL_R_UNEXPECTED_EOF_WHILE_READING)) {
-    // close_notify, or a peer that closed without it (Redis does): the end of the stream.
-    ec = asio::error::eof;
-  } else if (error == SSL_ERROR_SYSCALL && queued == 0) {
-    ec = error_code(saved_errno, asio::error::get_system_category());
-  } else {
-    // The cause: the oldest error queued (asio's ssl category names its reason).
-    ec = error_code(static_cast<int>(ERR_get_error()), asio::error::get_ssl_category());
-  }
-  ERR_clear_error();
+  ec = TlsError(ret, error, saved_errno);
   co_return false;
+}
+
+size_t Stream::TryTlsWrite(std::span<const std::string_view> pieces, error_code& ec) {
+  std::string_view bytes = pieces.front();
+  if (pieces.size() > 1) {
+    // One record for all of them (a record each would cost a seal and a send each).
+    gather_.clear();
+    for (std::string_view p : pieces) gather_.append(p);
+    bytes = gather_;
+  }
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const int size = static_cast<int>(std::min<size_t>(bytes.size() - written, INT_MAX));
+    const int n = SSL_write(ssl_, bytes.data() + written, size);
+    if (n > 0) {
+      written += static_cast<size_t>(n);
+      continue;
+    }
+    const int saved_errno = errno;
+    const int error = SSL_get_error(ssl_, n);
+    // OpenSSL may hold a record of the rest, half sent: the rest is offered again, from the
+    // caller's copy (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER), by WriteSome.
+    ec = error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE ? error_code(asio::error::would_block)
+                                                                       : TlsError(n, error, saved_errno);
+    break;
+  }
+  if (gather_.capacity() > (1u << 20)) std::string().swap(gather_);
+  return written;
 }
 
 awaitable<void> Stream::TlsHandshake(error_code& ec) {

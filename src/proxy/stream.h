@@ -15,7 +15,9 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "proxy/asio.h"
@@ -71,8 +73,12 @@ class Stream {
   // +40 to +140 instructions a read at pipeline depth 1).
   awaitable<size_t> TlsReadSome(asio::mutable_buffer buffer, error_code& ec);
   // Whether socket().write_some may write the caller's bytes as they are (non-blocking): plain
-  // TCP only; TLS bytes go through WriteSome, which encrypts them.
+  // TCP only; TLS bytes go through TryTlsWrite or WriteSome, which encrypt them.
   bool can_write_now() const { return ssl_ == nullptr; }
+  // TLS, with no write in flight: encrypts `pieces` as one record and writes what the socket
+  // takes now. Returns the bytes written; `ec` is would_block when the rest must wait (it is to
+  // be offered again, the same bytes, with WriteSome), or the error.
+  size_t TryTlsWrite(std::span<const std::string_view> pieces, error_code& ec);
   // Writes at least one byte of `buffer`, waiting for the socket as needed.
   awaitable<size_t> WriteSome(asio::const_buffer buffer, error_code& ec) {
     if (ssl_ == nullptr) return socket_.async_write_some(buffer, AwaitEc(ec));
@@ -100,6 +106,7 @@ class Stream {
   std::shared_ptr<TlsContext> context_;  // kept while the connection lives (a reload makes a new one)
   SSL* ssl_ = nullptr;                   // owned
   bool tls_drained_ = false;             // the last SSL_read emptied the socket and OpenSSL's buffer
+  std::string gather_;                   // TryTlsWrite's pieces, made one
   std::string tls_failure_;
 };
 

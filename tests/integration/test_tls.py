@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 import redis
@@ -99,6 +100,7 @@ def pki(tmp_path_factory):
     make_cert(d, "server", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
     make_expired_cert(d, "expired", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
     make_cert(d, "client", "ca", "keyguard")
+    make_cert(d, "client2", "ca", "keyguard")  # the next certificate of a rotation
     make_cert(d, "stranger", "other-ca", "keyguard")
     return lambda name: os.path.join(d, name)
 
@@ -254,6 +256,59 @@ def rotated_files(pki, cert, key):
             shutil.copy(src, dst + ".new")
             os.rename(dst + ".new", dst)
     return install
+
+
+@pytest.mark.dedicated_only(reason="each client connection makes its own upstream connection, so each takes the files of its time")
+def test_a_client_certificate_rotated_under_load_loses_no_command(pki, tmp_path):
+    """Four clients connect, INCR ten times and reconnect, without a pause, while the client
+    certificate and key a server requiring them is given are rotated four times (each file renamed
+    into place in turn, so a connection may see a new certificate with the old key): every INCR is
+    acknowledged and stored, no connection fails, and each rotation is one reload."""
+    r = tls_redis(pki, "--tls-auth-clients", "yes")
+    cert, key = str(tmp_path / "client.crt"), str(tmp_path / "client.key")
+    install = rotated_files(pki, cert, key)
+    install("client")
+    kg = tls_keyguard(r, pki, "  ca_file: %s\n  cert_file: %s\n  key_file: %s\n" % (pki("ca.crt"), cert, key))
+    stop = threading.Event()
+    acked = [0] * 4
+    errors = []
+
+    def load(i):
+        while not stop.is_set():
+            try:
+                c = redis.Redis(port=kg.port, socket_timeout=10)
+                for _ in range(10):
+                    assert c.incr("rotation:n") > 0
+                    acked[i] += 1
+                c.close()
+            except Exception as e:  # noqa: BLE001 (any failure is the finding)
+                errors.append(repr(e))
+                return
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for n, name in enumerate(["client2", "client", "client2", "client"], start=1):
+            time.sleep(0.3)
+            install(name)
+            wait_until(lambda: kg.metric("keyguard_upstream_tls_reloads_total") == n, "rotation %d read" % n)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    try:
+        assert errors == []
+        assert sum(acked) >= 100
+        assert direct(r, pki).get("rotation:n") == str(sum(acked)).encode()
+        assert kg.metric("keyguard_upstream_tls_reloads_total") == 4
+        assert kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 0
+        assert kg.metric('keyguard_upstream_tls_handshakes_total{resumed="false"}') + \
+            kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}') >= sum(acked) // 10
+    finally:
+        kg.stop()
+        r.stop()
 
 
 @pytest.mark.dedicated_only(reason="a shared connection keeps its certificate while it lives; new ones (reconnects, pins) take the new files")
