@@ -217,7 +217,16 @@ std::string_view Connection::Encode(std::span<const std::string_view> args) {
 
 bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_view> args) {
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
-  if (r == PinReason::kNone) return false;
+  if (r == PinReason::kNone) {
+    if (pinned_ && id == commands::Known().client && args.size() >= 2 &&
+        !commands::EqualsIgnoreCase(args[1], "getname")) [[unlikely]] {
+      // CLIENT SETNAME/SETINFO on a pinned connection go to it and name it: it is not in a new
+      // connection's state any more, so it is closed with the client rather than pooled.
+      sticky_ = true;
+      pin_check_ = false;
+    }
+    return false;
+  }
   if (cluster_ && ClusterAnswers(id, args)) return false;  // keyguard answers it
   // WAIT, WAITAOF: a connection pinned for them carried none of the client's writes (the access
   // stage refuses them on a shared connection).
@@ -287,6 +296,38 @@ std::string Connection::OnSharedFailed() {
   return owed;
 }
 
+bool Connection::RouteShared(const CommandContext& c, const Verdict& v) {
+  if ((!pinned_ && c.id == client_id_ && AnswerClientName(c, v.args)) || (cluster_ && !RouteCluster(c, v))) {
+    pipeline_.Release();
+    return false;
+  }
+  return true;
+}
+
+bool Connection::AnswerClientName(const CommandContext& c, std::span<const std::string_view> args) {
+  // A shared connection has no name of the client's: keyguard keeps it (findings and log lines
+  // carry it) and answers as the server would. A connection pinned later does not carry it (its
+  // CLIENT LIST shows none).
+  const bool get = args.size() == 2 && commands::EqualsIgnoreCase(args[1], "getname");
+  const bool set = args.size() == 3 && commands::EqualsIgnoreCase(args[1], "setname");
+  if (!get && !set) return false;  // SETINFO, or a wrong arity: the server answers
+  std::string reply = "+OK\r\n";
+  if (get) {
+    const std::string& name = state_.client_name();
+    reply = name.empty() ? std::string("$-1\r\n") : absl::StrCat("$", name.size(), "\r\n", name, "\r\n");
+  } else if (std::any_of(args[2].begin(), args[2].end(), [](char ch) {
+               return static_cast<unsigned char>(ch) < '!' || static_cast<unsigned char>(ch) > '~';
+             })) {
+    // The server's rule and words (CLIENT LIST is split at spaces).
+    reply = "-ERR Client names cannot contain spaces, newlines or special characters.\r\n";
+  } else {
+    state_.set_client_name(args[2]);
+  }
+  shard_.CountCommand(c.id, reply[0] == '-' ? metrics::Outcome::kError : metrics::Outcome::kOk);
+  if (!c.mode.silent) Reply(std::move(reply), c.id, false);
+  return true;
+}
+
 void Connection::QuitLocally(commands::CommandId id) {
   shard_.CountCommand(id, metrics::Outcome::kOk);
   Reply("+OK\r\n", id, /*close_after=*/true);
@@ -312,8 +353,9 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   const Verdict& v = pipeline_.Run(c);
   switch (v.action) {
     case Verdict::Action::kForward:
-      if (cluster_ && !RouteCluster(c, v)) [[unlikely]] {
-        pipeline_.Release();
+      // (RouteShared releases the pipeline when it answers: one Release call site here keeps
+      // the dedicated path's inlining.)
+      if (multiplexed_ && (cluster_ || c.id == client_id_) && !RouteShared(c, v)) [[unlikely]] {
         return;
       }
       break;

@@ -276,6 +276,13 @@ class Connection {
   // CLIENT SETNAME/GETNAME/SETINFO, READONLY, READWRITE: keyguard answers them (a shared
   // connection per node cannot carry the client's name or mode); WAIT, WAITAOF: refused.
   bool ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const;
+  // CLIENT SETNAME/GETNAME of a client on a shared connection: answered (true), or not (false:
+  // forwarded).
+  bool AnswerClientName(const CommandContext& c, std::span<const std::string_view> args);
+  // A command on shared connections (CLIENT, or any with a cluster): false when keyguard
+  // answered it (CLIENT SETNAME/GETNAME) or refused it (the pipeline released), else where it
+  // goes is set (RouteCluster). Out of line: the dedicated path stays one branch.
+  [[gnu::noinline]] bool RouteShared(const CommandContext& c, const Verdict& v);
   // MULTI: the slot of the first keyed command among those queued after it in `data` (up to EXEC).
   int32_t LookAheadSlot(const char* data, size_t len);
   // A command of `bytes` ended in the output: its route (route_). Out of line, as ClearRoutes and
@@ -414,6 +421,7 @@ class Connection {
 
   // Shared upstream connections.
   bool multiplexed_ = false;
+  const commands::CommandId client_id_ = commands::Known().client;
   bool pin_check_ = false;                // multiplexed_, and not pinned for good: each command is looked at
   const uint8_t* pin_classes_ = nullptr;  // PinClasses()
   bool pinned_ = false;

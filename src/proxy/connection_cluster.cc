@@ -107,10 +107,7 @@ void Connection::ClearRoutes() {
 bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
   const ClusterIds& ids = Ids();
   if (id == commands::kUnknownCommand) return false;  // (WAITAOF is unknown to a 7.0 table: its id is 0)
-  if (id == ids.readonly || id == ids.readwrite || id == ids.wait || id == ids.waitaof) return true;
-  if (id != ids.client || args.size() < 2) return false;
-  const std::string sub = Lower(args[1]);
-  return sub == "setname" || sub == "getname" || sub == "setinfo";
+  return id == ids.readonly || id == ids.readwrite || id == ids.wait || id == ids.waitaof;
 }
 
 int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_view> args) {
@@ -214,21 +211,7 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
                           "shared connections to several nodes)"));
       return false;
     }
-    if (c.id != ids.client) return answer("+OK\r\n");  // READONLY, READWRITE: reads go to the primaries
-    const std::string sub = Lower(args[1]);
-    if (sub == "getname") {
-      const std::string& name = state_.client_name();
-      return answer(name.empty() ? std::string("$-1\r\n") : Bulk(name));
-    }
-    if (sub == "setname" && args.size() == 3) {
-      for (char ch : args[2]) {
-        if (ch == ' ' || ch == '\n' || ch == '\r') {
-          return answer("-ERR Client names cannot contain spaces, newlines or special characters.\r\n");
-        }
-      }
-      state_.set_client_name(args[2]);
-    }
-    return answer("+OK\r\n");
+    return answer("+OK\r\n");  // READONLY, READWRITE: reads go to the primaries
   }
   // Every primary, the replies merged.
   auto every = [&](cluster::Merge how) {

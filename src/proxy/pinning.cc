@@ -15,7 +15,7 @@ constexpr uint8_t kByArgs = static_cast<uint8_t>(PinReason::kCount);
 
 struct Table {
   std::vector<uint8_t> by_id;
-  commands::CommandId select, xread, xreadgroup, client;
+  commands::CommandId select, xread, xreadgroup, client, hello;
 };
 
 PinReason ByRole(ConnectionRole role) {
@@ -48,6 +48,7 @@ const Table& PinTable() {
     t.xread = commands::LookupCommand("xread");
     t.xreadgroup = commands::LookupCommand("xreadgroup");
     t.client = commands::Known().client;
+    t.hello = commands::Known().hello;
     const uint32_t blocking = commands::CommandFlagMask("blocking");
     const commands::CommandId client_state[] = {
         commands::LookupCommand("readonly"), commands::LookupCommand("readwrite"), commands::LookupCommand("asking")};
@@ -68,7 +69,7 @@ const Table& PinTable() {
       const commands::CommandId id = commands::LookupCommand(name);
       if (id != commands::kUnknownCommand) t.by_id[id] = static_cast<uint8_t>(PinReason::kBlocking);
     }
-    for (commands::CommandId id : {t.select, t.xread, t.xreadgroup, t.client}) t.by_id[id] = kByArgs;
+    for (commands::CommandId id : {t.select, t.xread, t.xreadgroup, t.client, t.hello}) t.by_id[id] = kByArgs;
     return t;
   }();
   return table;
@@ -119,9 +120,22 @@ PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args,
     return zero || args.size() != 2 ? PinReason::kNone : PinReason::kSelect;
   }
   if (id == t.client) {
-    // CLIENT GETNAME of a client that set no name (one that did is pinned): nil, as the shared
-    // connection answers.
-    return args.size() == 2 && commands::EqualsIgnoreCase(args[1], "getname") ? PinReason::kNone : PinReason::kClient;
+    // CLIENT SETNAME and GETNAME are answered by keyguard on a shared connection (the name is
+    // the client's, kept by keyguard); SETINFO (a library's name and version) goes to the shared
+    // connection, whose server answers it (7.0 does not know it) and whose CLIENT LIST it names.
+    if (args.size() >= 2 &&
+        (commands::EqualsIgnoreCase(args[1], "setname") || commands::EqualsIgnoreCase(args[1], "getname") ||
+         commands::EqualsIgnoreCase(args[1], "setinfo"))) {
+      return PinReason::kNone;
+    }
+    return PinReason::kClient;
+  }
+  if (id == t.hello) {
+    // HELLO, or HELLO 2, without AUTH or SETNAME changes nothing a shared connection has (it
+    // speaks RESP2): its reply is the shared connection's. RESP3, credentials or a name pin.
+    // (With tenancy, HELLO is how a client logs in: it pins as before.)
+    const bool plain = !tenancy && (args.size() == 1 || (args.size() == 2 && args[1] == "2"));
+    return plain ? PinReason::kNone : PinReason::kHello;
   }
   return HasBlockOption(args, id == t.xreadgroup) ? PinReason::kBlocking : PinReason::kNone;
 }

@@ -149,6 +149,41 @@ def test_state_that_lasts_pins_for_the_connection():
         b.close()
 
 
+def test_client_names_setinfo_and_hello_2_keep_the_client_shared():
+    """What client libraries send as they connect keeps the client on the shared connection: a
+    name (CLIENT SETNAME), which keyguard keeps; CLIENT SETINFO (redis-py 5, Jedis 5) and HELLO 2
+    (go-redis with RESP2), which the server answers as it would a connection of the client's own."""
+    with shared() as (server, kg):
+        a = RespConn(kg.port)
+        b = RespConn(kg.port)
+        d = RespConn(server.port)  # the server's own answers, for comparison
+        assert a.call("CLIENT", "SETNAME", "app-a") == "OK"
+        assert a.call("CLIENT", "GETNAME") == b"app-a"
+        assert b.call("CLIENT", "GETNAME") is None
+        for cmd in (("CLIENT", "SETNAME", "a b"), ("CLIENT", "SETNAME", "caf\xe9"),
+                    ("CLIENT", "SETINFO", "LIB-NAME", "redis-py"), ("CLIENT", "SETNAME")):
+            assert a.exchange(encode(*cmd), replies=1) == d.exchange(encode(*cmd), replies=1), cmd
+        hello, direct_hello = a.call("HELLO", "2"), d.call("HELLO", "2")
+        assert hello[0::2] == direct_hello[0::2]  # server, version, proto, id, mode, role, modules
+        assert dict(zip(hello[0::2], hello[1::2]))[b"proto"] == 2
+        assert a.call("CLIENT", "GETNAME") == b"app-a"
+        assert kind(kg, "pinned") == 0
+        assert kg.metric('keyguard_upstream_pins_total{reason="client"}') == 0
+        assert kg.metric('keyguard_upstream_pins_total{reason="hello"}') == 0
+        # A name set on a pinned connection names the server's connection: it is the client's for
+        # good, not pooled with a name another client would inherit.
+        assert a.call("MULTI") == "OK"
+        assert a.call("CLIENT", "SETNAME", "in-multi") == "QUEUED"
+        assert a.call("EXEC") == ["OK"]
+        assert a.call("GET", "x") is None
+        assert kind(kg, "pinned") == 1
+        assert "name=in-multi" in [c.get("name") and "name=" + c["name"] for c in
+                                   redis.Redis(port=server.port).client_list()]
+        a.close()
+        wait_until(lambda: kind(kg, "pinned") == 0, "the named connection closed with its client")
+        assert kind(kg, "idle") == 2 * THREADS
+
+
 def test_a_failed_shared_connection_fails_only_what_was_in_flight():
     with shared(1) as (server, kg):
         c = RespConn(kg.port)
@@ -325,13 +360,13 @@ def test_wait_is_refused_unless_the_client_writes_on_its_own_connection():
     """WAIT counts the replicas that have the connection's writes. A client's writes on a shared
     connection are not that connection's alone, and a connection pinned for WAIT carried none
     (WAIT would answer at once, with every replica): refused. A client pinned for good (CLIENT
-    SETNAME) writes on its own connection, so its WAIT is the server's."""
+    NO-EVICT) writes on its own connection, so its WAIT is the server's."""
     with shared() as (server, kg):
         c = RespConn(kg.port)
         assert c.exchange(encode("SET", "w", "1") + encode("WAIT", "0", "0"), replies=2) == (
             b"+OK\r\n-ERR keyguard: WAIT cannot tell about this client's writes: they go over shared upstream "
             b"connections (upstream_connections: shared)\r\n")
         assert kind(kg, "pinned") == 0
-        assert c.exchange(encode("CLIENT", "SETNAME", "own") + encode("SET", "w", "2") + encode("WAIT", "0", "0"),
+        assert c.exchange(encode("CLIENT", "NO-EVICT", "on") + encode("SET", "w", "2") + encode("WAIT", "0", "0"),
                           replies=3) == b"+OK\r\n+OK\r\n:0\r\n"
         assert kg.metric('keyguard_commands_rejected_total{reason="deny_list"}') == 1

@@ -502,10 +502,16 @@ TEST(PinFor, ConnectionStateCommandsPinAndPlainOnesDoNot) {
   EXPECT_EQ(pin({"SUBSCRIBE", "c"}), PinReason::kPubSub);
   EXPECT_EQ(pin({"PUNSUBSCRIBE"}), PinReason::kPubSub);
   EXPECT_EQ(pin({"MONITOR"}), PinReason::kMonitor);
-  EXPECT_EQ(pin({"CLIENT", "SETNAME", "x"}), PinReason::kClient);
+  EXPECT_EQ(pin({"CLIENT", "SETNAME", "x"}), PinReason::kNone);  // keyguard keeps the name
+  EXPECT_EQ(pin({"CLIENT", "SETINFO", "LIB-NAME", "redis-py"}), PinReason::kNone);
   EXPECT_EQ(pin({"CLIENT", "TRACKING", "on"}), PinReason::kClient);
   EXPECT_EQ(pin({"CLIENT", "ID"}), PinReason::kClient);
   EXPECT_EQ(pin({"client", "getname"}), PinReason::kNone);
+  EXPECT_EQ(pin({"HELLO"}), PinReason::kNone);
+  EXPECT_EQ(pin({"HELLO", "2"}), PinReason::kNone);
+  EXPECT_EQ(pin({"HELLO", "2", "SETNAME", "x"}), PinReason::kHello);
+  EXPECT_EQ(pin({"HELLO", "2", "AUTH", "u", "p"}), PinReason::kHello);
+  EXPECT_EQ(pin({"HELLO", "2"}, /*tenancy=*/true), PinReason::kHello);  // how a tenant logs in
   EXPECT_EQ(pin({"READONLY"}), PinReason::kClient);
   EXPECT_EQ(pin({"SELECT", "0"}), PinReason::kNone);
   EXPECT_EQ(pin({"SELECT", "2"}), PinReason::kSelect);
@@ -562,6 +568,40 @@ TEST_F(ConnectionTest, APinningCommandWaitsUnreadUntilEverythingBeforeItIsAnswer
   EXPECT_FALSE(conn_->pinned());
   EXPECT_EQ(shard_.upstream_connections.Get(), 0);
   EXPECT_EQ(shard_.UpstreamOf(metrics::UpstreamKind::kPinned).Get(), 0);
+}
+
+TEST_F(ConnectionTest, OnASharedConnectionKeyguardKeepsTheClientsName) {
+  Open(kPlain, false, "", /*shared=*/true);
+  Client(
+      "*2\r\n$6\r\nCLIENT\r\n$7\r\nGETNAME\r\n*3\r\n$6\r\nclient\r\n$7\r\nsetname\r\n$5\r\napp-1\r\n"
+      "*2\r\n$6\r\nCLIENT\r\n$7\r\nGETNAME\r\n*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$3\r\na b\r\n"
+      "*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$2\r\n\xc3\xa9\r\n*2\r\n$6\r\nCLIENT\r\n$7\r\nGETNAME\r\n");
+  EXPECT_EQ(TakeUpstream(), "") << "answered by keyguard, nothing pinned";
+  EXPECT_EQ(conn_->pin_wanted(), PinReason::kNone);
+  EXPECT_EQ(TakeClient(),
+            "$-1\r\n+OK\r\n$5\r\napp-1\r\n"
+            "-ERR Client names cannot contain spaces, newlines or special characters.\r\n"
+            "-ERR Client names cannot contain spaces, newlines or special characters.\r\n$5\r\napp-1\r\n");
+  // An empty name removes it, as on the server; SETINFO and HELLO 2 go to the shared connection.
+  Client(
+      "*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$0\r\n\r\n*2\r\n$6\r\nCLIENT\r\n$7\r\nGETNAME\r\n"
+      "*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nLIB-NAME\r\n$2\r\npy\r\n*2\r\n$5\r\nHELLO\r\n$1\r\n2\r\n");
+  EXPECT_EQ(TakeUpstream(),
+            "*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nLIB-NAME\r\n$2\r\npy\r\n*2\r\n$5\r\nHELLO\r\n$1\r\n2\r\n");
+  EXPECT_EQ(conn_->pin_wanted(), PinReason::kNone);
+  ASSERT_TRUE(Upstream("-ERR unknown subcommand 'SETINFO'. Try CLIENT HELP.\r\n*2\r\n$5\r\nproto\r\n:2\r\n"));
+  EXPECT_EQ(TakeClient(),
+            "+OK\r\n$-1\r\n-ERR unknown subcommand 'SETINFO'. Try CLIENT HELP.\r\n*2\r\n$5\r\nproto\r\n:2\r\n");
+  // Pinned (a transaction), a CLIENT SETNAME goes to the pinned connection, which then is the
+  // client's for good (not pooled with a name).
+  Client("*1\r\n$5\r\nMULTI\r\n");
+  Call([&] { return conn_->OnPinned(/*fresh=*/false); });
+  Client("*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$1\r\nx\r\n*1\r\n$4\r\nEXEC\r\n");
+  EXPECT_EQ(TakeUpstream(),
+            "*1\r\n$5\r\nMULTI\r\n*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$1\r\nx\r\n*1\r\n$4\r\nEXEC\r\n");
+  ASSERT_TRUE(Upstream("+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n"));
+  EXPECT_EQ(conn_->pending(), 0u);
+  EXPECT_FALSE(conn_->CanUnpin()) << "named: the client's for good";
 }
 
 TEST_F(ConnectionTest, StateThatLastsKeepsThePin) {
