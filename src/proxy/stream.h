@@ -101,6 +101,18 @@ class Stream {
   // and returns true (call again), or sets `ec` (eof for the end of the stream, close_notify or
   // not; an error otherwise, with the queue cleared) and returns false.
   awaitable<bool> TlsWait(int ret, error_code& ec);
+  // Whether the socket is still open; else sets `ec` as a closed socket's read or write does. The
+  // SSL keeps the descriptor's number, which a connection made since Close() may have taken
+  // (on any thread): no OpenSSL call may follow a Close(), neither a read or write resumed by a
+  // wait that completed just before it (a reset wakes both at once; the first to run closes) nor
+  // a Send to a stream closed while its owner still takes commands (SharedLink::Stop).
+  bool StillOpen(error_code& ec) {
+    if (socket_.is_open()) [[likely]] {
+      return true;
+    }
+    ec = asio::error::bad_descriptor;
+    return false;
+  }
 
   Socket socket_;
   std::shared_ptr<TlsContext> context_;  // kept while the connection lives (a reload makes a new one)
