@@ -49,6 +49,17 @@ bool Stream::PeerGone() {
   return at == n;
 }
 
+bool Stream::IdleAndOpen() {
+  if (ssl_ == nullptr) return Peek(socket_) == Peeked::kNothing;
+  // A peek at the socket cannot tell: the tickets are unread, and a close_notify after them.
+  if (!socket_.is_open()) return false;
+  char c;
+  const int n = SSL_peek(ssl_, &c, 1);
+  if (n <= 0 && SSL_get_error(ssl_, n) == SSL_ERROR_WANT_READ) return true;
+  ERR_clear_error();  // SSL_get_error needs the queue empty before the next call
+  return false;
+}
+
 namespace {
 
 // Closes the stream's socket if `timeout` passes before Done(). Its state is shared: a timer that

@@ -48,6 +48,11 @@ class Stream {
   // close_notify) and OpenSSL holds no record it has not handed on. Bytes that may be a command
   // mean the peer is not gone.
   bool PeerGone();
+  // Whether a connection nothing is owed on (an idle one of a pool) is still usable: plain TCP,
+  // nothing to read; TLS, nothing but post-handshake messages (session tickets), which this
+  // processes (no read may be in flight). A close (close_notify or not), a reset or bytes nobody
+  // asked for: not usable.
+  bool IdleAndOpen();
 
   // Connects to `to` within `timeout` and sets the options of a proxy connection (non-blocking,
   // TCP_NODELAY, keep-alive); with `tls`, then completes a TLS handshake with the server `host`

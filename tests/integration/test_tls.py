@@ -430,3 +430,30 @@ def test_tls_over_shared_connections(pki):
     finally:
         bad.stop()
         r.stop()
+
+
+def test_pooled_connections_the_server_closed_are_not_pinned(pki):
+    """An idle connection of the pool has unread TLS records (the session tickets, then the
+    server's close_notify when it closes it: a timeout, CLIENT KILL, a restart): a closed one must
+    not be taken for a pin (each transaction failed, "upstream unavailable", once per pooled
+    connection, and again each time the pool's new ones timed out)."""
+    r = tls_redis(pki, "--tls-auth-clients", "no")
+    kg = Keyguard(r.port, config="upstream_connections: shared\nupstream_tls:\n  ca_file: %s\n" % pki("ca.crt"),
+                  upstream="rediss://localhost:%d" % r.port, extra=("--upstream-connections", "shared"))
+    idle = 'keyguard_upstream_connections_by_kind{kind="idle"}'
+    try:
+        c = redis.Redis(port=kg.port)
+        t = c.pipeline(transaction=True)
+        t.incr("tls:pinned")
+        assert t.execute() == [1]  # the first pin fills the pool
+        for i in range(2, 5):
+            wait_until(lambda: kg.metric(idle) >= 2, "the pool filled")
+            assert direct(r, pki).client_kill_filter(_type="normal", skipme=True) >= 2
+            wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 2,
+                       "the shared connections back")
+            t = c.pipeline(transaction=True)
+            t.incr("tls:pinned")
+            assert t.execute() == [i]
+    finally:
+        kg.stop()
+        r.stop()
