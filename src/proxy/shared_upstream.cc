@@ -83,9 +83,8 @@ std::unique_ptr<Stream> PinPool::Take() {
     idle_.pop_back();
     worker_.shard->CountUpstream(metrics::UpstreamKind::kIdle, -1);
     // Closed by the server while idle (a timeout, a restart)? An idle connection has nothing to
-    // read; over TLS a record may wait (a session ticket), which is not a close.
-    const Peeked p = Peek(s->socket());
-    if (p == Peeked::kNothing || (p == Peeked::kData && s->tls())) found = std::move(s);
+    // read; over TLS, session tickets may wait, and a close_notify after them.
+    if (s->IdleAndOpen()) found = std::move(s);
   }
   Fill();
   return found;

@@ -49,6 +49,17 @@ bool Stream::PeerGone() {
   return at == n;
 }
 
+bool Stream::IdleAndOpen() {
+  if (ssl_ == nullptr) return Peek(socket_) == Peeked::kNothing;
+  // A peek at the socket cannot tell: the tickets are unread, and a close_notify after them.
+  if (!socket_.is_open()) return false;
+  char c;
+  const int n = SSL_peek(ssl_, &c, 1);
+  if (n <= 0 && SSL_get_error(ssl_, n) == SSL_ERROR_WANT_READ) return true;
+  ERR_clear_error();  // SSL_get_error needs the queue empty before the next call
+  return false;
+}
+
 namespace {
 
 // Closes the stream's socket if `timeout` passes before Done(). Its state is shared: a timer that
@@ -125,13 +136,14 @@ awaitable<bool> Stream::TlsWait(int ret, error_code& ec) {
   const int error = SSL_get_error(ssl_, ret);
   if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) {
     co_await socket_.async_wait(error == SSL_ERROR_WANT_READ ? Socket::wait_read : Socket::wait_write, AwaitEc(ec));
-    co_return !ec;
+    co_return !ec && StillOpen(ec);
   }
   ec = TlsError(ret, error, saved_errno);
   co_return false;
 }
 
 size_t Stream::TryTlsWrite(std::span<const std::string_view> pieces, error_code& ec) {
+  if (!StillOpen(ec)) return 0;
   std::string_view bytes = pieces.front();
   if (pieces.size() > 1) {
     // One record for all of them (a record each would cost a seal and a send each).
@@ -213,10 +225,11 @@ awaitable<error_code> Stream::Accept(TlsClient& tls, std::chrono::milliseconds t
 
 awaitable<size_t> Stream::TlsReadSome(asio::mutable_buffer buffer, error_code& ec) {
   const int size = static_cast<int>(std::min<size_t>(buffer.size(), INT_MAX));
+  if (!StillOpen(ec)) co_return 0;
   if (tls_drained_) {
     // As AsyncReadSome: after a short read the socket is most likely empty; wait before the recv.
     co_await socket_.async_wait(Socket::wait_read, AwaitEc(ec));
-    if (ec) co_return 0;
+    if (ec || !StillOpen(ec)) co_return 0;
   }
   for (;;) {
     const int n = SSL_read(ssl_, buffer.data(), size);
@@ -237,6 +250,7 @@ awaitable<size_t> Stream::TlsReadSome(asio::mutable_buffer buffer, error_code& e
 
 awaitable<size_t> Stream::TlsWriteSome(asio::const_buffer buffer, error_code& ec) {
   const int size = static_cast<int>(std::min<size_t>(buffer.size(), INT_MAX));
+  if (!StillOpen(ec)) co_return 0;
   for (;;) {
     const int n = SSL_write(ssl_, buffer.data(), size);
     if (n > 0) co_return static_cast<size_t>(n);

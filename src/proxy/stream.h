@@ -48,6 +48,11 @@ class Stream {
   // close_notify) and OpenSSL holds no record it has not handed on. Bytes that may be a command
   // mean the peer is not gone.
   bool PeerGone();
+  // Whether a connection nothing is owed on (an idle one of a pool) is still usable: plain TCP,
+  // nothing to read; TLS, nothing but post-handshake messages (session tickets), which this
+  // processes (no read may be in flight). A close (close_notify or not), a reset or bytes nobody
+  // asked for: not usable.
+  bool IdleAndOpen();
 
   // Connects to `to` within `timeout` and sets the options of a proxy connection (non-blocking,
   // TCP_NODELAY, keep-alive); with `tls`, then completes a TLS handshake with the server `host`
@@ -101,6 +106,18 @@ class Stream {
   // and returns true (call again), or sets `ec` (eof for the end of the stream, close_notify or
   // not; an error otherwise, with the queue cleared) and returns false.
   awaitable<bool> TlsWait(int ret, error_code& ec);
+  // Whether the socket is still open; else sets `ec` as a closed socket's read or write does. The
+  // SSL keeps the descriptor's number, which a connection made since Close() may have taken
+  // (on any thread): no OpenSSL call may follow a Close(), neither a read or write resumed by a
+  // wait that completed just before it (a reset wakes both at once; the first to run closes) nor
+  // a Send to a stream closed while its owner still takes commands (SharedLink::Stop).
+  bool StillOpen(error_code& ec) {
+    if (socket_.is_open()) [[likely]] {
+      return true;
+    }
+    ec = asio::error::bad_descriptor;
+    return false;
+  }
 
   Socket socket_;
   std::shared_ptr<TlsContext> context_;  // kept while the connection lives (a reload makes a new one)

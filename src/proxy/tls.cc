@@ -161,6 +161,11 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsClient::Build() const {
   }
   // An idle connection keeps no read/write buffers (about 34 KB each otherwise).
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+  // A peer that closes without close_notify ends the stream (SSL_ERROR_ZERO_RETURN), as the
+  // Stream and RedisLink take it, rather than with a fatal error: that would mark the
+  // connection's session not resumable, and a client's is the one kept to offer next (RESP's
+  // framing shows a reply cut short).
+  SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
   if (server) {
     // Client certificates: asked for when there are CAs (the CA file's names tell the client
     // which to send), verified when given, required with require_client_cert.

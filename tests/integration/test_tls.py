@@ -3,6 +3,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -158,6 +159,61 @@ def test_commands_go_over_tls_and_sessions_resume(pki):
         kg.stop()
         r.stop()
 
+
+
+class ClosingTlsServer:
+    """A TLS server on a free port that answers each connection's first command with +PONG, then
+    closes it without close_notify (as a server that is killed, or a proxy in front of Redis,
+    may): the client sees the TCP close alone."""
+
+    def __init__(self, pki):
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(pki("server.crt"), pki("server.key"))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                raw, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.one, args=(raw,), daemon=True).start()
+
+    def one(self, raw):
+        try:
+            conn = self.context.wrap_socket(raw, server_side=True)
+            if conn.recv(1024):
+                conn.sendall(b"+PONG\r\n")
+        except (OSError, ssl.SSLError):
+            pass
+        raw.close()  # the TCP close alone: no unwrap(), so no close_notify
+
+    def stop(self):
+        self.listener.close()
+
+
+@pytest.mark.dedicated_only(reason="counts one upstream TLS connection per client connection")
+def test_a_session_resumes_after_a_server_closed_without_close_notify(pki):
+    """OpenSSL 3 calls a close without close_notify an unexpected end, a fatal error that marks
+    the connection's session not resumable; that session is also the one kept to offer next."""
+    server = ClosingTlsServer(pki)
+    kg = tls_keyguard(server, pki, "  ca_file: %s\n" % pki("ca.crt"))
+    resumed = 'keyguard_upstream_tls_handshakes_total{resumed="true"}'
+    try:
+        # The first connection gets sessions; each one after resumes (all of them did full
+        # handshakes: the session kept to offer was marked when the server closed).
+        assert ping_reply(kg).startswith(b"+PONG\r\n")
+        for _ in range(3):
+            wait_until(lambda: kg.metric("keyguard_upstream_connections") == 0, "the upstream connection closed")
+            before = kg.metric(resumed)
+            assert ping_reply(kg).startswith(b"+PONG\r\n")
+            assert kg.metric(resumed) == before + 1
+        assert kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 0
+    finally:
+        kg.stop()
+        server.stop()
 
 def open_at_once(port, n):
     """`n` connections opened by `n` threads at once, each answering PING, then all closed."""
@@ -373,4 +429,31 @@ def test_tls_over_shared_connections(pki):
         assert bad.metric('keyguard_upstream_errors_total{reason="tls"}') >= 1
     finally:
         bad.stop()
+        r.stop()
+
+
+def test_pooled_connections_the_server_closed_are_not_pinned(pki):
+    """An idle connection of the pool has unread TLS records (the session tickets, then the
+    server's close_notify when it closes it: a timeout, CLIENT KILL, a restart): a closed one must
+    not be taken for a pin (each transaction failed, "upstream unavailable", once per pooled
+    connection, and again each time the pool's new ones timed out)."""
+    r = tls_redis(pki, "--tls-auth-clients", "no")
+    kg = Keyguard(r.port, config="upstream_connections: shared\nupstream_tls:\n  ca_file: %s\n" % pki("ca.crt"),
+                  upstream="rediss://localhost:%d" % r.port, extra=("--upstream-connections", "shared"))
+    idle = 'keyguard_upstream_connections_by_kind{kind="idle"}'
+    try:
+        c = redis.Redis(port=kg.port)
+        t = c.pipeline(transaction=True)
+        t.incr("tls:pinned")
+        assert t.execute() == [1]  # the first pin fills the pool
+        for i in range(2, 5):
+            wait_until(lambda: kg.metric(idle) >= 2, "the pool filled")
+            assert direct(r, pki).client_kill_filter(_type="normal", skipme=True) >= 2
+            wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 2,
+                       "the shared connections back")
+            t = c.pipeline(transaction=True)
+            t.incr("tls:pinned")
+            assert t.execute() == [i]
+    finally:
+        kg.stop()
         r.stop()
