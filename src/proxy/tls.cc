@@ -62,16 +62,21 @@ int TlsContext::OnNewSession(SSL* ssl, SSL_SESSION* session) {
   auto* self = static_cast<TlsContext*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), ContextIndex()));
   auto* sessions = static_cast<Sessions*>(SSL_get_ex_data(ssl, SslSessionsIndex()));
   if (sessions == nullptr) return 0;  // not ours to keep: OpenSSL frees it
+  // Kept as a copy: `session` is the connection's own, and a fatal alert on it later (a reset, a
+  // refused request) would mark that object not resumable (ssl3_send_alert removes it), spoiling
+  // what the next connection offers.
+  SSL_SESSION* copy = SSL_SESSION_dup(session);
+  if (copy == nullptr) return 0;
   std::lock_guard<std::mutex> lock(self->mu_);
   if (sessions->unused.size() == kUnusedPerServer) {
     SSL_SESSION_free(sessions->unused.front());
     sessions->unused.pop_front();
   }
-  SSL_SESSION_up_ref(session);
-  sessions->unused.push_back(session);
+  sessions->unused.push_back(copy);
+  SSL_SESSION_up_ref(copy);
   if (sessions->newest != nullptr) SSL_SESSION_free(sessions->newest);
-  sessions->newest = session;
-  return 1;  // the reference is ours now
+  sessions->newest = copy;
+  return 0;  // OpenSSL keeps (and frees) its own reference to `session`
 }
 
 void TlsContext::Prepare(SSL* ssl, const std::string& name, const std::string& server) {
@@ -102,7 +107,12 @@ void TlsContext::Prepare(SSL* ssl, const std::string& name, const std::string& s
     SSL_set_session(ssl, s);
     SSL_SESSION_free(s);
   } else if (sessions->newest != nullptr) {
-    SSL_set_session(ssl, sessions->newest);
+    // A copy: the connection's own fatal error would mark the object it resumed not resumable.
+    SSL_SESSION* copy = SSL_SESSION_dup(sessions->newest);
+    if (copy != nullptr) {
+      SSL_set_session(ssl, copy);
+      SSL_SESSION_free(copy);
+    }
   }
 }
 

@@ -239,20 +239,21 @@ def open_at_once(port, n):
 def test_connections_that_start_together_each_resume_a_session(pki):
     """Each server's sessions are kept apart and an unused one is offered first, so a burst of new
     connections resumes rather than all offering the one session the server issued last (which
-    made 10 to 46 of these 150 connections do a full handshake; now 0 to 2: a server that accepts
-    a session once refuses the newest one offered again when a burst has used every unused one)."""
+    made 10 to 46 of these 150 connections do a full handshake; now 0 to 2). Sessions are kept as
+    copies: a connection's fatal alert marks its own session object not resumable."""
     r = tls_redis(pki, "--tls-auth-clients", "no")
     kg = tls_keyguard(r, pki, "  ca_file: %s\n" % pki("ca.crt"))
     full = 'keyguard_upstream_tls_handshakes_total{resumed="false"}'
     try:
-        open_at_once(kg.port, 50)
-        wait_until(lambda: kg.metric("keyguard_upstream_connections") == 0, "the upstream connections closed")
+        for _ in range(2):  # the first bursts make the full handshakes whose sessions the next ones take
+            open_at_once(kg.port, 50)
+            wait_until(lambda: kg.metric("keyguard_upstream_connections") == 0, "the upstream connections closed")
         before = kg.metric(full)
         for _ in range(3):
             open_at_once(kg.port, 50)
             wait_until(lambda: kg.metric("keyguard_upstream_connections") == 0, "the upstream connections closed")
         assert kg.metric(full) - before <= 5
-        assert kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}') >= 150
+        assert kg.metric('keyguard_upstream_tls_handshakes_total{resumed="true"}') >= 200
     finally:
         kg.stop()
         r.stop()
