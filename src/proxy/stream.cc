@@ -92,7 +92,7 @@ class Deadline {
 
 Stream::~Stream() {
   if (ssl_ == nullptr) return;
-  // A connection that ends without a TLS error ended well (Redis closes without close_notify,
+  // A connection that ends without a TLS error ended well (a peer that closes without close_notify,
   // keyguard closes at the socket): OpenSSL would otherwise mark its session not resumable.
   if (tls_failure_.empty()) SSL_set_shutdown(ssl_, SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
   SSL_free(ssl_);  // the socket BIO does not close the socket
@@ -112,7 +112,7 @@ namespace {
 
 // The error_code for an OpenSSL call on `ssl` that failed with SSL_get_error's `error` (not a
 // WANT_*), `ret` and `saved_errno`: eof for the end of the stream (close_notify, or a peer that
-// closed without it, as Redis does), the system error, or the oldest error queued (asio's ssl
+// closed without it, as a killed server does), the system error, or the oldest error queued (asio's ssl
 // category names its reason). Clears the queue.
 error_code TlsError(int ret, int error, int saved_errno) {
   error_code ec;
