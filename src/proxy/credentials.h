@@ -18,7 +18,7 @@ class UpstreamCredentials {
  public:
   // keyguard's credentials for its upstream connections (upstream_auth).
   explicit UpstreamCredentials(const config::ProxyConfig& config);
-  // Other credentials that rotate the same way (`what` names them in log events: "sentinel" for
+  // Other credentials that rotate the same way (`what` names them in log events: "sentinel_auth" for
   // the Sentinels' sentinel.user and sentinel.password_file).
   UpstreamCredentials(std::string what, std::string user, std::string password, std::string file);
 
@@ -35,7 +35,7 @@ class UpstreamCredentials {
   // Reads the file again when it changed. Holds mu_.
   void Refresh();
 
-  const std::string what_;  // "upstream_auth", "sentinel"
+  const std::string what_;  // "upstream_auth", "sentinel_auth"
   const std::string user_;
   const std::string file_;  // empty: the password is fixed
   mutable std::mutex mu_;
