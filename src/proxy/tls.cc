@@ -176,6 +176,10 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsClient::Build() const {
   // connection's session not resumable, and a client's is the one kept to offer next (RESP's
   // framing shows a reply cut short).
   SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+  // No TLS 1.2 renegotiation either way: Redis never asks for it, a client could use it to burn
+  // the listener's CPU, and a write that must read (one renegotiating) would wait behind the
+  // reader's wait for the socket.
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
   if (server) {
     // Client certificates: asked for when there are CAs (the CA file's names tell the client
     // which to send), verified when given, required with require_client_cert.
