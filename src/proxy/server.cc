@@ -5,12 +5,10 @@
 #include <cstdio>
 #include <thread>
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "admin/admin_server.h"
@@ -22,6 +20,7 @@
 #include "proxy/sentinel.h"
 #include "proxy/cluster_client.h"
 #include "proxy/cluster_watch.h"
+#include "proxy/control_link.h"
 #include "proxy/session.h"
 #include "proxy/session_pump.h"
 #include "proxy/size_probe.h"
@@ -94,48 +93,18 @@ absl::StatusOr<tcp::endpoint> Resolve(asio::io_context& io, const config::HostPo
   return results.begin()->endpoint();
 }
 
-// Asks the upstream for COMMAND INFO (blocking, bounded by `timeout_ms`) and adds the commands
-// the built-in table lacks. Any failure leaves the built-in table as it is.
-absl::StatusOr<int> ExtendCommandTable(const tcp::endpoint& upstream, int timeout_ms) {
-  const int fd = ::socket(upstream.protocol().family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError("socket failed");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto wait = [&](short events) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    return ::poll(&p, 1, static_cast<int>(left.count())) == 1;
-  };
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  if (::connect(fd, upstream.data(), static_cast<socklen_t>(upstream.size())) != 0 && errno != EINPROGRESS) {
-    return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
-  }
-  if (!wait(POLLOUT)) return absl::UnavailableError("connect timed out");
-  int err = 0;
-  socklen_t len = sizeof err;
-  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  if (err != 0) return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(err)));
-  constexpr std::string_view kRequest = "*2\r\n$7\r\nCOMMAND\r\n$4\r\nINFO\r\n";
-  if (::send(fd, kRequest.data(), kRequest.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(kRequest.size())) {
-    return absl::UnavailableError("send failed");
-  }
-  std::string buf;
-  resp::ReplyFramer framer;
-  char chunk[65536];
-  for (;;) {
-    if (!wait(POLLIN)) return absl::UnavailableError("no reply in time");
-    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
-    if (n <= 0) return absl::UnavailableError("connection closed");
-    buf.append(chunk, static_cast<size_t>(n));
-    const resp::Status st = framer.Next(buf.data(), buf.size());
-    if (st == resp::Status::kProtocolError) return absl::InvalidArgumentError(framer.error());
-    if (st == resp::Status::kOk)
-      return commands::ExtendFromCommandInfo(std::string_view(buf.data(), framer.consumed()));
-  }
+// Asks the upstream for COMMAND INFO (over TLS when it is TLS, with keyguard's own credentials)
+// and adds the commands the built-in table lacks. Any failure leaves the built-in table as it is.
+awaitable<absl::StatusOr<int>> ExtendCommandTable(asio::io_context& io, const std::string& host, uint16_t port,
+                                                  TlsClient* tls, std::chrono::milliseconds timeout, std::string user,
+                                                  std::string password) {
+  ControlLink link(io);
+  if (auto s = co_await link.Open(host, port, tls, timeout, user, password); !s.ok()) co_return s;
+  // (Arguments built before the co_await: GCC 12 miscompiles a braced list of literals in one.)
+  const std::vector<std::string_view> ask = {"COMMAND", "INFO"};
+  auto r = co_await link.Call(ask, timeout);
+  if (!r.ok()) co_return r.status();
+  co_return commands::ExtendFromCommandInfo(r->frame);
 }
 
 // keyguard_*_tls_handshakes_total{resumed} and keyguard_*_tls_reloads_total of `tls`.
@@ -245,8 +214,9 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
 
   // Module commands and those of newer servers: learn them before the metric shards are sized.
   const size_t builtin = commands::CommandCount();
-  auto added = upstream_tls != nullptr ? absl::StatusOr<int>(absl::UnimplementedError("not asked over TLS"))
-                                       : ExtendCommandTable(*upstream, config.upstream_connect_timeout_ms + 3000);
+  auto added = AskNow(control, ExtendCommandTable(control, upstream_host, upstream->port(), upstream_tls.get(),
+                                                  std::chrono::milliseconds(config.upstream_connect_timeout_ms + 3000),
+                                                  config.UpstreamUser(), credentials->Password()));
   if (added.ok()) {
     EventLine("info", "command_table")
         .Int("builtin", static_cast<int64_t>(builtin - 1))

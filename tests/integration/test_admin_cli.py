@@ -114,6 +114,22 @@ def test_command_table_from_upstream_and_refusing_upstream():
         r.stop()
 
 
+def test_command_table_asked_with_keyguards_own_credentials(tmp_path):
+    from conftest import Redis
+    r = Redis("--requirepass", "pw")
+    secret = tmp_path / "password"
+    secret.write_text("pw\n")
+    try:
+        kg = Keyguard(r.port, config="upstream_auth:\n  password_file: %s\n" % secret)
+        try:
+            assert kg.events("command_table") == [
+                {"level": "info", "event": "command_table", "builtin": 240, "added_from_upstream": 0}]
+        finally:
+            assert kg.stop() == 0
+    finally:
+        r.stop()
+
+
 def test_command_table_log_with_open_upstream(redis_server):
     kg = Keyguard(redis_server.port)
     try:

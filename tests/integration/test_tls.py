@@ -140,6 +140,9 @@ def test_commands_go_over_tls_and_sessions_resume(pki):
     r = tls_redis(pki, "--tls-auth-clients", "no")
     kg = tls_keyguard(r, pki, "  ca_file: %s\n" % pki("ca.crt"))
     try:
+        # The command table was asked of the server over TLS too (module commands are learnt).
+        assert kg.events("command_table") == [
+            {"level": "info", "event": "command_table", "builtin": 240, "added_from_upstream": 0}]
         c = redis.Redis(port=kg.port)
         exercise(c, r, pki)
         # Once every connection so far has closed, a new one resumes the session the server gave.
