@@ -218,8 +218,8 @@ std::string_view Connection::Encode(std::span<const std::string_view> args) {
 bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_view> args) {
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
   if (r == PinReason::kNone) {
-    if (pinned_ && id == commands::Known().client && args.size() >= 2 &&
-        !commands::EqualsIgnoreCase(args[1], "getname")) [[unlikely]] {
+    if (pinned_ && id == client_id_ && args.size() >= 2 && !commands::EqualsIgnoreCase(args[1], "getname"))
+        [[unlikely]] {
       // CLIENT SETNAME/SETINFO on a pinned connection go to it and name it: it is not in a new
       // connection's state any more, so it is closed with the client rather than pooled.
       sticky_ = true;
@@ -311,10 +311,13 @@ bool Connection::AnswerClientName(const CommandContext& c, std::span<const std::
   const bool get = args.size() == 2 && commands::EqualsIgnoreCase(args[1], "getname");
   const bool set = args.size() == 3 && commands::EqualsIgnoreCase(args[1], "setname");
   if (!get && !set) return false;  // SETINFO, or a wrong arity: the server answers
-  std::string reply = "+OK\r\n";
+  std::string reply;
   if (get) {
-    const std::string& name = state_.client_name();
-    reply = name.empty() ? std::string("$-1\r\n") : absl::StrCat("$", name.size(), "\r\n", name, "\r\n");
+    if (const std::string& name = state_.client_name(); name.empty()) {
+      resp::AppendNullBulk(&reply);
+    } else {
+      resp::AppendBulk(&reply, name);
+    }
   } else if (std::any_of(args[2].begin(), args[2].end(), [](char ch) {
                return static_cast<unsigned char>(ch) < '!' || static_cast<unsigned char>(ch) > '~';
              })) {
@@ -322,6 +325,7 @@ bool Connection::AnswerClientName(const CommandContext& c, std::span<const std::
     reply = "-ERR Client names cannot contain spaces, newlines or special characters.\r\n";
   } else {
     state_.set_client_name(args[2]);
+    reply = "+OK\r\n";
   }
   shard_.CountCommand(c.id, reply[0] == '-' ? metrics::Outcome::kError : metrics::Outcome::kOk);
   if (!c.mode.silent) Reply(std::move(reply), c.id, false);

@@ -71,8 +71,6 @@ const std::vector<uint8_t>& Classes() {
 
 std::string Lower(std::string_view s) { return absl::AsciiStrToLower(absl::string_view(s.data(), s.size())); }
 
-std::string Bulk(std::string_view s) { return absl::StrCat("$", s.size(), "\r\n", AsAbsl(s), "\r\n"); }
-
 }  // namespace
 
 void Connection::EndRoute(size_t bytes) {
