@@ -159,6 +159,10 @@ def stack():
         prom.wait_for('keyguard_hot_key_pattern_accesses{pod="keyguard-0"}', lambda v: v > 0)
         # Rules are evaluated every second; wait until every alert the workload drives is active.
         wait_alerts(prom, lambda active: driven_alerts() <= active)
+        # An alert is active once one of its series is: KeyguardDelOfBigKeys holds a series per
+        # pattern, and each pattern's DELs reach the threshold in their own round. Wait for both.
+        wait_alerts(prom, lambda _: sorted(a["labels"]["key_pattern"] for a in alerts_named(prom, "KeyguardDelOfBigKeys"))
+                    == ["feed:{id}", "report:{id}:blob"])
         print("e2e stack ready in %.1fs" % (time.time() - started))
         assert demo.poll() is None, demo.communicate()[0]
         yield kg, prom
