@@ -571,7 +571,8 @@ const KnownCommands& Known() {
       LookupCommand("hello"),       LookupCommand("monitor"),      LookupCommand("reset"),
       LookupCommand("quit"),        LookupCommand("client"),       LookupCommand("watch"),
       LookupCommand("unwatch"),     LookupCommand("auth"),         LookupCommand("sync"),
-      LookupCommand("psync"),       LookupCommand("eval")};
+      LookupCommand("psync"),       LookupCommand("eval"),         LookupCommand("keys"),
+      LookupCommand("scan")};
   return known;
 }
 

@@ -123,6 +123,13 @@ bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule)
   }
   // The template (RE2's form, \1..\9): each group once, literal text between two groups.
   std::string forward = "^";
+  std::string glob;  // the template as a Redis glob, each group a '*'
+  auto glob_literal = [&glob](std::string_view text) {
+    for (char ch : text) {
+      if (std::string_view("*?[]\\").find(ch) != std::string_view::npos) glob.push_back('\\');
+      glob.push_back(ch);
+    }
+  };
   std::vector<int> order;  // group numbers in template order
   std::string piece;
   bool last_was_group = false;
@@ -133,6 +140,8 @@ bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule)
       if (std::find(order.begin(), order.end(), g) != order.end()) return false;
       if (last_was_group && piece.empty()) return false;
       forward += re2::RE2::QuoteMeta(piece);
+      glob_literal(piece);
+      glob.push_back('*');
       piece.clear();
       absl::StrAppend(&forward, "(", AsAbsl(groups[g - 1]), ")");
       order.push_back(g);
@@ -145,6 +154,7 @@ bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule)
     }
   }
   forward += re2::RE2::QuoteMeta(piece) + "$";
+  glob_literal(piece);
   if (order.size() != groups.size()) return false;
   auto re = std::make_shared<re2::RE2>(forward, re2::RE2::Quiet);
   if (!re->ok() || re->NumberOfCapturingGroups() != static_cast<int>(groups.size())) return false;
@@ -164,14 +174,16 @@ bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule)
   literal(literals.back());
   rule->reverse = std::move(re);
   rule->reverse_rewrite = std::move(back);
+  rule->old_head = literals[0];
+  rule->new_glob = std::move(glob);
   return true;
 }
 
-std::optional<std::string> KeyPolicy::OldName(std::string_view key) const {
+std::optional<std::string> KeyPolicy::OldName(std::string_view key, bool pattern_rules) const {
   if (!has_reversible_) return std::nullopt;
   const re2::StringPiece k(key.data(), key.size());
   for (const Rule& r : rules_) {
-    if (r.reverse == nullptr || !re2::RE2::FullMatch(k, *r.reverse)) continue;
+    if (r.reverse == nullptr || (pattern_rules && !r.maps_patterns) || !re2::RE2::FullMatch(k, *r.reverse)) continue;
     std::string old, again;
     if (!re2::RE2::Extract(k, *r.reverse, r.reverse_rewrite, &old)) continue;
     if (!re2::RE2::Extract(old, *r.pattern, r.rewrite, &again) || !re2::RE2::FullMatch(old, *r.pattern) ||
@@ -286,6 +298,9 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
                           "name, and a move by one of them would hide the key from the others)");
       }
       rule.move_legacy = false;
+    } else if (rule.reverse != nullptr && rule.action == Action::kRewrite) {
+      rule.maps_patterns = true;
+      policy->maps_patterns_ = true;
     }
     policy->rules_.push_back(std::move(rule));
   }

@@ -797,7 +797,15 @@ std::string_view Connection::RewrittenReply(const Pending& p, char type, std::st
   }
   if (p.renamed) {
     const Renames& r = queue_.HeadRenames();
-    replace(tenant::RenameKeys(static_cast<tenant::ReplyRewrite>(r.shape), r.names, reply, &out));
+    const auto shape = static_cast<tenant::ReplyRewrite>(r.shape);
+    if (shape == tenant::ReplyRewrite::kKeyArray || shape == tenant::ReplyRewrite::kScan) {
+      // KEYS or SCAN of a pattern that may name old names (CommandPipeline::OldNamePatterns).
+      if (type != '-' && type != '!') {
+        replace(OldNamesMatching(*shared_.stages.live->key_policy, r.shape, r.names.front().first, reply, &out));
+      }
+    } else {
+      replace(tenant::RenameKeys(shape, r.names, reply, &out));
+    }
   }
   return reply;
 }

@@ -7,14 +7,17 @@
 #include <optional>
 #include <deque>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/commands/traits.h"
 #include "keyguard/common/json_line.h"
 #include "keyguard/common/views.h"
+#include "keyguard/hygiene/sizes.h"
 #include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/value.h"
 #include "keyguard/resp/encoder.h"
+#include "keyguard/tenant/tenancy.h"
 
 namespace keyguard::proxy {
 namespace {
@@ -117,17 +120,24 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
       return v_;
     }
     if (check_policy && !key_refs_.empty() && !KeyPolicy(c, *spec)) return v_;
+    if (key_refs_.empty() && (c.id == known_.keys || c.id == known_.scan) && shared_.live->key_policy->maps_patterns())
+        [[unlikely]] {
+      OldNamePatterns(c);
+    }
     if (c.tenant != nullptr && !Tenant(c, spec, keys_ok)) return v_;
     if (!legacy_.empty() && !MoveLegacy(c)) return v_;
   }
   // Most commands have nothing for the detectors to check before they go (GET: only its reply).
   if (shared_.config.hygiene.enabled && !detectors_.Quick(c.id, c.args, &v_.reply_check) && !Hygiene(c)) return v_;
+  if (!pattern_.empty()) [[unlikely]]
+    KeysWithNewNames(c);  // (a refusal clears it)
   if (v_.walk != tenant::Walk::kNone) v_.action = Verdict::Action::kWalk;
   return v_;
 }
 
 bool CommandPipeline::Refuse(Refusal reason, std::string message) {
   v_.action = Verdict::Action::kRefuse;
+  pattern_ = {};
   v_.reason = reason;
   v_.message = std::move(message);
   edit_.Release();
@@ -461,6 +471,66 @@ bool CommandPipeline::MoveLegacy(const CommandContext& c) {
   return true;
 }
 
+void CommandPipeline::OldNamePatterns(const CommandContext& c) {
+  // Inside MULTI the reply is an element of EXEC's, which keeps the server's names.
+  if (c.state->in_multi()) return;
+  std::string_view pattern;
+  size_t match = 0;  // SCAN: the position of the MATCH that applies (the last)
+  if (c.id == known_.keys) {
+    // KEYS of a cluster fans out to every node; the script that also finds new names would not.
+    if (c.args.size() != 2 || shared_.config.upstream.kind == config::Upstream::Kind::kCluster) return;
+    pattern = c.args[1];
+  } else {
+    for (size_t i = 2; i + 1 < c.args.size(); i += 2) {
+      if (commands::EqualsIgnoreCase(c.args[i], "match")) match = i;
+    }
+    if (match == 0) return;
+    pattern = c.args[match + 1];
+  }
+  const policy::KeyPolicy& policy = *shared_.live->key_policy;
+  bool may = false;
+  for (const policy::Rule& r : policy.rules()) {
+    if (r.maps_patterns && tenant::GlobMayMatchPrefix(pattern, r.old_head)) may = true;
+  }
+  if (!may) return;
+  if (c.id == known_.keys) pattern_ = pattern;
+  renamed_.assign({{pattern, std::string_view()}});
+  v_.renamed = renamed_;
+  v_.renamed_shape =
+      static_cast<uint8_t>(c.id == known_.keys ? tenant::ReplyRewrite::kKeyArray : tenant::ReplyRewrite::kScan);
+  if (c.id == known_.scan) {
+    // SCAN without its MATCHes (a tenant's own prefix becomes the pattern): the reply keeps the
+    // keys that match, and the new names whose old names match, under their old names.
+    policy_args_.clear();
+    for (size_t i = 0; i < c.args.size(); ++i) {
+      if (i >= 2 && i + 1 < c.args.size() && i % 2 == 0 && commands::EqualsIgnoreCase(c.args[i], "match")) {
+        ++i;
+        continue;
+      }
+      policy_args_.push_back(c.args[i]);
+    }
+    v_.args = policy_args_;
+    v_.modified = true;
+  }
+}
+
+void CommandPipeline::KeysWithNewNames(const CommandContext& c) {
+  // KEYS pattern -> one script that also runs KEYS for the new names of each rule that maps
+  // patterns (with the tenant's prefix): the reply is both lists, filtered as for SCAN.
+  const policy::KeyPolicy& policy = *shared_.live->key_policy;
+  pattern_space_.clear();
+  for (const policy::Rule& r : policy.rules()) {
+    if (!r.maps_patterns || !tenant::GlobMayMatchPrefix(pattern_, r.old_head)) continue;
+    pattern_space_.push_back(c.tenant != nullptr ? absl::StrCat(c.tenant->glob_prefix, r.new_glob) : r.new_glob);
+  }
+  const std::string_view first = v_.args[1];  // the tenant's pattern when it has one
+  pattern_args_.assign({"EVAL", kKeysWithNewNamesScript, "0", first});
+  for (const std::string& g : pattern_space_) pattern_args_.push_back(g);
+  v_.args = pattern_args_;
+  v_.modified = true;
+  pattern_ = {};
+}
+
 bool CommandPipeline::Hygiene(const CommandContext& c) {
   // The detectors look at the client's own names (c.args); their rewrites apply on top of what
   // the policy and the tenant stage made (v_.args): positions are the same.
@@ -520,6 +590,38 @@ tenant::ReplyAction InvalidateOldNames(const policy::KeyPolicy& policy, std::str
   }
   if (with_old.size() == keys->elements.size()) return tenant::ReplyAction::kPass;
   keys->elements = std::move(with_old);
+  out->clear();
+  resp::AppendValue(out, *v);
+  return tenant::ReplyAction::kReplace;
+}
+
+tenant::ReplyAction OldNamesMatching(const policy::KeyPolicy& policy, uint8_t shape, std::string_view pattern,
+                                     std::string_view frame, std::string* out) {
+  std::optional<resp::Value> v = resp::ParseValue(frame);
+  if (!v || v->null || (v->type != '*' && v->type != '~')) return tenant::ReplyAction::kPass;
+  resp::Value* keys = &*v;
+  if (shape == static_cast<uint8_t>(tenant::ReplyRewrite::kScan)) {
+    if (v->elements.size() != 2 || (v->elements[1].type != '*' && v->elements[1].type != '~')) {
+      return tenant::ReplyAction::kPass;
+    }
+    keys = &v->elements[1];
+  }
+  std::deque<std::string> names;
+  absl::flat_hash_set<std::string_view> seen;
+  const bool once = shape == static_cast<uint8_t>(tenant::ReplyRewrite::kKeyArray);
+  std::vector<resp::Value> kept;
+  kept.reserve(keys->elements.size());
+  for (resp::Value& k : keys->elements) {
+    if (k.null) continue;
+    if (!hygiene::GlobMatch(pattern, k.text)) {
+      std::optional<std::string> old = policy.OldName(k.text, /*pattern_rules=*/true);
+      if (!old || !hygiene::GlobMatch(pattern, *old)) continue;
+      k.text = names.emplace_back(*std::move(old));
+    }
+    if (once && !seen.insert(k.text).second) continue;
+    kept.push_back(k);
+  }
+  keys->elements = std::move(kept);
   out->clear();
   resp::AppendValue(out, *v);
   return tenant::ReplyAction::kReplace;

@@ -128,6 +128,13 @@ inline constexpr std::string_view kMoveLegacyScript =
     "if redis.call('EXISTS',KEYS[i+1])==0 then redis.call('RENAME',KEYS[i],KEYS[i+1]) n=n+1 "
     "elseif ARGV[(i+1)/2]=='w' then redis.call('UNLINK',KEYS[i]) end end end return n";
 
+// KEYS of a pattern that may name old names of a rule that maps patterns: ARGV[1] is the
+// client's pattern (the tenant's), the rest each rule's glob of new names. The reply is every
+// key each finds, one list (a key may come twice; the reply filter keeps it once).
+inline constexpr std::string_view kKeysWithNewNamesScript =
+    "local r=redis.call('KEYS',ARGV[1]) for i=2,#ARGV do for _,k in ipairs(redis.call('KEYS',ARGV[i])) do "
+    "r[#r+1]=k end end return r";
+
 class CommandPipeline {
  public:
   CommandPipeline(StageShared& shared, hygiene::ConnectionDetectors& detectors);
@@ -157,6 +164,11 @@ class CommandPipeline {
                       const policy::Violation& v);
   // Encodes the prelude that moves the legacy keys the key policy rewrote.
   bool MoveLegacy(const CommandContext& c);
+  // KEYS and SCAN MATCH with a pattern that may name old names of a rule that maps patterns
+  // (policy::Rule::maps_patterns): the reply filter (OldNamesMatching) gets the pattern, SCAN
+  // goes without MATCH; KEYS becomes KeysWithNewNames once the tenant stage has run.
+  void OldNamePatterns(const CommandContext& c);
+  void KeysWithNewNames(const CommandContext& c);
   // Ends the run with a refusal.
   bool Refuse(Refusal reason, std::string message);
   void Warn(const CommandContext& c, const policy::Rule& rule, std::string_view suggestion, std::string_view key);
@@ -183,6 +195,10 @@ class CommandPipeline {
   std::string legacy_count_;  // the key count
   std::string legacy_space_;  // tenants' prefixed old names
   hygiene::ArgEditor edit_;   // the detectors' rewrites, and every owned string
+  const commands::KnownCommands& known_ = commands::Known();
+  std::string_view pattern_;                // OldNamePatterns: a KEYS pattern, until KeysWithNewNames (or a refusal)
+  std::vector<std::string> pattern_space_;  // KeysWithNewNames: the new-name globs
+  std::vector<std::string_view> pattern_args_;
 };
 
 // A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
@@ -194,6 +210,13 @@ std::string KeyInError(std::string_view key);
 // made, the old name it was made from: a client that read the old name caches the value under
 // that name. kReplace puts the new frame in `out`; anything else passes.
 tenant::ReplyAction InvalidateOldNames(const policy::KeyPolicy& policy, std::string_view frame, std::string* out);
+
+// The reply of KEYS (shape kKeyArray) or SCAN (kScan) sent for `pattern` by OldNamePatterns,
+// without the tenant's prefix: each key that matches `pattern` stays, each new name whose old
+// name (a rule that maps patterns) matches it becomes that old name, any other key goes; KEYS
+// lists each name once. kReplace puts the new frame in `out`.
+tenant::ReplyAction OldNamesMatching(const policy::KeyPolicy& policy, uint8_t shape, std::string_view pattern,
+                                     std::string_view frame, std::string* out);
 
 // Whether the connection has, or may have by the time the server reads the next command, a
 // subscription: a tracked channel or a (un)subscribe still waiting for its confirmations.

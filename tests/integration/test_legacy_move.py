@@ -30,6 +30,13 @@ def kg(redis_server):
     k.stop()
 
 
+@pytest.fixture(scope="module")
+def tenants_kg(redis_server):
+    k = Keyguard(redis_server.port, config=TENANTS)
+    yield k
+    k.stop()
+
+
 @pytest.fixture
 def r(redis_server):
     c = redis.Redis(port=redis_server.port, decode_responses=True)
@@ -212,6 +219,71 @@ def test_replies_name_keys_as_the_client_did(kg, r):
     assert sorted(r.keys("*")) == ["user:51:profile", "user:52:profile"]
 
 
+def stored_for_patterns(r):
+    r.set("user:1:profile", "moved")
+    r.set("User_2_Profile", "not moved yet")
+    r.set("User_3_Profile", "stale")
+    r.set("user:3:profile", "newest")
+    r.set("User_x_Profile", "not the rule's")
+    r.set("other:key", "o")
+    r.hset("user:4:profile", "f", "v")
+    return ["User_2_Profile", "User_3_Profile", "User_x_Profile", "other:key", "user:1:profile", "user:3:profile",
+            "user:4:profile"]
+
+
+KEYS_IN_CLUSTER = ("KEYS fans out to every node of a cluster and the script that also runs KEYS for the new names "
+                   "would not: with a cluster upstream KEYS is not mapped (documented in docs/configuration.md)")
+
+
+@pytest.mark.not_cluster(reason=KEYS_IN_CLUSTER)
+def test_keys_of_old_names_finds_renamed_keys_by_their_old_names(kg, r):
+    """A pattern of old names finds the keys the rule renamed, named as the client knows them;
+    every stored key is listed once, under the name that matches the pattern."""
+    stored = stored_for_patterns(r)
+    c = redis.Redis(port=kg.port, decode_responses=True)
+    assert sorted(c.keys("User_*_Profile")) == ["User_1_Profile", "User_2_Profile", "User_3_Profile",
+                                                "User_4_Profile", "User_x_Profile"]
+    assert sorted(c.keys("User_[13]_*")) == ["User_1_Profile", "User_3_Profile"]
+    assert sorted(c.keys("user:*")) == ["user:1:profile", "user:3:profile", "user:4:profile"]
+    assert sorted(c.keys("*")) == stored
+    assert c.keys("other*") == ["other:key"]
+    raw = RespConn(kg.port)
+    raw.send("KEYS", "User_1_*")
+    assert raw.read()[1] == b"*1\r\n$14\r\nUser_1_Profile\r\n"
+    raw.send("KEYS", "Nothing_*")
+    assert raw.read()[1] == b"*0\r\n"
+    # Inside MULTI the reply is an element of EXEC's: the server's own names.
+    raw.send_raw(encode("MULTI") + encode("KEYS", "User_1_*") + encode("EXEC"))
+    assert [raw.read()[1] for _ in range(3)] == [b"+OK\r\n", b"+QUEUED\r\n", b"*1\r\n*0\r\n"]
+    raw.close()
+    assert sorted(r.keys("*")) == stored  # nothing was moved or changed by the patterns
+
+
+def scan_all(c, **kw):
+    seen, cursor = [], 0
+    while True:
+        cursor, keys = c.scan(cursor, **kw)
+        seen += keys
+        if cursor == 0:
+            return set(seen)
+
+
+def test_scan_match_of_old_names_finds_renamed_keys_by_their_old_names(kg, r):
+    stored = stored_for_patterns(r)
+    c = redis.Redis(port=kg.port, decode_responses=True)
+    assert scan_all(c, match="User_*_Profile", count=2) == {"User_1_Profile", "User_2_Profile", "User_3_Profile",
+                                                            "User_4_Profile", "User_x_Profile"}
+    assert scan_all(c, match="User_*", _type="hash") == {"User_4_Profile"}
+    assert scan_all(c, match="user:*", count=3) == {"user:1:profile", "user:3:profile", "user:4:profile"}
+    assert scan_all(c, match="*") == set(stored)
+    raw = RespConn(kg.port)
+    raw.send("SCAN", "0", "MATCH", "nomatch", "COUNT", "100", "MATCH", "User_4_*")  # the last MATCH applies
+    reply = raw.read()[1]
+    assert reply.endswith(b"*1\r\n$14\r\nUser_4_Profile\r\n") and reply.startswith(b"*2\r\n$")
+    raw.close()
+    assert sorted(r.keys("*")) == stored
+
+
 def test_tracking_invalidates_the_old_name_the_client_read(kg, r):
     """A client-side cache keyed by the old name must hear when the new key changes: the
     invalidation names both (the rule is reversible)."""
@@ -256,27 +328,37 @@ def test_legacy_keys_leave_keeps_the_old_behaviour(redis_server, r):
 
 
 @pytest.mark.not_cluster(reason='the legacy move is one script over the old and the new name, in different slots here: CROSSSLOT (documented in docs/configuration.md), so the old key is not moved')
-def test_a_tenant_moves_only_its_own_old_key(redis_server, r):
-    k = Keyguard(redis_server.port, config=TENANTS)
-    try:
-        r.set("tenant:a:User_30_Profile", "alice's")
-        r.set("tenant:b:User_30_Profile", "bob's")
-        r.set("User_30_Profile", "nobody's")
-        alice = redis.Redis(port=k.port, username="alice", password="alice-secret", decode_responses=True)
-        assert alice.get("User_30_Profile") == "alice's"
-        assert sorted(r.keys("*")) == ["User_30_Profile", "tenant:a:user:30:profile", "tenant:b:User_30_Profile"]
-        r.rpush("tenant:a:User_31_Profile", "q")
-        c = RespConn(k.port)
-        c.send_raw(encode("AUTH", "alice", "alice-secret") + encode("BLPOP", "User_31_Profile", "1"))
-        assert [c.read()[1] for _ in range(2)] == [b"+OK\r\n", b"*2\r\n$15\r\nUser_31_Profile\r\n$1\r\nq\r\n"]
-        c.send_raw(encode("MULTI") + encode("GET", "User_30_Profile") +
-                   encode("KEYS", "*") + encode("EXEC"))
-        assert [c.read()[1] for _ in range(4)] == [
-            b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
-            b"*2\r\n$7\r\nalice's\r\n*1\r\n$15\r\nuser:30:profile\r\n"]
-        c.close()
-    finally:
-        k.stop()
+def test_a_tenant_moves_only_its_own_old_key(tenants_kg, r):
+    k = tenants_kg
+    r.set("tenant:a:User_30_Profile", "alice's")
+    r.set("tenant:b:User_30_Profile", "bob's")
+    r.set("User_30_Profile", "nobody's")
+    alice = redis.Redis(port=k.port, username="alice", password="alice-secret", decode_responses=True)
+    assert alice.get("User_30_Profile") == "alice's"
+    assert sorted(r.keys("*")) == ["User_30_Profile", "tenant:a:user:30:profile", "tenant:b:User_30_Profile"]
+    r.rpush("tenant:a:User_31_Profile", "q")
+    c = RespConn(k.port)
+    c.send_raw(encode("AUTH", "alice", "alice-secret") + encode("BLPOP", "User_31_Profile", "1"))
+    assert [c.read()[1] for _ in range(2)] == [b"+OK\r\n", b"*2\r\n$15\r\nUser_31_Profile\r\n$1\r\nq\r\n"]
+    c.send_raw(encode("MULTI") + encode("GET", "User_30_Profile") +
+               encode("KEYS", "*") + encode("EXEC"))
+    assert [c.read()[1] for _ in range(4)] == [
+        b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
+        b"*2\r\n$7\r\nalice's\r\n*1\r\n$15\r\nuser:30:profile\r\n"]
+    c.close()
+
+
+@pytest.mark.not_cluster(reason=KEYS_IN_CLUSTER)
+def test_a_tenants_old_name_patterns_stay_within_its_keys(tenants_kg, r):
+    k = tenants_kg
+    r.set("tenant:a:user:40:profile", "alice's")
+    r.set("tenant:a:User_41_Profile", "alice's old")
+    r.set("tenant:b:user:42:profile", "bob's")
+    r.set("user:43:profile", "nobody's")
+    alice = redis.Redis(port=k.port, username="alice", password="alice-secret", decode_responses=True)
+    assert sorted(alice.keys("User_*")) == ["User_40_Profile", "User_41_Profile"]
+    assert sorted(alice.keys("*")) == ["User_41_Profile", "user:40:profile"]
+    assert scan_all(alice, match="User_4*", count=2) == {"User_40_Profile", "User_41_Profile"}
 
 
 def test_an_upstream_refusal_of_the_move_is_counted_and_the_command_goes_on(redis_server, r):

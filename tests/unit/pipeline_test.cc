@@ -177,6 +177,65 @@ TEST(PipelineTest, KeyPolicyRewriteChangesOnlyTheKeyAndCountsIt) {
   EXPECT_EQ(c.prelude, Move("4 User_1_Profile user:1:profile User_3_Profile user:3:profile r r"));
 }
 
+TEST(PipelineTest, KeysAndScanOfOldNamePatternsAlsoFindTheNewNames) {
+  const std::string rule =
+      "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
+      "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n";
+  Connection c(rule);
+  const Verdict& scan = c.Run("SCAN 0 MATCH x COUNT 10 match User_*_Profile TYPE hash");
+  EXPECT_TRUE(scan.modified);
+  EXPECT_EQ(c.upstream, "SCAN 0 COUNT 10 TYPE hash");  // every MATCH goes; the last one applies
+  ASSERT_EQ(scan.renamed.size(), 1u);
+  EXPECT_EQ(scan.renamed[0].first, "User_*_Profile");
+  EXPECT_EQ(scan.renamed_shape, static_cast<uint8_t>(tenant::ReplyRewrite::kScan));
+  const Verdict& keys = c.Run("KEYS User_1*");
+  EXPECT_EQ(c.upstream, "EVAL " + std::string(kKeysWithNewNamesScript) + " 0 User_1* user:*:profile");
+  EXPECT_EQ(keys.renamed_shape, static_cast<uint8_t>(tenant::ReplyRewrite::kKeyArray));
+  // Patterns no old name can match go as they are: another literal start, no MATCH.
+  for (const char* line : {"KEYS user:*", "KEYS Other_*", "SCAN 0 MATCH user:*", "SCAN 0 COUNT 5", "GET User"}) {
+    const Verdict& v = c.Run(line);
+    EXPECT_FALSE(v.modified) << line;
+    EXPECT_TRUE(v.renamed.empty()) << line;
+    EXPECT_EQ(c.upstream, line);
+  }
+  EXPECT_TRUE(c.Run("KEYS U?er_*").modified);  // a glob character may match the literal start
+  EXPECT_TRUE(c.Run("KEYS *").modified);
+  // Inside MULTI the reply is EXEC's element: nothing is mapped.
+  c.Run("MULTI");
+  EXPECT_FALSE(c.Run("KEYS User_*").modified);
+  // A scoped rule does not map patterns.
+  Connection scoped(rule + "      legacy_keys: leave\n      scope: {commands: [get]}\n");
+  EXPECT_FALSE(scoped.Run("KEYS User_*").modified);
+}
+
+TEST(OldNamesMatching, KeepsMatchesAndNamesNewKeysAsTheClientKnowsThem) {
+  auto p = config::ParseConfig(
+      "key_policy:\n  rules:\n    - {name: r, pattern: '^User_(\\d+)_Profile$', rewrite: 'user:$1:profile', "
+      "action: rewrite}\n");
+  ASSERT_TRUE(p.ok()) << p.status();
+  const policy::KeyPolicy& policy = *p->key_policy;
+  std::string out;
+  const auto keys = static_cast<uint8_t>(tenant::ReplyRewrite::kKeyArray);
+  const auto scan = static_cast<uint8_t>(tenant::ReplyRewrite::kScan);
+  // A new name listed twice (by both KEYS of the script) and its old copy: once.
+  EXPECT_EQ(OldNamesMatching(policy, keys, "User_*",
+                             "*5\r\n$14\r\nUser_1_Profile\r\n$5\r\nother\r\n$14\r\nuser:1:profile\r\n"
+                             "$14\r\nuser:2:profile\r\n$14\r\nuser:1:profile\r\n",
+                             &out),
+            tenant::ReplyAction::kReplace);
+  EXPECT_EQ(out, "*2\r\n$14\r\nUser_1_Profile\r\n$14\r\nUser_2_Profile\r\n");
+  // SCAN: the cursor stays; a key matching the pattern as stored keeps its name.
+  EXPECT_EQ(
+      OldNamesMatching(policy, scan, "*1*",
+                       "*2\r\n$2\r\n17\r\n*3\r\n$14\r\nuser:1:profile\r\n$14\r\nuser:2:profile\r\n$1\r\nx\r\n", &out),
+      tenant::ReplyAction::kReplace);
+  EXPECT_EQ(out, "*2\r\n$2\r\n17\r\n*1\r\n$14\r\nuser:1:profile\r\n");
+  EXPECT_EQ(OldNamesMatching(policy, scan, "User_?_Profile", "*2\r\n$1\r\n0\r\n*1\r\n$15\r\nuser:12:profile\r\n", &out),
+            tenant::ReplyAction::kReplace);
+  EXPECT_EQ(out, "*2\r\n$1\r\n0\r\n*0\r\n");
+  EXPECT_EQ(OldNamesMatching(policy, keys, "*", "-NOPERM no\r\n", &out), tenant::ReplyAction::kPass);
+}
+
 TEST(PipelineTest, LegacyKeysLeaveSendsNoMoveAndAMoveInsideMultiUnderReplyOffIsRefused) {
   const std::string rule =
       "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "

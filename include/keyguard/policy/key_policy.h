@@ -59,6 +59,13 @@ struct Rule {
   // kUser with a rewrite that can be reversed (ReverseRule): new name -> old name.
   std::shared_ptr<const re2::RE2> reverse;
   std::string reverse_rewrite;
+  // A reversible rule: the pattern's literal text before its first group (every old name starts
+  // with it), and a Redis glob every new name matches (the template, each group a '*').
+  std::string old_head;
+  std::string new_glob;
+  // Reversible, action rewrite and no scope: KEYS and SCAN MATCH patterns of old names find the
+  // keys it renamed, under their old names (KeyPolicy::PatternRules).
+  bool maps_patterns = false;
 };
 
 // The reverse of a rule's rewrite, when the rule can be reversed: its pattern is literal text and
@@ -102,8 +109,11 @@ class KeyPolicy {
   const std::vector<Rule>& rules() const { return rules_; }
   // The old name a reversible rewrite rule made `key` from, checked both ways (the old name
   // matches the rule and rewrites to `key`); nullopt when no reversible rule did.
-  std::optional<std::string> OldName(std::string_view key) const;
+  // `pattern_rules`: only the rules that map patterns (Rule::maps_patterns).
+  std::optional<std::string> OldName(std::string_view key, bool pattern_rules = false) const;
   bool has_reversible_rules() const { return has_reversible_; }
+  // Whether some rule maps KEYS and SCAN MATCH patterns (Rule::maps_patterns).
+  bool maps_patterns() const { return maps_patterns_; }
   // Scripts and functions (KeyPolicy.scripts): the rule whose action applies to unreviewed ones,
   // and whether a script (its SHA1, lowercase hex) or a function (its name) was reviewed.
   const Rule& scripts_rule() const { return scripts_; }
@@ -137,6 +147,7 @@ class KeyPolicy {
   bool slash_allowed_ = false;
   bool has_key_list_rules_ = false;  // user, entity or prefix rules: no fast path
   bool has_reversible_ = false;
+  bool maps_patterns_ = false;
   bool allow_hash_tags_ = true;
   bool normalize_ = true;
   uint32_t max_length_ = 128;
