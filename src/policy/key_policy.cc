@@ -328,7 +328,8 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     auto scope = CompileScope(b.config.scope(), absl::StrCat("key_policy.", b.name, ".scope"));
     if (!scope.ok()) return scope.status();
     Action action = ToAction(b.config.action(), fallback);
-    policy->rules_.push_back(Rule{b.kind, b.name, action, *std::move(scope), nullptr, "", false, nullptr, ""});
+    policy->rules_.push_back(
+        Rule{b.kind, b.name, action, *std::move(scope), nullptr, "", false, nullptr, "", "", "", false});
   }
   policy->scripts_.action = ToAction(p.scripts().action(), fallback);
   for (int i = 0; i < p.scripts().allowed_scripts_size(); ++i) {

@@ -734,9 +734,11 @@ bool Connection::OnFrame(std::string_view frame, const resp::ReplyFramer& f, int
         int64_t moved = 0;
         if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
           shard_.legacy_keys_moved.Add(static_cast<uint64_t>(moved));
+          shared_.stages.moves_refused = false;
         } else if ((type == '-' || type == '!') && !kind.starts_with("NOAUTH")) {
           // (NOAUTH: the client's own command gets the same answer; nothing about the move.)
           shard_.legacy_move_errors.Add();
+          shared_.stages.moves_refused = true;
           if (!move_error_logged_) {  // once per connection: the metric counts the rest
             move_error_logged_ = true;
             EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
@@ -788,6 +790,14 @@ std::string_view Connection::RewrittenReply(const Pending& p, char type, std::st
     // kDrop never comes for a command's reply.
     if (action != tenant::ReplyAction::kPass) reply = held_.emplace_back(std::move(out));
   };
+  constexpr auto kOwn = static_cast<uint8_t>(tenant::ReplyRewrite::kOwn);
+  if (static_cast<tenant::ReplyRewrite>(p.rewrite) == tenant::ReplyRewrite::kExec &&
+      std::find(p.exec_rewrites.begin(), p.exec_rewrites.end(), kOwn) != p.exec_rewrites.end()) {
+    // The legacy-key moves keyguard queued in the transaction: counted as outside one.
+    const tenant::OwnResults own = tenant::OwnElementResults(p.exec_rewrites, frame);
+    if (own.moved > 0) shard_.legacy_keys_moved.Add(static_cast<uint64_t>(own.moved));
+    if (own.errors > 0) shard_.legacy_move_errors.Add(static_cast<uint64_t>(own.errors));
+  }
   if (reply_tenant_ != nullptr && (p.rewrite != 0 || type == '-' || type == '!')) {
     replace(tenant::RewriteReply(*shared_.stages.config.tenancy, *reply_tenant_,
                                  static_cast<tenant::ReplyRewrite>(p.rewrite), p.exec_rewrites, frame, &out));

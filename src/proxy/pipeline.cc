@@ -436,6 +436,8 @@ bool CommandPipeline::RewrittenAgain(const policy::KeyPolicy& policy, const Comm
 
 bool CommandPipeline::MoveLegacy(const CommandContext& c) {
   if (v_.walk != tenant::Walk::kNone) return true;  // keyless: nothing was rewritten
+  // The command runs against the new names without the move, as outside MULTI after a refusal.
+  if (c.state->in_multi() && shared_.moves_refused) return true;
   if (c.state->in_multi() && c.mode.silent) {
     // The move would be queued in the transaction, and its element of EXEC's reply could not be
     // told from the client's own under CLIENT REPLY OFF/SKIP.

@@ -60,6 +60,10 @@ struct StageShared {
   std::unique_ptr<tenant::RequestRewriter> rewriter;  // with tenancy
   int64_t warn_second = 0;                            // rate limit of key-policy warn lines
   int warn_count = 0;
+  // The upstream refused the last legacy-key move a connection of this worker sent (NOPERM: its
+  // user may not EVAL): moves are not queued inside MULTI, where a refusal aborts the transaction,
+  // until one outside MULTI succeeds again.
+  bool moves_refused = false;
 
   // keyguard_key_violations_total for a rule of `live`, the action taken and a key pattern label
   // (a WorkerShard::PatternLabel reference): resolved once per triple.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "keyguard/resp/encoder.h"
+#include "keyguard/resp/framer.h"
 #include "keyguard/resp/value.h"
 #include "keyguard/tenant/rewrite.h"
 #include "keyguard/common/views.h"
@@ -261,6 +262,23 @@ ReplyAction DropOwnElements(std::span<const uint8_t> exec, std::string_view fram
   out->clear();
   resp::AppendValue(out, *v);
   return ReplyAction::kReplace;
+}
+
+OwnResults OwnElementResults(std::span<const uint8_t> exec, std::string_view frame) {
+  OwnResults r;
+  std::optional<Value> v = resp::ParseValue(frame);
+  if (!v || v->null || (v->type != '*' && v->type != '~') || v->elements.size() != exec.size()) return r;
+  for (size_t i = 0; i < exec.size(); ++i) {
+    if (exec[i] != static_cast<uint8_t>(ReplyRewrite::kOwn)) continue;
+    const Value& e = v->elements[i];
+    int64_t n = 0;
+    if (e.type == ':' && resp::ParseRedisInt(e.text, &n)) {
+      r.moved += n;
+    } else if (e.type == '-' || e.type == '!') {
+      ++r.errors;
+    }
+  }
+  return r;
 }
 
 ReplyAction RenameKeys(ReplyRewrite shape, std::span<const std::pair<std::string, std::string>> names,

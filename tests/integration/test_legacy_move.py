@@ -153,15 +153,21 @@ def test_delete_exists_and_multi_key_commands(kg, r):
 @pytest.mark.not_cluster(reason='the queued legacy move (old and new name in different slots) is CROSSSLOT and aborts the transaction (EXECABORT), as documented in docs/configuration.md')
 def test_inside_multi_the_move_is_queued_and_its_element_leaves_exec(kg, r):
     r.set("User_9_Profile", "nine")
+    r.set("User_8_Profile", "eight")
+    before = kg.metric("keyguard_legacy_keys_moved_total")
     c = RespConn(kg.port)
     c.send_raw(encode("MULTI") + encode("GET", "User_9_Profile") + encode("SET", "plain", "x") +
-               encode("SET", "User_10_Profile", "ten") + encode("EXEC"))
-    assert [c.read()[1] for _ in range(5)] == [b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
-                                               b"*3\r\n$4\r\nnine\r\n+OK\r\n+OK\r\n"]
+               encode("SET", "User_10_Profile", "ten") + encode("MGET", "User_8_Profile", "User_9_Profile") +
+               encode("EXEC"))
+    assert [c.read()[1] for _ in range(6)] == [b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n",
+                                               b"+QUEUED\r\n",
+                                               b"*4\r\n$4\r\nnine\r\n+OK\r\n+OK\r\n*2\r\n$5\r\neight\r\n$4\r\nnine\r\n"]
+    # The moves inside the transaction are counted from EXEC's reply: User_9 and User_8 moved.
+    assert kg.metric("keyguard_legacy_keys_moved_total") == before + 2
     c.send("PING")
     assert c.read()[1] == b"+PONG\r\n"
     c.close()
-    assert sorted(r.keys("*")) == ["plain", "user:10:profile", "user:9:profile"]
+    assert sorted(r.keys("*")) == ["plain", "user:10:profile", "user:8:profile", "user:9:profile"]
     assert r.get("user:9:profile") == "nine"
 
 
@@ -369,13 +375,32 @@ def test_an_upstream_refusal_of_the_move_is_counted_and_the_command_goes_on(redi
     fd, path = tempfile.mkstemp(prefix="kg-pass-")
     with os.fdopen(fd, "w") as f:
         f.write("app-secret")
-    k = Keyguard(redis_server.port, config=config % path)
+    k = Keyguard(redis_server.port, config=config % path, threads=1)
     try:
         r.set("User_40_Profile", "old")
+        # The first refusal inside MULTI aborts the transaction (the server flags it at queue time).
+        t = RespConn(k.port)
+        t.send_raw(encode("MULTI") + encode("GET", "User_40_Profile") + encode("EXEC"))
+        replies = [t.read()[1] for _ in range(3)]
+        assert replies[0] == b"+OK\r\n" and replies[1] == b"+QUEUED\r\n"
+        assert replies[2].startswith(b"-EXECABORT")
+        assert k.metric("keyguard_legacy_move_errors_total") == 1
+        # Once refused, the worker queues no moves inside MULTI: the transaction runs against the
+        # new name, as a command outside MULTI does.
+        t.send_raw(encode("MULTI") + encode("GET", "User_40_Profile") + encode("EXEC"))
+        assert [t.read()[1] for _ in range(3)] == [b"+OK\r\n", b"+QUEUED\r\n", b"*1\r\n$-1\r\n"]
         c = redis.Redis(port=k.port, decode_responses=True)
         assert c.get("User_40_Profile") is None
-        assert k.metric("keyguard_legacy_move_errors_total") == 1
+        assert k.metric("keyguard_legacy_move_errors_total") == 2
         assert any(l.get("event") == "legacy_move_failed" for l in k.log_lines())
+        # The user may EVAL again: the next move outside MULTI succeeds, and MULTI moves again.
+        r.execute_command("ACL", "SETUSER", "app", "+eval")
+        assert c.get("User_40_Profile") == "old"
+        r.set("User_41_Profile", "old 41")
+        t.send_raw(encode("MULTI") + encode("GET", "User_41_Profile") + encode("EXEC"))
+        assert [t.read()[1] for _ in range(3)] == [b"+OK\r\n", b"+QUEUED\r\n", b"*1\r\n$6\r\nold 41\r\n"]
+        assert sorted(r.keys("*")) == ["user:40:profile", "user:41:profile"]
+        t.close()
     finally:
         k.stop()
         os.unlink(path)

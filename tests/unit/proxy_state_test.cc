@@ -98,6 +98,15 @@ TEST(ConnectionStateTest, KeyguardsOwnCommandInsideMultiLeavesExecsReply) {
   EXPECT_EQ(tenant::DropOwnElements(exec.p.exec_rewrites, "-EXECABORT Transaction discarded\r\n", &out),
             tenant::ReplyAction::kPass);
   EXPECT_EQ(tenant::DropOwnElements(exec.p.exec_rewrites, "*-1\r\n", &out), tenant::ReplyAction::kPass);
+  // What the moves did: the keys they moved, and their errors (counted as outside MULTI).
+  tenant::OwnResults own_results = tenant::OwnElementResults(exec.p.exec_rewrites, "*3\r\n+OK\r\n:2\r\n$1\r\nx\r\n");
+  EXPECT_EQ(own_results.moved, 2);
+  EXPECT_EQ(own_results.errors, 0);
+  own_results = tenant::OwnElementResults(exec.p.exec_rewrites, "*3\r\n+OK\r\n-ERR no\r\n:7\r\n");
+  EXPECT_EQ(own_results.moved, 0);
+  EXPECT_EQ(own_results.errors, 1);
+  own_results = tenant::OwnElementResults(exec.p.exec_rewrites, "*-1\r\n");
+  EXPECT_EQ(own_results.moved + own_results.errors, 0);
   // The next transaction starts clean.
   Send(s, "MULTI");
   Send(s, "GET b");

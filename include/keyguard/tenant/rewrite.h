@@ -107,6 +107,15 @@ ReplyAction RewriteReply(const Tenancy& tenancy, const Tenant& tenant, ReplyRewr
 // count is not exec's (or any reply but an array) is passed as it is.
 ReplyAction DropOwnElements(std::span<const uint8_t> exec, std::string_view frame, std::string* out);
 
+// What keyguard's own queued commands (kOwn in `exec`: legacy-key moves) did in an EXEC reply:
+// the sum of their integer elements (keys moved) and how many were errors. {0, 0} when the reply
+// is not an array of exec's size.
+struct OwnResults {
+  int64_t moved = 0;
+  int64_t errors = 0;
+};
+OwnResults OwnElementResults(std::span<const uint8_t> exec, std::string_view frame);
+
 // The key names in the reply `frame` of a command whose keys the key policy renamed, back to the
 // names the client used: each (new, old) pair of `names` in the reply's shape (kFirstKey or
 // kStreams). kReplace puts the new frame in `out`.
