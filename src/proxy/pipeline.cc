@@ -378,9 +378,12 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
   if (rewritten_any) {
     v_.args = policy_args_;
     v_.modified = true;
-    // A reply that names keys names the new ones: they go back to the client's names.
+    // A reply that names keys names the new ones: they go back to the client's names. So do the
+    // stream commands' errors (NOGROUP No such key '<key>' ...).
     const commands::TenantHandling shape = commands::TraitsOf(c.id).tenant;
-    if (shape == commands::TenantHandling::kFirstKey || shape == commands::TenantHandling::kStreams) {
+    static const uint32_t kStreamAcl = commands::AclCategoryMask("stream");
+    if (shape == commands::TenantHandling::kFirstKey || shape == commands::TenantHandling::kStreams ||
+        (spec.acl & kStreamAcl) != 0) {
       renamed_.clear();
       for (const commands::KeyRef& ref : key_refs_) {
         if (policy_args_[ref.pos].data() != args[ref.pos].data())
@@ -388,8 +391,9 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
       }
       v_.renamed = renamed_;
       v_.renamed_shape =
-          static_cast<uint8_t>(shape == commands::TenantHandling::kFirstKey ? tenant::ReplyRewrite::kFirstKey
-                                                                            : tenant::ReplyRewrite::kStreams);
+          static_cast<uint8_t>(shape == commands::TenantHandling::kFirstKey  ? tenant::ReplyRewrite::kFirstKey
+                               : shape == commands::TenantHandling::kStreams ? tenant::ReplyRewrite::kStreams
+                                                                             : tenant::ReplyRewrite::kNone);
     }
   }
   return true;

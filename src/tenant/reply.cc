@@ -283,6 +283,22 @@ OwnResults OwnElementResults(std::span<const uint8_t> exec, std::string_view fra
 
 ReplyAction RenameKeys(ReplyRewrite shape, std::span<const std::pair<std::string, std::string>> names,
                        std::string_view frame, std::string* out) {
+  if (frame.starts_with('-')) {
+    // An error that quotes a key (NOGROUP No such key 'user:5:profile' ...): the client's name.
+    std::string text(frame);
+    bool changed = false;
+    for (const auto& [to, from] : names) {
+      const std::string quoted = absl::StrCat("'", to, "'");
+      for (size_t at = text.find(quoted); at != std::string::npos; at = text.find(quoted, at + from.size() + 2)) {
+        text.replace(at, quoted.size(), absl::StrCat("'", from, "'"));
+        changed = true;
+      }
+    }
+    if (!changed) return ReplyAction::kPass;
+    *out = std::move(text);
+    return ReplyAction::kReplace;
+  }
+  if (shape == ReplyRewrite::kNone) return ReplyAction::kPass;
   std::optional<Value> v = resp::ParseValue(frame);
   if (!v || v->type == '-' || v->type == '!') return ReplyAction::kPass;
   bool changed = false;

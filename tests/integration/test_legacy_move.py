@@ -217,6 +217,14 @@ def test_replies_name_keys_as_the_client_did(kg, r):
     assert c.read()[1] == b"$3\r\n1-1\r\n"
     c.send("XREAD", "STREAMS", "User_52_Profile", "user:53:profile", "0", "0")
     assert c.read()[1] == b"*1\r\n*2\r\n$15\r\nUser_52_Profile\r\n*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
+    # The stream commands' errors quote the key as the client named it.
+    c.send("XREADGROUP", "GROUP", "g", "c", "STREAMS", "User_52_Profile", ">")
+    assert c.read()[1] == (b"-NOGROUP No such key 'User_52_Profile' or consumer group 'g' in XREADGROUP with "
+                           b"GROUP option\r\n")
+    c.send("XPENDING", "User_52_Profile", "g")
+    assert c.read()[1] == b"-NOGROUP No such key 'User_52_Profile' or consumer group 'g'\r\n"
+    c.send("XINFO", "CONSUMERS", "User_52_Profile", "g")
+    assert c.read()[1] == b"-NOGROUP No such consumer group 'g' for key name 'User_52_Profile'\r\n"
     c.send("HELLO", "3")
     c.read()
     c.send("XREAD", "STREAMS", "User_52_Profile", "0")

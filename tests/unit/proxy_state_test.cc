@@ -124,6 +124,14 @@ TEST(ReplyQueueTest, RenamedKeysGoBackToTheClientsNamesInTheReplysShape) {
   EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kFirstKey, names, "*2\r\n$5\r\nother\r\n$1\r\na\r\n", &out),
             ReplyAction::kPass);
   EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kFirstKey, names, "*-1\r\n", &out), ReplyAction::kPass);
+  // An error that quotes the new name quotes the client's; an unquoted mention stays.
+  EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kNone, names,
+                               "-NOGROUP No such key 'user:5:profile' or consumer group 'user:5:profile'\r\n", &out),
+            ReplyAction::kReplace);
+  EXPECT_EQ(out, "-NOGROUP No such key 'User_5_Profile' or consumer group 'User_5_Profile'\r\n");
+  EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kNone, names, "-ERR user:5:profile\r\n", &out), ReplyAction::kPass);
+  EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kNone, names, "*1\r\n$14\r\nuser:5:profile\r\n", &out),
+            ReplyAction::kPass);
   EXPECT_EQ(tenant::RenameKeys(ReplyRewrite::kStreams, names, "%1\r\n$14\r\nuser:5:profile\r\n*0\r\n", &out),
             ReplyAction::kReplace);
   EXPECT_EQ(out, "%1\r\n$14\r\nUser_5_Profile\r\n*0\r\n");

@@ -118,7 +118,8 @@ OwnResults OwnElementResults(std::span<const uint8_t> exec, std::string_view fra
 
 // The key names in the reply `frame` of a command whose keys the key policy renamed, back to the
 // names the client used: each (new, old) pair of `names` in the reply's shape (kFirstKey or
-// kStreams). kReplace puts the new frame in `out`.
+// kStreams; kNone: none), and in an error's text where it quotes a new name ('user:5:profile', as
+// NOGROUP does). kReplace puts the new frame in `out`.
 ReplyAction RenameKeys(ReplyRewrite shape, std::span<const std::pair<std::string, std::string>> names,
                        std::string_view frame, std::string* out);
 
