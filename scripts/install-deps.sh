@@ -13,7 +13,7 @@ RUN_PKGS=(redis-server redis-tools)
 # are in debian:12-slim already; tests/e2e/test_packaging.py checks the set against ldd.
 RUNTIME_PKGS=(libabsl20220623 libprotobuf32 libre2-9 libyaml-cpp0.7 libstdc++6 libssl3 libhiredis0.14)
 TEST_PKGS=(libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev python3 python3-redis
-           python3-pytest prometheus haproxy nutcracker yamllint curl procps
+           python3-pytest python3-pytest-xdist prometheus haproxy nutcracker yamllint curl procps
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev)
 case "${1:-all}" in
   build) want=("${BUILD_PKGS[@]}") ;;

@@ -12,6 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
+# An integration pass on both cores (pytest-xdist: each worker has its own redis-server and its own
+# block of ports, conftest.free_port), then the tests marked `alone` one at a time: they measure a
+# rate or a bound that the other worker's load would change. Exit status 5 is "none selected".
+integration() {
+  /usr/bin/python3 -m pytest -q -n 2 -m "not alone" "$@"
+  /usr/bin/python3 -m pytest -q -m alone "$@" || [ $? = 5 ]
+}
 
 step "install"
 bash scripts/install-deps.sh all
@@ -27,12 +34,12 @@ step "unit + hiredis client tests"
 (cd build && ctest --output-on-failure)
 
 step "integration tests (release)"
-KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration
+KEYGUARD_BIN=$PWD/build/keyguard integration tests/integration
 
 step "integration tests with shared upstream connections (release)"
 # Every test of the proxy's data path again, each keyguard with upstream_connections: shared; the
 # tests whose results must differ are marked dedicated_only, with the reason.
-KEYGUARD_UPSTREAM_CONNECTIONS=shared KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/integration \
+KEYGUARD_UPSTREAM_CONNECTIONS=shared KEYGUARD_BIN=$PWD/build/keyguard integration tests/integration \
   --ignore=tests/integration/test_audit.py --ignore=tests/integration/test_migrate.py \
   --ignore=tests/integration/test_maintenance_upstreams.py \
   --ignore=tests/integration/test_admin_cli.py --ignore=tests/integration/test_detector_memory.py \
@@ -46,7 +53,7 @@ step "integration tests with a Redis Cluster upstream (release)"
 # reason. test_cluster.py (in the first pass) has the real three-primary clusters. (The whole
 # suite passes this way too: KEYGUARD_UPSTREAM=cluster pytest tests/integration, 2 minutes; this
 # subset keeps CI within its budget.)
-KEYGUARD_UPSTREAM=cluster KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q \
+KEYGUARD_UPSTREAM=cluster KEYGUARD_BIN=$PWD/build/keyguard integration \
   tests/integration/test_proxy.py tests/integration/test_key_policy.py tests/integration/test_tenants.py \
   tests/integration/test_tenant_escapes.py tests/integration/test_hygiene.py tests/integration/test_hygiene_rules.py
 
@@ -60,7 +67,7 @@ if [ "${SKIP_ASAN:-0}" != 1 ]; then
   step "unit + hiredis client tests (ASan+UBSan)"
   (cd build-asan && ctest --output-on-failure)
   step "integration tests (ASan+UBSan keyguard)"
-  KEYGUARD_BIN=$PWD/build-asan/keyguard /usr/bin/python3 -m pytest -q tests/integration
+  KEYGUARD_BIN=$PWD/build-asan/keyguard integration tests/integration
 fi
 
 step "fuzz the framers and the config load path (${FUZZ_SECONDS:-30}s each)"

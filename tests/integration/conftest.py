@@ -19,6 +19,11 @@ SANITIZED = "build-asan" in KEYGUARD
 
 
 _handed_out = set()
+# Under pytest-xdist each worker takes ports from its own block below the kernel's ephemeral range
+# (32768 and up), so two workers never hand out the same port and no client's source port lands
+# on one; a single process keeps the kernel's choice.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_next_port = [10000 + 5000 * int(_WORKER[2:])] if _WORKER.startswith("gw") and _WORKER[2:].isdigit() else None
 
 
 def free_port():
@@ -27,8 +32,17 @@ def free_port():
     source port), so the fixtures that listen on it retry with new ports when that happens."""
     while True:
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        if _next_port is not None:
+            port = _next_port[0]
+            _next_port[0] += 1
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+        else:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
         s.close()
         if port not in _handed_out:
             _handed_out.add(port)
@@ -168,6 +182,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "not_cluster(reason): asserts what differs with a Redis Cluster upstream (KEYGUARD_UPSTREAM=cluster) "
         "for `reason`: a cluster serves database 0 only, keyguard answers CLUSTER itself, ...")
+    config.addinivalue_line(
+        "markers", "alone(reason): measures a rate or a bound that another test's load on the same cores changes; "
+        "scripts/test.sh runs these one at a time after the parallel pass (pytest -n 2 -m 'not alone')")
     config.addinivalue_line(
         "markers", "dedicated_only(reason): asserts what only a connection per client does; with shared "
         "upstream connections the result differs for `reason` (test_shared_upstream.py asserts that)")
