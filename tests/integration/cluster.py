@@ -10,7 +10,7 @@ import time
 
 import redis
 
-from conftest import file_output, free_port, start_listening, wait_until
+from conftest import file_output, free_port, output_file, start_listening, wait_until
 from resp import PATIENCE
 
 SLOTS = 16384
@@ -28,7 +28,7 @@ class Node:
         def start():
             # The bus port is port + 10000 unless given: ephemeral ports above 55535 would not do.
             self.port, self.bus_port = free_port(), free_port()
-            self.log = tempfile.TemporaryFile()
+            self.log, out = output_file()
             ports = ["--port", str(self.port)]
             if tls is not None:
                 ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cluster", "yes", "--tls-replication", "yes",
@@ -45,7 +45,8 @@ class Node:
                  # CLUSTER SLOTS lists a replica only once its replication offset is not 0, which
                  # on an idle primary takes the first replication PING (10 s by default).
                  "--repl-ping-replica-period", "1"],
-                stdout=self.log, stderr=subprocess.STDOUT)
+                stdout=out, stderr=subprocess.STDOUT)
+            out.close()
             return self.proc, file_output(self.log), [self.port, self.bus_port]
 
         try:

@@ -109,6 +109,15 @@ def start_listening(what, start):
                 raise RuntimeError("%s did not start: %s" % (what, out[-2000:]))
 
 
+def output_file():
+    """A temporary file for a child process's output, and the handle to give the child as its
+    stdout (the caller closes it once the child is started): an open file of its own, appending, so
+    that file_output's seek(0) and reads never move where the child writes (with one shared offset
+    a read could rewind it, and the child's next line overwrote the first)."""
+    f = tempfile.TemporaryFile()
+    return f, open("/proc/self/fd/%d" % f.fileno(), "ab")
+
+
 def file_output(f):
     """What the process writing to the file `f` has written so far."""
     def output():
@@ -137,15 +146,16 @@ class Redis:
             self.port = free_port()
             while cluster and self.port > 55535:  # a cluster node's bus port is its port + 10000
                 self.port = free_port()
-            log = tempfile.TemporaryFile()
+            log, out = output_file()
             ports = ["--port", str(self.port)]
             if tls is not None:
                 ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", tls["cert"],
                          "--tls-key-file", tls["key"], "--tls-ca-cert-file", tls["ca"]]
-            self.proc = subprocess.Popen(
-                ["redis-server", *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", self.dir, "--enable-debug-command", "yes", *extra],
-                stdout=log, stderr=subprocess.STDOUT)
+            with out:
+                self.proc = subprocess.Popen(
+                    ["redis-server", *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                     "--dir", self.dir, "--enable-debug-command", "yes", *extra],
+                    stdout=out, stderr=subprocess.STDOUT)
             return self.proc, file_output(log), [self.port]
 
         if cluster:
@@ -227,8 +237,9 @@ class Keyguard:
                       "--admin", "127.0.0.1:%d" % self.admin_port, "--threads", str(threads), *extra]
             if UPSTREAM_CONNECTIONS and "--upstream-connections" not in extra:
                 listen += ["--upstream-connections", UPSTREAM_CONNECTIONS]
-            self.log = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(args + listen, stdout=self.log, stderr=subprocess.STDOUT)
+            self.log, out = output_file()
+            with out:
+                self.proc = subprocess.Popen(args + listen, stdout=out, stderr=subprocess.STDOUT)
             return self.proc, self.output, [self.port, self.admin_port]
 
         start_listening("keyguard", start)

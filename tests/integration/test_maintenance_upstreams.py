@@ -13,7 +13,7 @@ import tempfile
 import pytest
 import redis
 
-from conftest import KEYGUARD, Redis, file_output, free_port, start_listening
+from conftest import KEYGUARD, Redis, file_output, free_port, output_file, start_listening
 from test_audit import CONFIG as AUDIT_CONFIG
 from test_tls import make_ca, make_cert
 
@@ -153,8 +153,9 @@ class Sentinel:
             if "tls-port" not in conf:
                 with open(path, "a") as f:
                     f.write("port %d\n" % self.port)
-            log = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(["redis-server", path, "--sentinel"], stdout=log, stderr=subprocess.STDOUT)
+            log, out = output_file()
+            with out:
+                self.proc = subprocess.Popen(["redis-server", path, "--sentinel"], stdout=out, stderr=subprocess.STDOUT)
             return self.proc, file_output(log), [self.port]
 
         start_listening("redis-sentinel", start)

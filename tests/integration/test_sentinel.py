@@ -10,7 +10,7 @@ import time
 
 import redis
 
-from conftest import KEYGUARD, Keyguard, Redis, free_port, wait_port, wait_until
+from conftest import KEYGUARD, Keyguard, Redis, free_port, output_file, wait_port, wait_until
 from resp import RespConn, encode
 
 MASTER = "mymaster"
@@ -29,8 +29,9 @@ class Sentinel:
             if password is not None:
                 # Clients (keyguard) and the other Sentinels must AUTH.
                 f.write("requirepass %s\nsentinel sentinel-pass %s\n" % (password, password))
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(["redis-server", conf, "--sentinel"], stdout=self.log, stderr=subprocess.STDOUT)
+        self.log, out = output_file()
+        with out:
+            self.proc = subprocess.Popen(["redis-server", conf, "--sentinel"], stdout=out, stderr=subprocess.STDOUT)
         wait_port(self.port, proc=self.proc)
         self.client = redis.Redis(port=self.port, password=password, decode_responses=True)
 
@@ -41,7 +42,12 @@ class Sentinel:
 
 
 def role(port):
-    return redis.Redis(port=port).execute_command("ROLE")[0]
+    """The ROLE of the server on `port`; None when the connection is cut (a promoted replica's
+    Sentinel kills its normal clients with CLIENT KILL TYPE normal)."""
+    try:
+        return redis.Redis(port=port).execute_command("ROLE")[0]
+    except redis.ConnectionError:
+        return None
 
 
 def client_names(port):
