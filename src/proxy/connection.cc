@@ -222,6 +222,7 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
         [[unlikely]] {
       // CLIENT SETNAME/SETINFO on a pinned connection go to it and name it: it is not in a new
       // connection's state any more, so it is closed with the client rather than pooled.
+      if (!sticky_) pin_undo_ = kPinMadeSticky;
       sticky_ = true;
       pin_check_ = false;
     }
@@ -234,8 +235,10 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   static const commands::CommandId kWaitAof = commands::LookupCommand("waitaof");
   if (!pinned_ && id != commands::kUnknownCommand && (id == kWait || id == kWaitAof)) return false;
   if (pinned_) {
-    // Already on a connection of its own: state that lasts keeps it there for good.
+    // Already on a connection of its own: state that lasts keeps it there for good (unless
+    // keyguard refuses the command: EndRefusedPin).
     if (!PinEnds(r)) {
+      if (!sticky_) pin_undo_ = kPinMadeSticky;
       sticky_ = true;
       pin_check_ = false;
     }
@@ -264,6 +267,7 @@ PinReason Connection::OnPinned(bool fresh) {
   }
   sticky_ = !PinEnds(r);
   pin_check_ = !sticky_;
+  pin_undo_ = kPinFresh;
   upstream_ready_ = true;
   CountUpstream(1);
   if (fresh) SendUpstreamAuth();
@@ -274,6 +278,7 @@ PinReason Connection::OnPinned(bool fresh) {
 void Connection::OnUnpinned() {
   OnUpstreamClosed();  // unregistered, counted gone
   pinned_ = sticky_ = false;
+  pin_undo_ = kPinSettled;
   pin_slot_ = kAnyNode;
   pinned_node_ = cluster::SlotMap::kNoOwner;
   pin_check_ = true;
@@ -359,19 +364,25 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
     case Verdict::Action::kForward:
       // (RouteShared releases the pipeline when it answers: one Release call site here keeps
       // the dedicated path's inlining.)
-      if (multiplexed_ && (cluster_ || c.id == client_id_) && !RouteShared(c, v)) [[unlikely]] {
-        return;
+      if (multiplexed_) [[unlikely]] {
+        pin_undo_ = kPinSettled;
+        if ((cluster_ || c.id == client_id_) && !RouteShared(c, v)) return;
       }
       break;
     case Verdict::Action::kRefuse: Refuse(c, v.reason, v.message); return;
-    case Verdict::Action::kLogin: Login(c, v, now); return;
+    case Verdict::Action::kLogin:
+      pin_undo_ = kPinSettled;
+      Login(c, v, now);
+      return;
     case Verdict::Action::kUnavailable:
+      pin_undo_ = kPinSettled;
       shard_.CountCommand(c.id, metrics::Outcome::kFailed);
       // A shared connection comes back by itself: the client stays for its next command.
       Reply(UpstreamUnavailable(), c.id, /*close_after=*/!multiplexed_);
       if (!multiplexed_) stop_reading_ = true;
       return;
     case Verdict::Action::kWalk:
+      pin_undo_ = kPinSettled;
       pipeline_.Release();
       if (cluster_) {
         Refuse(c, Refusal::kCluster,
@@ -531,6 +542,22 @@ void Connection::Refuse(const CommandContext& c, Refusal reason, std::string_vie
   std::string text;
   resp::AppendError(&text, message);
   Reply(std::move(text), id, false);
+  if (pin_undo_ != kPinSettled) [[unlikely]]
+    EndRefusedPin();
+}
+
+void Connection::EndRefusedPin() {
+  const uint8_t undo = std::exchange(pin_undo_, kPinSettled);
+  if (!pinned_) return;
+  // Nothing the refused command would have started exists on the server.
+  sticky_ = false;
+  pin_check_ = true;
+  if (undo == kPinFresh) {
+    // The connection is in the state it was pinned in: it goes back to the pool once the PING's
+    // reply empties the queue (a pin ends on a reply).
+    static const commands::CommandId kPingId = commands::LookupCommand("ping");
+    SendInternal(kPing, kPingId);
+  }
 }
 
 void Connection::Sink::Stamp(hygiene::Finding* f, std::string_view key, commands::CommandId id) {

@@ -330,6 +330,10 @@ class Connection {
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
   // SKIP semantics.
   void Refuse(const CommandContext& c, Refusal reason, std::string_view message);
+  // The command the client was pinned for was refused: the pin ends (no longer sticky) once a PING
+  // sent after it is answered, rather than when the client closes. A refused command that made a
+  // pin sticky leaves it as it was.
+  void EndRefusedPin();
   // keyguard's own reply, after every reply still pending.
   void Reply(std::string text, commands::CommandId id, bool close_after);
   // The tenant's name for the hot-key hooks ("" without one).
@@ -425,7 +429,12 @@ class Connection {
   bool pin_check_ = false;                // multiplexed_, and not pinned for good: each command is looked at
   const uint8_t* pin_classes_ = nullptr;  // PinClasses()
   bool pinned_ = false;
-  bool sticky_ = false;         // pinned until the client closes
+  bool sticky_ = false;  // pinned until the client closes
+  // What a refusal of the command being handled undoes (EndRefusedPin): kPinFresh, pinned for it
+  // and nothing of the client's handled since; kPinMadeSticky, already pinned, and it made the pin
+  // last (SUBSCRIBE inside MULTI). Cleared as any other verdict is handled.
+  enum : uint8_t { kPinSettled, kPinFresh, kPinMadeSticky };
+  uint8_t pin_undo_ = kPinSettled;
   bool owns_upstream_ = false;  // a connection of its own is up (counted in the gauges)
   // The gauges of upstream connections, by kind: +1 when one of its own comes up, -1 when it goes.
   void CountUpstream(int n);

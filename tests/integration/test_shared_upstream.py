@@ -119,6 +119,37 @@ def test_blocking_pop_is_woken_by_another_client():
         b.close()
 
 
+def test_a_pin_whose_command_keyguard_refused_ends_with_it():
+    """A command that pins but that keyguard refuses (the deny list here) starts nothing on the
+    server: the client goes back to the shared connection, and the pinned one to the pool, rather
+    than held until the client closes (SUBSCRIBE would have pinned for good, BLPOP until its next
+    reply)."""
+    server = Redis()
+    kg = Keyguard(server.port, config=SHARED + "deny_commands: [BLPOP, SUBSCRIBE]\n", threads=1)
+    try:
+        wait_until(lambda: kind(kg, "shared") == 1 and kind(kg, "idle") == 2, "the shared connections")
+        a = RespConn(kg.port)
+        for cmd, reason in ((("BLPOP", "jobs", "0"), "blocking"), (("SUBSCRIBE", "news"), "pubsub")):
+            a.send(*cmd)
+            assert a.read()[1] == b"-ERR keyguard: command '%s' is not allowed here\r\n" % cmd[0].encode()
+            assert kg.metric('keyguard_upstream_pins_total{reason="%s"}' % reason) == 1
+            wait_until(lambda: kind(kg, "pinned") == 0, "the refused %s's pin to end" % cmd[0])
+        # Back on the shared connection; the pinned one went back to the pool (no new connection).
+        assert a.call("SET", "k", "v") == "OK"
+        assert kind(kg, "pinned") == 0 and kind(kg, "idle") == 2
+        assert server_clients(server.port) == 3
+        # A pin whose command went to the server is not ended by a later refusal.
+        a.send_raw(encode("MULTI") + encode("SUBSCRIBE", "news") + encode("INCR", "n") + encode("EXEC"))
+        assert [a.read()[1] for _ in range(4)][::3] == [b"+OK\r\n", b"-EXECABORT Transaction discarded because of "
+                                                        b"previous errors.\r\n"]
+        wait_until(lambda: kind(kg, "pinned") == 0, "the transaction's pin to end")
+        assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == 1
+        a.close()
+    finally:
+        kg.stop()
+        server.stop()
+
+
 def test_state_that_lasts_pins_for_the_connection():
     with shared() as (server, kg):
         a = RespConn(kg.port)

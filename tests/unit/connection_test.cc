@@ -604,6 +604,42 @@ TEST_F(ConnectionTest, OnASharedConnectionKeyguardKeepsTheClientsName) {
   EXPECT_FALSE(conn_->CanUnpin()) << "named: the client's for good";
 }
 
+TEST_F(ConnectionTest, APinWhoseCommandKeyguardRefusesEndsAfterAPing) {
+  Open("deny_commands: [SUBSCRIBE]\n", false, "", /*shared=*/true);
+  Client("*2\r\n$9\r\nSUBSCRIBE\r\n$1\r\nc\r\n");
+  EXPECT_EQ(conn_->pin_wanted(), PinReason::kPubSub);
+  Call([&] { return conn_->OnPinned(/*fresh=*/false); });
+  Client("");
+  EXPECT_EQ(TakeClient(), "-ERR keyguard: command 'SUBSCRIBE' is not allowed here\r\n");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$4\r\nPING\r\n") << "nothing of the client's, a PING of keyguard's";
+  EXPECT_FALSE(conn_->CanUnpin()) << "until the PING is answered";
+  ASSERT_TRUE(Upstream("+PONG\r\n"));
+  EXPECT_EQ(TakeClient(), "") << "the PING's reply is keyguard's";
+  EXPECT_TRUE(conn_->CanUnpin()) << "no longer pinned for good: SUBSCRIBE never reached the server";
+  conn_->OnUnpinned();
+  // A pin whose command went to the server stays, whatever is refused after it.
+  Client("*2\r\n$6\r\nSELECT\r\n$1\r\n2\r\n");
+  Call([&] { return conn_->OnPinned(/*fresh=*/false); });
+  Client("*2\r\n$9\r\nSUBSCRIBE\r\n$1\r\nc\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$6\r\nSELECT\r\n$1\r\n2\r\n");
+  ASSERT_TRUE(Upstream("+OK\r\n"));
+  EXPECT_EQ(TakeClient(), "+OK\r\n-ERR keyguard: command 'SUBSCRIBE' is not allowed here\r\n");
+  EXPECT_FALSE(conn_->CanUnpin()) << "database 2 is this connection's for good";
+}
+
+TEST_F(ConnectionTest, ARefusedCommandThatWouldMakeAPinLastLeavesItAsItWas) {
+  Open("deny_commands: [SUBSCRIBE]\n", false, "", /*shared=*/true);
+  Client("*1\r\n$5\r\nMULTI\r\n");
+  Call([&] { return conn_->OnPinned(/*fresh=*/false); });
+  Client("*2\r\n$9\r\nSUBSCRIBE\r\n$1\r\nc\r\n*1\r\n$4\r\nEXEC\r\n");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$5\r\nMULTI\r\n*1\r\n$7\r\nDISCARD\r\n") << "EXEC aborted: DISCARD";
+  ASSERT_TRUE(Upstream("+OK\r\n+OK\r\n"));
+  EXPECT_EQ(TakeClient(),
+            "+OK\r\n-ERR keyguard: command 'SUBSCRIBE' is not allowed here\r\n"
+            "-EXECABORT Transaction discarded because of previous errors.\r\n");
+  EXPECT_TRUE(conn_->CanUnpin()) << "the transaction is over, and no subscription was made";
+}
+
 TEST_F(ConnectionTest, StateThatLastsKeepsThePin) {
   Open(kPlain, false, "", /*shared=*/true);
   Client("*2\r\n$5\r\nWATCH\r\n$1\r\na\r\n");
