@@ -67,6 +67,34 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
       }
     }
   }
+  RetireDepartedLinks(worker);
+}
+
+void RetireDepartedLinks(Worker& worker) {
+  // A node in neither role of the map (removed, or replaced by another address) would be
+  // connected to again and again: its link is retired once it owes nothing (one that owes was
+  // restarted above: its commands fail, and the next map retires it).
+  ClusterState& c = *worker.cluster;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = c.links.begin(); it != c.links.end();) {
+    SharedLink* l = it->second.get();
+    const bool used =
+        std::find(c.node_links.begin(), c.node_links.end(), l) != c.node_links.end() ||
+        std::any_of(c.replica_links.begin(), c.replica_links.end(),
+                    [&](const std::vector<SharedLink*>& r) { return std::find(r.begin(), r.end(), l) != r.end(); });
+    if (used || l->owes()) {
+      ++it;
+      continue;
+    }
+    EventLine("info", "cluster_node_left").Str("node", l->address()).Write(stderr);
+    l->Retire();
+    c.retired.push_back({std::move(it->second), now});
+    ++c.retirements;
+    it = c.links.erase(it);
+  }
+  std::erase_if(c.retired, [&](const ClusterState::Retired& r) {
+    return r.link.use_count() == 1 && now - r.since >= ClusterState::kRetiredGrace;
+  });
 }
 
 SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot) {
@@ -143,22 +171,37 @@ size_t ClusterClient::backlog() const {
 awaitable<void> ClusterClient::WaitBelow(size_t limit) {
   SharedLink* busiest = nullptr;
   for (const LinkQueue& q : queues_) {
-    if (busiest == nullptr || q.link->backlog() > busiest->backlog()) busiest = q.link;
+    if (busiest == nullptr || q.link->backlog() > busiest->backlog()) busiest = q.link.get();
   }
   if (busiest != nullptr) co_await busiest->WaitBelow(limit);
 }
 
 ClusterClient::LinkQueue& ClusterClient::QueueOf(SharedLink* link) {
-  if (last_queue_ < queues_.size() && queues_[last_queue_].link == link) return queues_[last_queue_];
+  if (last_queue_ < queues_.size() && queues_[last_queue_].link.get() == link) return queues_[last_queue_];
   for (size_t i = 0; i < queues_.size(); ++i) {
-    if (queues_[i].link == link) {
+    if (queues_[i].link.get() == link) {
       last_queue_ = i;
       return queues_[i];
     }
   }
   last_queue_ = queues_.size();
-  queues_.push_back(LinkQueue{link, {}});
+  queues_.push_back(LinkQueue{link->shared_from_this(), {}});
   return queues_.back();
+}
+
+void ClusterClient::DropRetiredQueues() {
+  bool left = false;
+  std::erase_if(queues_, [&](LinkQueue& q) {
+    if (!q.link->retired()) return false;
+    if (!q.items.empty()) {
+      left = true;  // (its commands fail as its connection closes; dropped on a later call)
+      return false;
+    }
+    q.link->Forget(this);
+    return true;
+  });
+  last_queue_ = 0;
+  if (!left) retirements_seen_ = worker_.cluster->retirements;
 }
 
 SharedLink* ClusterClient::LinkForSlot(int32_t slot) {
@@ -232,6 +275,8 @@ bool ClusterClient::Send(uint64_t seq, int part, SharedLink* link, bool asking) 
 }
 
 void ClusterClient::Submit(std::span<const std::string_view> pieces, std::span<const Route> routes) {
+  if (retirements_seen_ != worker_.cluster->retirements) [[unlikely]]
+    DropRetiredQueues();
   size_t piece = 0, offset = 0;
   auto take = [&](size_t need, std::string* out) {
     out->reserve(need);
@@ -565,7 +610,7 @@ bool ClusterClient::EndRun() {
 
 void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reason*/) {
   for (size_t i = 0; i < queues_.size(); ++i) {
-    if (queues_[i].link != from) continue;
+    if (queues_[i].link.get() != from) continue;
     std::deque<InFlight> items = std::move(queues_[i].items);
     queues_.erase(queues_.begin() + static_cast<std::ptrdiff_t>(i));
     for (const InFlight& it : items) Fail(&entries_.At(it.seq), it.part, NodeUnavailable(from));

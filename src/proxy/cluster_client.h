@@ -114,7 +114,7 @@ class ClusterClient final : public LinkClient {
     uint8_t skip;
   };
   struct LinkQueue {
-    SharedLink* link;
+    std::shared_ptr<SharedLink> link;  // (keeps a retired link until this client drops it)
     std::deque<InFlight> items;
   };
 
@@ -134,6 +134,9 @@ class ClusterClient final : public LinkClient {
   // Ends the session's run of replies; true when the client is over its output bound.
   bool EndRun();
   LinkQueue& QueueOf(SharedLink* link);
+  // Drops the queues of links retired since the last call (a node left the map) that owe this
+  // client nothing, so that the worker can free them.
+  void DropRetiredQueues();
   // Sends part `part` of `e` to `link` (ASKING first when `link` is the one an ASK named); when it
   // cannot go (the node down, connecting or unknown), again after a pause, a bounded number of times.
   void SendOrRetry(uint64_t seq, int part, SharedLink* link);
@@ -158,6 +161,7 @@ class ClusterClient final : public LinkClient {
   EntryRing entries_;
   std::vector<LinkQueue> queues_;    // one per link used (a few)
   size_t last_queue_ = 0;            // the one QueueOf found last
+  uint64_t retirements_seen_ = 0;    // ClusterState::retirements at the last DropRetiredQueues
   std::vector<int32_t> redirected_;  // see Redirected
   size_t buffered_ = 0;              // bytes of replies kept until their turn
   bool overflowed_ = false;

@@ -305,12 +305,14 @@ void SharedLink::Fail(metrics::UpstreamError reason) {
   if (!up_) return;
   up_ = false;
   worker_.shard->CountUpstream(metrics::UpstreamKind::kShared, -1);
-  worker_.shard->CountUpstreamError(reason);
-  if (node_errors_ != nullptr) node_errors_->Add();
-  EventLine("warn", "shared_upstream_failed")
-      .Str("reason", metrics::kUpstreamErrorNames[static_cast<size_t>(reason)])
-      .Str("node", address())
-      .Write(stderr);
+  if (!retired_) {  // (a retired link's close is keyguard's own)
+    worker_.shard->CountUpstreamError(reason);
+    if (node_errors_ != nullptr) node_errors_->Add();
+    EventLine("warn", "shared_upstream_failed")
+        .Str("reason", metrics::kUpstreamErrorNames[static_cast<size_t>(reason)])
+        .Str("node", address())
+        .Write(stderr);
+  }
   conn_->stream.Close();
   conn_->out.Wake();
   // Each client with commands in flight is told once.

@@ -108,6 +108,13 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   // Connects (and connects again after a failure, with backoff) until Stop().
   void Start();
   void Stop();
+  // A cluster node that left the map: stops for good, quietly (no error counted or logged for
+  // the close); clients drop it (ClusterClient::DropRetiredQueues) and the worker frees it.
+  void Retire() {
+    retired_ = true;
+    Stop();
+  }
+  bool retired() const { return retired_; }
   // Closes the connection (what is in flight fails) and connects again (the upstream moved).
   void Restart() {
     if (conn_ != nullptr) conn_->stream.Close();
@@ -205,6 +212,7 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   bool flush_posted_ = false;
   bool up_ = false;
   bool stopped_ = false;
+  bool retired_ = false;
   std::string failure_;
   int64_t last_read_ns_ = 0;
   bool eof_ = false;  // CheckLiveness found the server closed the connection

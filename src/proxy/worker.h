@@ -5,6 +5,7 @@
 #include <array>
 #include <functional>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <random>
@@ -45,6 +46,17 @@ struct ClusterState {
   std::vector<std::vector<SharedLink*>> replica_links;
   size_t next_replica = 0;
   std::unordered_map<std::string, std::shared_ptr<SharedLink>> links;  // by "host:port", kept across maps
+  // The links of nodes that left the map, retired (SharedLink::Retire) when they owed nothing:
+  // freed once no client holds them and kRetiredGrace has passed (an entry's retry timer may
+  // still name one: ClusterClient::Entry::ask_link). `retirements` counts them, so that clients
+  // drop their queues of retired links (ClusterClient::DropRetiredQueues).
+  struct Retired {
+    std::shared_ptr<SharedLink> link;
+    std::chrono::steady_clock::time_point since;
+  };
+  static constexpr std::chrono::seconds kRetiredGrace{10};
+  std::vector<Retired> retired;
+  uint64_t retirements = 0;
   std::function<void()> refresh;  // asks the control thread for the map again (any thread)
   size_t next_any = 0;            // keyless commands are spread over the primaries
 };
@@ -111,6 +123,9 @@ struct Worker {
 // A Redis Cluster upstream (cluster_client.cc). The worker routes by `map` from now on (its node
 // links made as needed; those of nodes that left stay idle).
 void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map);
+// Retires the links of nodes in neither role of the worker's map that owe nothing, and frees the
+// retired links no client holds any more (AdoptClusterMap calls it).
+void RetireDepartedLinks(Worker& worker);
 // The shared link of primary `index` of the worker's map (made and started on first use), or
 // nullptr.
 SharedLink* ClusterNodeLink(Worker& worker, uint16_t index);

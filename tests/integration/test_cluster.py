@@ -2,6 +2,7 @@
 each) routes every command to the node owning its keys' slots and shows its clients one node that
 serves every slot. Every stored key is checked on direct connections to the nodes."""
 import contextlib
+import subprocess
 import threading
 import time
 
@@ -11,7 +12,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from cluster import SLOTS, cluster, seed_url
 from conftest import SANITIZED, Keyguard, wait_until
-from resp import RespConn, encode
+from resp import PATIENCE, RespConn, encode
 
 CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
 
@@ -302,6 +303,43 @@ def test_slots_moved_to_a_node_keyguard_never_saw():
         new = c.add_primary()
         reshard_behind_keyguard(c, kg, target=new)
         assert new in c.primaries()
+
+
+def test_a_node_removed_from_the_cluster_is_let_go():
+    """A primary is added, serves some slots through keyguard, gives them back and is removed
+    (redis-cli --cluster del-node; it keeps running, out of the cluster): keyguard's next map no
+    longer names it, so each worker retires its link (cluster_node_left) and never connects to it
+    again, rather than keeping a connection to every address a node ever had."""
+    with cluster(primaries=3, replicas=0) as c, keyguard_for(c) as kg:
+        new = c.add_primary()
+        old = [p for p in c.primaries() if p != new][0]
+        c.reshard(old, new, 50)
+        r = client(kg)
+        keys = [k for k in ("gone:%d" % i for i in range(20000)) if c.node_for_key(k) == new][:20]
+        for k in keys:
+            assert r.set(k, "v") is True  # through MOVED: keyguard links to the new node
+        assert kg.metric('keyguard_cluster_node_commands_total{node="127.0.0.1:%d"}' % new) >= 20
+        for k in keys:
+            r.delete(k)
+        c.reshard(new, old, 50)
+        node = c.node(new)
+        out = subprocess.run(["redis-cli", "--cluster", "del-node", "127.0.0.1:%d" % old, c.node_id(new)],
+                             capture_output=True, text=True, timeout=PATIENCE)
+        assert out.returncode == 0, out.stdout + out.stderr
+        try:
+            def others():  # connections on the removed node but this one
+                return [l for l in node.client.client_list() if l["cmd"] != "client|list"]
+            wait_until(lambda: not others(), "keyguard to close its connections to the removed node")
+            assert any(l.get("event") == "cluster_node_left" and l.get("node") == "127.0.0.1:%d" % new
+                       for l in kg.log_lines())
+            time.sleep(2.5)  # longer than a link's longest reconnect pause
+            assert others() == []
+        finally:
+            node.stop()
+        # The rest of the cluster is served as before.
+        for i in range(50):
+            assert r.set("after:%d" % i, "x") is True
+        assert sum(c.node(p).client.dbsize() for p in c.primaries()) == 50
 
 
 def run_load(kg, threads, stop, acked, errors, tags):
