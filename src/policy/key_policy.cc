@@ -140,6 +140,7 @@ bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule)
       if (std::find(order.begin(), order.end(), g) != order.end()) return false;
       if (last_was_group && piece.empty()) return false;
       forward += re2::RE2::QuoteMeta(piece);
+      if (order.empty()) rule->new_head = piece;
       glob_literal(piece);
       glob.push_back('*');
       piece.clear();
@@ -329,7 +330,7 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
     if (!scope.ok()) return scope.status();
     Action action = ToAction(b.config.action(), fallback);
     policy->rules_.push_back(
-        Rule{b.kind, b.name, action, *std::move(scope), nullptr, "", false, nullptr, "", "", "", false});
+        Rule{b.kind, b.name, action, *std::move(scope), nullptr, "", false, nullptr, "", "", "", "", false});
   }
   policy->scripts_.action = ToAction(p.scripts().action(), fallback);
   for (int i = 0; i < p.scripts().allowed_scripts_size(); ++i) {

@@ -120,8 +120,7 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
       return v_;
     }
     if (check_policy && !key_refs_.empty() && !KeyPolicy(c, *spec)) return v_;
-    if (key_refs_.empty() && (c.id == known_.keys || c.id == known_.scan) && shared_.live->key_policy->maps_patterns())
-        [[unlikely]] {
+    if (key_refs_.empty() && shared_.live->key_policy->maps_patterns()) [[unlikely]] {
       OldNamePatterns(c);
     }
     if (c.tenant != nullptr && !Tenant(c, spec, keys_ok)) return v_;
@@ -478,6 +477,11 @@ bool CommandPipeline::MoveLegacy(const CommandContext& c) {
 }
 
 void CommandPipeline::OldNamePatterns(const CommandContext& c) {
+  if (c.id == known_.client) {
+    BroadcastPrefixes(c);
+    return;
+  }
+  if (c.id != known_.keys && c.id != known_.scan) return;
   // Inside MULTI the reply is an element of EXEC's, which keeps the server's names.
   if (c.state->in_multi()) return;
   std::string_view pattern;
@@ -518,6 +522,47 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     v_.args = policy_args_;
     v_.modified = true;
   }
+}
+
+void CommandPipeline::BroadcastPrefixes(const CommandContext& c) {
+  // CLIENT TRACKING ON ... BCAST ... PREFIX p ...: a prefix of old names gets the new names'
+  // prefix too, so that their invalidations come (InvalidateOldNames adds the old names).
+  const auto args = c.args;
+  if (args.size() < 5 || !commands::EqualsIgnoreCase(args[1], "tracking") ||
+      !commands::EqualsIgnoreCase(args[2], "on")) {
+    return;
+  }
+  bool bcast = false;
+  std::vector<std::string_view> prefixes;
+  for (size_t i = 3; i < args.size(); ++i) {
+    if (commands::EqualsIgnoreCase(args[i], "bcast")) {
+      bcast = true;
+    } else if (i + 1 < args.size() &&
+               (commands::EqualsIgnoreCase(args[i], "prefix") || commands::EqualsIgnoreCase(args[i], "redirect"))) {
+      if (commands::EqualsIgnoreCase(args[i], "prefix")) prefixes.push_back(args[i + 1]);
+      ++i;
+    }
+  }
+  if (!bcast || prefixes.empty()) return;  // (without a prefix every key's invalidation comes)
+  const auto related = [](std::string_view a, std::string_view b) { return a.starts_with(b) || b.starts_with(a); };
+  const size_t given = prefixes.size();
+  for (const policy::Rule& r : shared_.live->key_policy->rules()) {
+    if (!r.maps_patterns || r.new_head.empty()) continue;
+    const bool names_old = std::any_of(prefixes.begin(), prefixes.begin() + static_cast<std::ptrdiff_t>(given),
+                                       [&](std::string_view p) { return related(p, r.old_head); });
+    // The server refuses overlapping prefixes: one that overlaps the new names' is left as it is.
+    const bool overlaps =
+        std::any_of(prefixes.begin(), prefixes.end(), [&](std::string_view p) { return related(p, r.new_head); });
+    if (names_old && !overlaps) prefixes.push_back(r.new_head);
+  }
+  if (prefixes.size() == given) return;
+  policy_args_.assign(args.begin(), args.end());
+  for (size_t i = given; i < prefixes.size(); ++i) {
+    policy_args_.push_back("PREFIX");
+    policy_args_.push_back(prefixes[i]);
+  }
+  v_.args = policy_args_;
+  v_.modified = true;
 }
 
 void CommandPipeline::KeysWithNewNames(const CommandContext& c) {

@@ -172,6 +172,8 @@ class CommandPipeline {
   // (policy::Rule::maps_patterns): the reply filter (OldNamesMatching) gets the pattern, SCAN
   // goes without MATCH; KEYS becomes KeysWithNewNames once the tenant stage has run.
   void OldNamePatterns(const CommandContext& c);
+  // CLIENT TRACKING ON BCAST with a PREFIX of old names: the new names' prefix is added.
+  void BroadcastPrefixes(const CommandContext& c);
   void KeysWithNewNames(const CommandContext& c);
   // Ends the run with a refusal.
   bool Refuse(Refusal reason, std::string message);

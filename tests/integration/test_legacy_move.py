@@ -311,6 +311,19 @@ def test_tracking_invalidates_the_old_name_the_client_read(kg, r):
     r.set("user:70:profile", "changed")
     assert c.read()[1] == b">2\r\n$10\r\ninvalidate\r\n*2\r\n$15\r\nuser:70:profile\r\n$15\r\nUser_70_Profile\r\n"
     c.close()
+    # BCAST with a prefix of old names: keyguard adds the new names' prefix, so their
+    # invalidations come, with the old names.
+    b = RespConn(kg.port)
+    b.send("HELLO", "3")
+    b.read()
+    b.send("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "User_", "PREFIX", "x:")
+    assert b.read()[1] == b"+OK\r\n"
+    r.set("other:key", "x")  # neither prefix: no invalidation
+    r.set("user:72:profile", "changed")
+    assert b.read()[1] == b">2\r\n$10\r\ninvalidate\r\n*2\r\n$15\r\nuser:72:profile\r\n$15\r\nUser_72_Profile\r\n"
+    r.set("User_73_Profile", "written directly")
+    assert b.read()[1] == b">2\r\n$10\r\ninvalidate\r\n*1\r\n$15\r\nUser_73_Profile\r\n"
+    b.close()
     # RESP2: invalidations go to the REDIRECT connection as messages on __redis__:invalidate.
     sub = RespConn(kg.port)
     sub.send("CLIENT", "ID")

@@ -203,6 +203,17 @@ TEST(PipelineTest, KeysAndScanOfOldNamePatternsAlsoFindTheNewNames) {
   // Inside MULTI the reply is EXEC's element: nothing is mapped.
   c.Run("MULTI");
   EXPECT_FALSE(c.Run("KEYS User_*").modified);
+  // CLIENT TRACKING BCAST with a prefix of old names: the new names' prefix is added, unless a
+  // prefix given overlaps it (the server would refuse it).
+  c.Run("EXEC");
+  c.Run("CLIENT TRACKING ON BCAST PREFIX User_ PREFIX x");
+  EXPECT_EQ(c.upstream, "CLIENT TRACKING ON BCAST PREFIX User_ PREFIX x PREFIX user:");
+  c.Run("CLIENT TRACKING ON REDIRECT 7 PREFIX U BCAST");
+  EXPECT_EQ(c.upstream, "CLIENT TRACKING ON REDIRECT 7 PREFIX U BCAST PREFIX user:");
+  for (const char* line : {"CLIENT TRACKING ON BCAST PREFIX User_ PREFIX us", "CLIENT TRACKING ON BCAST PREFIX Other",
+                           "CLIENT TRACKING ON BCAST", "CLIENT TRACKING ON PREFIX User_", "CLIENT TRACKING OFF"}) {
+    EXPECT_FALSE(c.Run(line).modified) << line;
+  }
   // A scoped rule does not map patterns.
   Connection scoped(rule + "      legacy_keys: leave\n      scope: {commands: [get]}\n");
   EXPECT_FALSE(scoped.Run("KEYS User_*").modified);

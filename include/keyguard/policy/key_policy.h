@@ -60,8 +60,10 @@ struct Rule {
   std::shared_ptr<const re2::RE2> reverse;
   std::string reverse_rewrite;
   // A reversible rule: the pattern's literal text before its first group (every old name starts
-  // with it), and a Redis glob every new name matches (the template, each group a '*').
+  // with it), the template's (every new name starts with it), and a Redis glob every new name
+  // matches (the template, each group a '*').
   std::string old_head;
+  std::string new_head;
   std::string new_glob;
   // Reversible, action rewrite and no scope: KEYS and SCAN MATCH patterns of old names find the
   // keys it renamed, under their old names (KeyPolicy::PatternRules).
@@ -140,7 +142,7 @@ class KeyPolicy {
   bool FastPass(const Shape& shape, std::string_view key) const;
 
   std::vector<Rule> rules_;
-  Rule scripts_{Rule::Kind::kUser, "scripts", Action::kObserve, {}, nullptr, "", false, nullptr, "", "", "", false};
+  Rule scripts_{Rule::Kind::kUser, "scripts", Action::kObserve, {}, nullptr, "", false, nullptr, "", "", "", "", false};
   absl::flat_hash_set<std::string> allowed_scripts_, allowed_functions_;
   bool punctuation_[256] = {};
   uint8_t class_[256] = {};  // character classes per byte, from punctuation_
