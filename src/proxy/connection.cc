@@ -719,6 +719,43 @@ void Connection::EndUpstream() {
   CountSent();
 }
 
+bool Connection::OnInternalReply(const Pending& front, char type, std::string_view kind) {
+  if (front.command == commands::Known().client) {
+    // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
+    // connection can name this one in a REDIRECT.
+    int64_t client_id = 0;
+    if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
+      upstream_client_id_ = client_id;
+      if (tenant_ != nullptr) shared_.stages.connections->Set(client_id, tenant_);
+    }
+  } else if (front.command == commands::Known().eval) {
+    // The move of legacy keys (a prelude): the number it moved, or +QUEUED in a transaction.
+    int64_t moved = 0;
+    if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
+      shard_.legacy_keys_moved.Add(static_cast<uint64_t>(moved));
+      shared_.stages.moves_refused = false;
+    } else if ((type == '-' || type == '!') && !kind.starts_with("NOAUTH")) {
+      // (NOAUTH: the client's own command gets the same answer; nothing about the move.)
+      shard_.legacy_move_errors.Add();
+      shared_.stages.moves_refused = true;
+      if (!move_error_logged_) {  // once per connection: the metric counts the rest
+        move_error_logged_ = true;
+        EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
+      }
+    }
+  } else if (type == '-' || type == '!') {
+    // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
+    // The clients' commands get the server's answer (a rotated secret keyguard does not have yet).
+    EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
+    upstream_failure_ = absl::StrCat("upstream refused keyguard's AUTH: ", absl::string_view(kind.data(), kind.size()));
+    upstream_auth_failed_ = true;
+    return false;
+  }
+  queue_.Pop();
+  DeliverLocalsAtHead();
+  return true;
+}
+
 bool Connection::OnFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now) {
   const char type = f.type();
   const auto head = f.head();
@@ -747,42 +784,7 @@ bool Connection::OnFrame(std::string_view frame, const resp::ReplyFramer& f, int
       shard_.unexpected_replies.Add();
       if (shared_.stages.config.tenancy == nullptr) AppendOut(frame);
       return true;
-    case FrameRole::kInternal:
-      if (front->command == commands::Known().client) {
-        // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
-        // connection can name this one in a REDIRECT.
-        int64_t client_id = 0;
-        if (type == ':' && resp::ParseRedisInt(kind, &client_id) && client_id != 0 && upstream_ready_) {
-          upstream_client_id_ = client_id;
-          if (tenant_ != nullptr) shared_.stages.connections->Set(client_id, tenant_);
-        }
-      } else if (front->command == commands::Known().eval) {
-        // The move of legacy keys (a prelude): the number it moved, or +QUEUED in a transaction.
-        int64_t moved = 0;
-        if (type == ':' && resp::ParseRedisInt(kind, &moved)) {
-          shard_.legacy_keys_moved.Add(static_cast<uint64_t>(moved));
-          shared_.stages.moves_refused = false;
-        } else if ((type == '-' || type == '!') && !kind.starts_with("NOAUTH")) {
-          // (NOAUTH: the client's own command gets the same answer; nothing about the move.)
-          shard_.legacy_move_errors.Add();
-          shared_.stages.moves_refused = true;
-          if (!move_error_logged_) {  // once per connection: the metric counts the rest
-            move_error_logged_ = true;
-            EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
-          }
-        }
-      } else if (type == '-' || type == '!') {
-        // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
-        // The clients' commands get the server's answer (a rotated secret keyguard does not have yet).
-        EventLine("error", "upstream_auth_failed").Str("error", kind).Write(stderr);
-        upstream_failure_ =
-            absl::StrCat("upstream refused keyguard's AUTH: ", absl::string_view(kind.data(), kind.size()));
-        upstream_auth_failed_ = true;
-        return false;
-      }
-      queue_.Pop();
-      DeliverLocalsAtHead();
-      return true;
+    case FrameRole::kInternal: return OnInternalReply(*front, type, kind);
     case FrameRole::kDesync:
       // The server's transaction state is not the one the reply filter follows (a command the
       // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.

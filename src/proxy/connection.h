@@ -327,6 +327,9 @@ class Connection {
   // The reply `frame` of the head entry `p` as the client sees it: confined to the tenant, without
   // keyguard's own EXEC elements, with renamed keys under the client's names (kept in held_).
   std::string_view RewrittenReply(const Pending& p, char type, std::string_view frame);
+  // The reply of keyguard's own command (Kind::kInternal: its AUTH, CLIENT ID, a legacy-key move,
+  // a PING): counted and acted on, never the client's. False when the connection cannot go on.
+  [[gnu::noinline]] bool OnInternalReply(const Pending& front, char type, std::string_view kind);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
   // SKIP semantics.
   void Refuse(const CommandContext& c, Refusal reason, std::string_view message);
