@@ -196,6 +196,18 @@ std::optional<std::string> KeyPolicy::OldName(std::string_view key, bool pattern
   return std::nullopt;
 }
 
+std::optional<std::string> KeyPolicy::NewName(std::string_view key) const {
+  if (!maps_patterns_) return std::nullopt;
+  const re2::StringPiece k(key.data(), key.size());
+  for (const Rule& r : rules_) {
+    std::string out;
+    if (r.maps_patterns && re2::RE2::FullMatch(k, *r.pattern) && re2::RE2::Extract(k, *r.pattern, r.rewrite, &out)) {
+      return out;
+    }
+  }
+  return std::nullopt;
+}
+
 bool MayCreateKey(uint32_t key_flags, const commands::CommandSpec& spec) {
   if (key_flags & (commands::kKeyOw | commands::kKeyInsert)) return true;
   if (key_flags & (commands::kKeyRo | commands::kKeyRm | commands::kKeyDelete)) return false;

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "keyguard/commands/command_table.h"
 #include "keyguard/common/json_line.h"
 #include "keyguard/hygiene/detectors.h"
 #include "keyguard/policy/key_pattern.h"
 #include "keyguard/resp/encoder.h"
+#include "keyguard/resp/value.h"
 
 namespace keyguard::proxy {
 namespace {
@@ -451,7 +453,10 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
 void Connection::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode) {
   // A reply that names renamed keys: the names are kept (queued for the entry pushed next) before
   // the pipeline releases them.
-  if (!v.renamed.empty()) queue_.StageRenames(v.renamed_shape, v.renamed);
+  if (!v.renamed.empty()) {
+    queue_.StageRenames(v.renamed_shape, v.renamed);
+    if (v.renamed_shape == static_cast<uint8_t>(tenant::ReplyRewrite::kChannelArray)) KeepRenamedChannels(v.renamed);
+  }
   if (v.prelude.empty()) return;
   // keyguard's own command goes first, encoded while the views it takes are valid.
   const std::string_view prelude = Encode(v.prelude);
@@ -665,7 +670,39 @@ void Connection::DeliverPush(std::string_view frame) {
   if (InvalidateOldNames(*shared_.stages.live->key_policy, frame, &out) == tenant::ReplyAction::kReplace) {
     frame = held_.emplace_back(std::move(out));
   }
+  if (!channels_renamed_.empty() && RenameChannels(frame, &out)) [[unlikely]] {
+    frame = held_.emplace_back(std::move(out));
+  }
   AppendOut(frame);
+}
+
+void Connection::KeepRenamedChannels(std::span<const std::pair<std::string_view, std::string_view>> pairs) {
+  for (const auto& [to, from] : pairs) {
+    const bool known = std::any_of(channels_renamed_.begin(), channels_renamed_.end(),
+                                   [&](const auto& p) { return p.first == to && p.second == from; });
+    if (!known) channels_renamed_.emplace_back(to, from);
+  }
+}
+
+bool Connection::RenameChannels(std::string_view frame, std::string* out) {
+  std::optional<resp::Value> v = resp::ParseValue(frame);
+  if (!v || (v->type != '*' && v->type != '>') || v->elements.size() < 2) return false;
+  auto& e = v->elements;
+  const auto is = [](const resp::Value& x, std::string_view text) {
+    return !x.null && (x.type == '$' || x.type == '+') && commands::EqualsIgnoreCase(x.text, text);
+  };
+  const bool unsubscribe = is(e[0], "unsubscribe");
+  if (!unsubscribe && !is(e[0], "message") && !is(e[0], "subscribe")) return false;
+  if (e[1].null) return false;
+  auto it = std::find_if(channels_renamed_.begin(), channels_renamed_.end(),
+                         [&](const auto& p) { return p.first == e[1].text; });
+  if (it == channels_renamed_.end()) return false;
+  std::string client_name = it->second;
+  e[1].text = client_name;
+  if (unsubscribe) channels_renamed_.erase(it);
+  out->clear();
+  resp::AppendValue(out, *v);
+  return true;
 }
 
 size_t Connection::OnUpstreamBytes(const char* data, size_t len, int64_t now, size_t* hint, bool* ok_out) {
@@ -874,7 +911,8 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
     shard_.ObserveReply(p.command, frame_len, aggregate ? size : -1);
   }
   if (state_.OnReply(p, error)) {
-    reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
+    channels_renamed_.clear();  // RESET: no subscription is left
+    reply_tenant_ = tenant_;    // RESET: nullptr, unless the client authenticated again
     reply_scope_ = DetectorScope(reply_tenant_);
   }
   const bool exec_abort = p.kind == Kind::kExecAbort;

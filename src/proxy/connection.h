@@ -327,6 +327,11 @@ class Connection {
   // The reply `frame` of the head entry `p` as the client sees it: confined to the tenant, without
   // keyguard's own EXEC elements, with renamed keys under the client's names (kept in held_).
   std::string_view RewrittenReply(const Pending& p, char type, std::string_view frame);
+  // (UN)SUBSCRIBE of keyspace channels the key policy renamed (CommandPipeline::KeyspaceChannels):
+  // the pairs (new channel, the client's) kept while subscribed, and the pushes that name a new
+  // channel (message, subscribe, unsubscribe) named back in `out` (true when it did).
+  void KeepRenamedChannels(std::span<const std::pair<std::string_view, std::string_view>> pairs);
+  [[gnu::noinline]] bool RenameChannels(std::string_view frame, std::string* out);
   // The reply of keyguard's own command (Kind::kInternal: its AUTH, CLIENT ID, a legacy-key move,
   // a PING): counted and acted on, never the client's. False when the connection cannot go on.
   [[gnu::noinline]] bool OnInternalReply(const Pending& front, char type, std::string_view kind);
@@ -438,6 +443,7 @@ class Connection {
   // last (SUBSCRIBE inside MULTI). Cleared as any other verdict is handled.
   enum : uint8_t { kPinSettled, kPinFresh, kPinMadeSticky };
   uint8_t pin_undo_ = kPinSettled;
+  std::vector<std::pair<std::string, std::string>> channels_renamed_;  // RenameChannels
   bool owns_upstream_ = false;  // a connection of its own is up (counted in the gauges)
   // The gauges of upstream connections, by kind: +1 when one of its own comes up, -1 when it goes.
   void CountUpstream(int n);

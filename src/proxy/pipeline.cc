@@ -481,6 +481,10 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     BroadcastPrefixes(c);
     return;
   }
+  if (c.id == known_.subscribe || c.id == known_.unsubscribe) {
+    KeyspaceChannels(c);
+    return;
+  }
   if (c.id != known_.keys && c.id != known_.scan) return;
   // Inside MULTI the reply is an element of EXEC's, which keeps the server's names.
   if (c.state->in_multi()) return;
@@ -522,6 +526,33 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     v_.args = policy_args_;
     v_.modified = true;
   }
+}
+
+void CommandPipeline::KeyspaceChannels(const CommandContext& c) {
+  // SUBSCRIBE __keyspace@0__:User_1_Profile: the channel of the key's new name, whose messages
+  // and confirmations the connection names back (Connection::RenameChannels).
+  const policy::KeyPolicy& policy = *shared_.live->key_policy;
+  channel_space_.clear();
+  std::vector<size_t> at;
+  for (size_t i = 1; i < c.args.size(); ++i) {
+    const size_t head = tenant::KeyspaceHeadLength(c.args[i]);
+    if (head == 0) continue;
+    std::optional<std::string> renamed = policy.NewName(c.args[i].substr(head));
+    if (!renamed) continue;
+    channel_space_.push_back(std::string(c.args[i].substr(0, head)) + *renamed);
+    at.push_back(i);
+  }
+  if (at.empty()) return;
+  policy_args_.assign(c.args.begin(), c.args.end());
+  renamed_.clear();
+  for (size_t n = 0; n < at.size(); ++n) {
+    policy_args_[at[n]] = channel_space_[n];
+    renamed_.emplace_back(channel_space_[n], c.args[at[n]]);
+  }
+  v_.args = policy_args_;
+  v_.modified = true;
+  v_.renamed = renamed_;
+  v_.renamed_shape = static_cast<uint8_t>(tenant::ReplyRewrite::kChannelArray);
 }
 
 void CommandPipeline::BroadcastPrefixes(const CommandContext& c) {

@@ -174,6 +174,9 @@ class CommandPipeline {
   void OldNamePatterns(const CommandContext& c);
   // CLIENT TRACKING ON BCAST with a PREFIX of old names: the new names' prefix is added.
   void BroadcastPrefixes(const CommandContext& c);
+  // (UN)SUBSCRIBE of the keyspace channel of an old name: its new name's channel instead, and
+  // the pairs (new channel, the client's) in `renamed` with the shape kChannelArray.
+  void KeyspaceChannels(const CommandContext& c);
   void KeysWithNewNames(const CommandContext& c);
   // Ends the run with a refusal.
   bool Refuse(Refusal reason, std::string message);
@@ -204,6 +207,7 @@ class CommandPipeline {
   const commands::KnownCommands& known_ = commands::Known();
   std::string_view pattern_;                // OldNamePatterns: a KEYS pattern, until KeysWithNewNames (or a refusal)
   std::vector<std::string> pattern_space_;  // KeysWithNewNames: the new-name globs
+  std::vector<std::string> channel_space_;  // KeyspaceChannels: the new names' channels
   std::vector<std::string_view> pattern_args_;
 };
 

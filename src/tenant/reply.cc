@@ -298,7 +298,7 @@ ReplyAction RenameKeys(ReplyRewrite shape, std::span<const std::pair<std::string
     *out = std::move(text);
     return ReplyAction::kReplace;
   }
-  if (shape == ReplyRewrite::kNone) return ReplyAction::kPass;
+  if (shape != ReplyRewrite::kFirstKey && shape != ReplyRewrite::kStreams) return ReplyAction::kPass;
   std::optional<Value> v = resp::ParseValue(frame);
   if (!v || v->type == '-' || v->type == '!') return ReplyAction::kPass;
   bool changed = false;

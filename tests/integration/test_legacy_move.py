@@ -342,6 +342,28 @@ def test_tracking_invalidates_the_old_name_the_client_read(kg, r):
     sub.close()
 
 
+def test_keyspace_notifications_of_an_old_name(kg, r):
+    """SUBSCRIBE to an old name's keyspace channel hears of the key under its new name, and every
+    message and confirmation names the channel as the client did."""
+    r.config_set("notify-keyspace-events", "KA")
+    try:
+        sub = RespConn(kg.port)
+        sub.send("SUBSCRIBE", "__keyspace@0__:User_80_Profile", "plain")
+        assert sub.read()[1] == b"*3\r\n$9\r\nsubscribe\r\n$30\r\n__keyspace@0__:User_80_Profile\r\n:1\r\n"
+        assert sub.read()[1] == b"*3\r\n$9\r\nsubscribe\r\n$5\r\nplain\r\n:2\r\n"
+        c = redis.Redis(port=kg.port)
+        assert c.set("User_80_Profile", "v") is True
+        assert sub.read()[1] == b"*3\r\n$7\r\nmessage\r\n$30\r\n__keyspace@0__:User_80_Profile\r\n$3\r\nset\r\n"
+        assert r.pubsub_channels("__keyspace*") == ["__keyspace@0__:user:80:profile"]
+        sub.send("UNSUBSCRIBE", "__keyspace@0__:User_80_Profile")
+        assert sub.read()[1] == b"*3\r\n$11\r\nunsubscribe\r\n$30\r\n__keyspace@0__:User_80_Profile\r\n:1\r\n"
+        sub.send("UNSUBSCRIBE")
+        assert sub.read()[1] == b"*3\r\n$11\r\nunsubscribe\r\n$5\r\nplain\r\n:0\r\n"
+        sub.close()
+    finally:
+        r.config_set("notify-keyspace-events", "")
+
+
 def test_legacy_keys_leave_keeps_the_old_behaviour(redis_server, r):
     k = Keyguard(redis_server.port, config=LEAVE)
     try:
@@ -388,6 +410,7 @@ def test_a_tenants_old_name_patterns_stay_within_its_keys(tenants_kg, r):
     assert scan_all(alice, match="User_4*", count=2) == {"User_40_Profile", "User_41_Profile"}
 
 
+@pytest.mark.not_cluster(reason='the legacy move is one script over the old and the new name, in different slots here: CROSSSLOT (documented in docs/configuration.md), so the move that succeeds once EVAL is allowed fails there')
 def test_an_upstream_refusal_of_the_move_is_counted_and_the_command_goes_on(redis_server, r):
     """An ACL user that may GET but not EVAL: the move fails, the read still answers (the new
     name), and the failure is counted and logged."""

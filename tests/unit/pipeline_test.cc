@@ -214,6 +214,15 @@ TEST(PipelineTest, KeysAndScanOfOldNamePatternsAlsoFindTheNewNames) {
                            "CLIENT TRACKING ON BCAST", "CLIENT TRACKING ON PREFIX User_", "CLIENT TRACKING OFF"}) {
     EXPECT_FALSE(c.Run(line).modified) << line;
   }
+  // SUBSCRIBE to an old name's keyspace channel: the new name's channel.
+  Connection sub(rule);
+  const Verdict& v = sub.Run("SUBSCRIBE __keyspace@0__:User_5_Profile other __keyspace@1__:user:6:profile");
+  EXPECT_EQ(sub.upstream, "SUBSCRIBE __keyspace@0__:user:5:profile other __keyspace@1__:user:6:profile");
+  ASSERT_EQ(v.renamed.size(), 1u);
+  EXPECT_EQ(v.renamed[0].first, "__keyspace@0__:user:5:profile");
+  EXPECT_EQ(v.renamed[0].second, "__keyspace@0__:User_5_Profile");
+  EXPECT_EQ(v.renamed_shape, static_cast<uint8_t>(tenant::ReplyRewrite::kChannelArray));
+  EXPECT_FALSE(sub.Run("UNSUBSCRIBE other __keyevent@0__:set").modified);
   // A scoped rule does not map patterns.
   Connection scoped(rule + "      legacy_keys: leave\n      scope: {commands: [get]}\n");
   EXPECT_FALSE(scoped.Run("KEYS User_*").modified);

@@ -114,6 +114,9 @@ class KeyPolicy {
   // `pattern_rules`: only the rules that map patterns (Rule::maps_patterns).
   std::optional<std::string> OldName(std::string_view key, bool pattern_rules = false) const;
   bool has_reversible_rules() const { return has_reversible_; }
+  // The name the first rule that maps patterns (Rule::maps_patterns) gives `key`; nullopt when
+  // none matches it.
+  std::optional<std::string> NewName(std::string_view key) const;
   // Whether some rule maps KEYS and SCAN MATCH patterns (Rule::maps_patterns).
   bool maps_patterns() const { return maps_patterns_; }
   // Scripts and functions (KeyPolicy.scripts): the rule whose action applies to unreviewed ones,
