@@ -432,7 +432,7 @@ void ClusterClient::ReleaseHeld() {
     if (!e.held || EarlierPending(q, e.slot)) continue;
     e.held = false;
     --held_;
-    SharedLink* l = e.ask_link != nullptr ? e.ask_link : LinkForSlot(e.slot);
+    SharedLink* l = e.ask_link != nullptr ? e.ask_link.get() : LinkForSlot(e.slot);
     if (std::find(given_up.begin(), given_up.end(), e.slot) != given_up.end()) {
       Fail(&e, 0, NodeUnavailable(l));
     } else if (Send(q, 0, l, e.ask_link != nullptr)) {
@@ -560,7 +560,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       }
       ClusterState& c = *worker_.cluster;
       SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port));
-      e->ask_link = r->ask ? target : nullptr;
+      e->ask_link = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
       if (Single(*e)) {
         // In the client's order behind the earlier commands of its slot (ReleaseHeld).
         Hold(seq);
@@ -625,7 +625,7 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
 
 void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
   Entry* e = &entries_.At(seq);
-  if (Send(seq, part, link, e->ask_link != nullptr && link == e->ask_link)) return;
+  if (Send(seq, part, link, e->ask_link != nullptr && link == e->ask_link.get())) return;
   // The node is down, still connecting, or not known: ask for the map, and try again a little
   // later (10 ms more each time, about 2 s in all) before the command gets an error.
   if (worker_.cluster->refresh) worker_.cluster->refresh();
@@ -644,7 +644,7 @@ void ClusterClient::RetryLater(uint64_t seq, int part) {
     auto a = alive.lock();
     if (ec || a == nullptr || !*a) return;
     Entry* e = &entries_.At(seq);
-    SharedLink* l = e->ask_link != nullptr              ? e->ask_link
+    SharedLink* l = e->ask_link != nullptr              ? e->ask_link.get()
                     : !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
                     : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part))
                     : e->scan                           ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node))

@@ -77,7 +77,9 @@ class ClusterClient final : public LinkClient {
     int scan_node = 0;
     uint32_t redirects = 0;
     uint8_t tries = 0;
-    SharedLink* ask_link = nullptr;  // the node an ASK named: tries go there, ASKING first
+    // The node an ASK named: tries go there, ASKING first. Held, so that a link retired while
+    // the entry waits (held behind its slot's earlier commands) is not freed under it.
+    std::shared_ptr<SharedLink> ask_link;
     int parts_left = 1;
     std::vector<std::string> parts;  // fanned out or split: each part's reply
     // Split by slot (Route::split): each part's command, slot, and (MGET) its keys' places.

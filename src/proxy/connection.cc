@@ -23,6 +23,10 @@ constexpr std::string_view kDesynced =
 constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+commands::CommandId PingId() {
+  static const commands::CommandId id = commands::LookupCommand("ping");
+  return id;
+}
 constexpr std::string_view kClientId = "*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n";
 constexpr std::string_view kClientReplySkip = "*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n";
 
@@ -560,8 +564,7 @@ void Connection::EndRefusedPin() {
   if (undo == kPinFresh) {
     // The connection is in the state it was pinned in: it goes back to the pool once the PING's
     // reply empties the queue (a pin ends on a reply).
-    static const commands::CommandId kPingId = commands::LookupCommand("ping");
-    SendInternal(kPing, kPingId);
+    SendInternal(kPing, PingId());
   }
 }
 
@@ -677,7 +680,11 @@ void Connection::DeliverPush(std::string_view frame) {
 }
 
 void Connection::KeepRenamedChannels(std::span<const std::pair<std::string_view, std::string_view>> pairs) {
+  // A SUBSCRIBE that is never confirmed (discarded in MULTI, refused by the server's ACL) leaves
+  // its pair: at most kMaxRenamedChannels are kept, and beyond them messages name the new channel.
+  constexpr size_t kMaxRenamedChannels = 1024;
   for (const auto& [to, from] : pairs) {
+    if (channels_renamed_.size() >= kMaxRenamedChannels) break;
     const bool known = std::any_of(channels_renamed_.begin(), channels_renamed_.end(),
                                    [&](const auto& p) { return p.first == to && p.second == from; });
     if (!known) channels_renamed_.emplace_back(to, from);
@@ -774,12 +781,17 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
     } else if ((type == '-' || type == '!') && !kind.starts_with("NOAUTH")) {
       // (NOAUTH: the client's own command gets the same answer; nothing about the move.)
       shard_.legacy_move_errors.Add();
-      shared_.stages.moves_refused = true;
+      // Only a refusal of EVAL itself lasts (keyguard's user may not run it); BUSY, LOADING,
+      // READONLY or OOM pass, and the next move tries again.
+      if (kind.starts_with("NOPERM")) shared_.stages.moves_refused = true;
       if (!move_error_logged_) {  // once per connection: the metric counts the rest
         move_error_logged_ = true;
         EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
       }
     }
+  } else if (front.command == PingId()) {
+    // The PING after a refused pin (EndRefusedPin): any answer ends it; an error (LOADING,
+    // MASTERDOWN) is not keyguard's AUTH being refused.
   } else if (type == '-' || type == '!') {
     // keyguard's own upstream AUTH: an error means the upstream refuses keyguard's credentials.
     // The clients' commands get the server's answer (a rotated secret keyguard does not have yet).

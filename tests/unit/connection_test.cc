@@ -617,6 +617,17 @@ TEST_F(ConnectionTest, APinWhoseCommandKeyguardRefusesEndsAfterAPing) {
   EXPECT_EQ(TakeClient(), "") << "the PING's reply is keyguard's";
   EXPECT_TRUE(conn_->CanUnpin()) << "no longer pinned for good: SUBSCRIBE never reached the server";
   conn_->OnUnpinned();
+  // An error answering the PING (a server still loading) ends the pin as well: it is not taken
+  // for the server refusing keyguard's AUTH.
+  Client("*2\r\n$9\r\nSUBSCRIBE\r\n$1\r\nc\r\n");
+  Call([&] { return conn_->OnPinned(/*fresh=*/false); });
+  Client("");
+  EXPECT_EQ(TakeClient(), "-ERR keyguard: command 'SUBSCRIBE' is not allowed here\r\n");
+  EXPECT_EQ(TakeUpstream(), "*1\r\n$4\r\nPING\r\n");
+  ASSERT_TRUE(Upstream("-LOADING Redis is loading the dataset in memory\r\n"));
+  EXPECT_EQ(TakeClient(), "");
+  EXPECT_TRUE(conn_->CanUnpin());
+  conn_->OnUnpinned();
   // A pin whose command went to the server stays, whatever is refused after it.
   Client("*2\r\n$6\r\nSELECT\r\n$1\r\n2\r\n");
   Call([&] { return conn_->OnPinned(/*fresh=*/false); });
