@@ -695,11 +695,8 @@ bool Connection::RenameChannels(std::string_view frame, std::string* out) {
   std::optional<resp::Value> v = resp::ParseValue(frame);
   if (!v || (v->type != '*' && v->type != '>') || v->elements.size() < 2) return false;
   auto& e = v->elements;
-  const auto is = [](const resp::Value& x, std::string_view text) {
-    return !x.null && (x.type == '$' || x.type == '+') && commands::EqualsIgnoreCase(x.text, text);
-  };
-  const bool unsubscribe = is(e[0], "unsubscribe");
-  if (!unsubscribe && !is(e[0], "message") && !is(e[0], "subscribe")) return false;
+  const bool unsubscribe = IsWord(e[0], "unsubscribe");
+  if (!unsubscribe && !IsWord(e[0], "message") && !IsWord(e[0], "subscribe")) return false;
   if (e[1].null) return false;
   auto it = std::find_if(channels_renamed_.begin(), channels_renamed_.end(),
                          [&](const auto& p) { return p.first == e[1].text; });

@@ -128,15 +128,15 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
   }
   // Most commands have nothing for the detectors to check before they go (GET: only its reply).
   if (shared_.config.hygiene.enabled && !detectors_.Quick(c.id, c.args, &v_.reply_check) && !Hygiene(c)) return v_;
-  if (!pattern_.empty()) [[unlikely]]
-    KeysWithNewNames(c);  // (a refusal clears it)
+  if (keys_with_new_names_) [[unlikely]]
+    KeysWithNewNames();  // (a refusal clears it)
   if (v_.walk != tenant::Walk::kNone) v_.action = Verdict::Action::kWalk;
   return v_;
 }
 
 bool CommandPipeline::Refuse(Refusal reason, std::string message) {
   v_.action = Verdict::Action::kRefuse;
-  pattern_ = {};
+  keys_with_new_names_ = false;
   v_.reason = reason;
   v_.message = std::move(message);
   edit_.Release();
@@ -501,13 +501,19 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     if (match == 0) return;
     pattern = c.args[match + 1];
   }
-  const policy::KeyPolicy& policy = *shared_.live->key_policy;
+  // The rules whose old names the pattern may match; for KEYS, their new-name globs (with the
+  // tenant's prefix), which KeysWithNewNames sends.
+  pattern_space_.clear();
   bool may = false;
-  for (const policy::Rule& r : policy.rules()) {
-    if (r.maps_patterns && tenant::GlobMayMatchPrefix(pattern, r.old_head)) may = true;
+  for (const policy::Rule& r : shared_.live->key_policy->rules()) {
+    if (!r.maps_patterns || !tenant::GlobMayMatchPrefix(pattern, r.old_head)) continue;
+    may = true;
+    if (c.id == known_.keys) {
+      pattern_space_.push_back(c.tenant != nullptr ? absl::StrCat(c.tenant->glob_prefix, r.new_glob) : r.new_glob);
+    }
   }
   if (!may) return;
-  if (c.id == known_.keys) pattern_ = pattern;
+  keys_with_new_names_ = c.id == known_.keys;
   renamed_.assign({{pattern, std::string_view()}});
   v_.renamed = renamed_;
   v_.renamed_shape =
@@ -596,21 +602,15 @@ void CommandPipeline::BroadcastPrefixes(const CommandContext& c) {
   v_.modified = true;
 }
 
-void CommandPipeline::KeysWithNewNames(const CommandContext& c) {
+void CommandPipeline::KeysWithNewNames() {
   // KEYS pattern -> one script that also runs KEYS for the new names of each rule that maps
-  // patterns (with the tenant's prefix): the reply is both lists, filtered as for SCAN.
-  const policy::KeyPolicy& policy = *shared_.live->key_policy;
-  pattern_space_.clear();
-  for (const policy::Rule& r : policy.rules()) {
-    if (!r.maps_patterns || !tenant::GlobMayMatchPrefix(pattern_, r.old_head)) continue;
-    pattern_space_.push_back(c.tenant != nullptr ? absl::StrCat(c.tenant->glob_prefix, r.new_glob) : r.new_glob);
-  }
+  // patterns (OldNamePatterns' globs): the reply is both lists, filtered as for SCAN.
   const std::string_view first = v_.args[1];  // the tenant's pattern when it has one
   pattern_args_.assign({"EVAL", kKeysWithNewNamesScript, "0", first});
   for (const std::string& g : pattern_space_) pattern_args_.push_back(g);
   v_.args = pattern_args_;
   v_.modified = true;
-  pattern_ = {};
+  keys_with_new_names_ = false;
 }
 
 bool CommandPipeline::Hygiene(const CommandContext& c) {
@@ -643,6 +643,10 @@ void CommandPipeline::Warn(const CommandContext& c, const policy::Rule& rule, st
   line.Str("client", c.client).Str("client_name", c.state->client_name()).Write(stderr);
 }
 
+bool IsWord(const resp::Value& v, std::string_view word) {
+  return !v.null && (v.type == '$' || v.type == '+') && commands::EqualsIgnoreCase(v.text, word);
+}
+
 tenant::ReplyAction InvalidateOldNames(const policy::KeyPolicy& policy, std::string_view frame, std::string* out) {
   if (!policy.has_reversible_rules() || frame.find("invalidate") == std::string_view::npos) {
     return tenant::ReplyAction::kPass;
@@ -650,13 +654,10 @@ tenant::ReplyAction InvalidateOldNames(const policy::KeyPolicy& policy, std::str
   std::optional<resp::Value> v = resp::ParseValue(frame);
   if (!v || v->elements.empty()) return tenant::ReplyAction::kPass;
   auto& e = v->elements;
-  const auto is = [](const resp::Value& x, std::string_view text) {
-    return !x.null && (x.type == '$' || x.type == '+') && commands::EqualsIgnoreCase(x.text, text);
-  };
   resp::Value* keys = nullptr;
-  if (v->type == '>' && e.size() == 2 && is(e[0], "invalidate")) {
+  if (v->type == '>' && e.size() == 2 && IsWord(e[0], "invalidate")) {
     keys = &e[1];
-  } else if (v->type == '*' && e.size() == 3 && is(e[0], "message") && is(e[1], "__redis__:invalidate")) {
+  } else if (v->type == '*' && e.size() == 3 && IsWord(e[0], "message") && IsWord(e[1], "__redis__:invalidate")) {
     keys = &e[2];
   }
   if (keys == nullptr || keys->null || keys->elements.empty()) return tenant::ReplyAction::kPass;

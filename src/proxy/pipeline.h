@@ -28,6 +28,7 @@
 #include "keyguard/hygiene/traffic.h"
 #include "keyguard/metrics/registry.h"
 #include "keyguard/policy/key_policy.h"
+#include "keyguard/resp/value.h"
 #include "keyguard/tenant/connections.h"
 #include "keyguard/tenant/rewrite.h"
 #include "proxy/connection_state.h"
@@ -177,7 +178,7 @@ class CommandPipeline {
   // (UN)SUBSCRIBE of the keyspace channel of an old name: its new name's channel instead, and
   // the pairs (new channel, the client's) in `renamed` with the shape kChannelArray.
   void KeyspaceChannels(const CommandContext& c);
-  void KeysWithNewNames(const CommandContext& c);
+  void KeysWithNewNames();
   // Ends the run with a refusal.
   bool Refuse(Refusal reason, std::string message);
   void Warn(const CommandContext& c, const policy::Rule& rule, std::string_view suggestion, std::string_view key);
@@ -205,8 +206,10 @@ class CommandPipeline {
   std::string legacy_space_;  // tenants' prefixed old names
   hygiene::ArgEditor edit_;   // the detectors' rewrites, and every owned string
   const commands::KnownCommands& known_ = commands::Known();
-  std::string_view pattern_;                // OldNamePatterns: a KEYS pattern, until KeysWithNewNames (or a refusal)
-  std::vector<std::string> pattern_space_;  // KeysWithNewNames: the new-name globs
+  // OldNamePatterns: a KEYS command's new-name globs (its arguments' views, until Release), and
+  // whether KeysWithNewNames is still to send them (a refusal clears it).
+  std::vector<std::string> pattern_space_;
+  bool keys_with_new_names_ = false;
   std::vector<std::string> channel_space_;  // KeyspaceChannels: the new names' channels
   std::vector<std::string_view> pattern_args_;
 };
@@ -214,6 +217,9 @@ class CommandPipeline {
 // A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
 // backslash) as \xNN, at most 64 bytes of the key, then its size.
 std::string KeyInError(std::string_view key);
+
+// Whether `v` is a simple or bulk string equal to `word` ignoring ASCII case (a push's kind).
+bool IsWord(const resp::Value& v, std::string_view word);
 
 // A tracking invalidation (a RESP3 `invalidate` push, or RESP2's message on
 // __redis__:invalidate to a REDIRECT connection) with, after each key a reversible rewrite rule
