@@ -313,17 +313,25 @@ SortOptions ParseSort(bool read_only, std::span<const std::string_view> args) {
     const int left = argc - j - 1;
     const std::string_view a = args[j];
     int64_t n;
-    if (EqualsIgnoreCase(a, "asc") || EqualsIgnoreCase(a, "desc") || EqualsIgnoreCase(a, "alpha")) {
-      continue;
+    if (EqualsIgnoreCase(a, "asc") || EqualsIgnoreCase(a, "desc")) {
+      o.desc = EqualsIgnoreCase(a, "desc");
+    } else if (EqualsIgnoreCase(a, "alpha")) {
+      o.alpha = true;
     } else if (EqualsIgnoreCase(a, "limit") && left >= 2) {
       if (!resp::ParseRedisInt(args[j + 1], &n) || !resp::ParseRedisInt(args[j + 2], &n)) {
         o.error = "ERR value is not an integer or out of range";
         break;
       }
+      o.limit = j + 1;
       j += 2;
     } else if (!read_only && EqualsIgnoreCase(a, "store") && left >= 1) {
       o.store = ++j;
-    } else if ((EqualsIgnoreCase(a, "by") || EqualsIgnoreCase(a, "get")) && left >= 1) {
+    } else if (EqualsIgnoreCase(a, "by") && left >= 1) {
+      o.by = ++j;
+      // strchr: the pattern ends at a NUL for the server
+      if (args[j].substr(0, args[j].find('\0')).find('*') == std::string_view::npos) o.dontsort = true;
+      o.patterns.push_back(static_cast<uint32_t>(j));
+    } else if (EqualsIgnoreCase(a, "get") && left >= 1) {
       o.patterns.push_back(static_cast<uint32_t>(++j));
     } else {
       o.error = "ERR syntax error";
@@ -331,7 +339,7 @@ SortOptions ParseSort(bool read_only, std::span<const std::string_view> args) {
     }
   }
   if (!o.error.empty()) {
-    o.store = -1;  // the server runs nothing
+    o.store = o.by = o.limit = -1;  // the server runs nothing
     o.patterns.clear();
   }
   return o;
@@ -572,7 +580,7 @@ const KnownCommands& Known() {
       LookupCommand("quit"),        LookupCommand("client"),       LookupCommand("watch"),
       LookupCommand("unwatch"),     LookupCommand("auth"),         LookupCommand("sync"),
       LookupCommand("psync"),       LookupCommand("eval"),         LookupCommand("keys"),
-      LookupCommand("scan")};
+      LookupCommand("scan"),        LookupCommand("sort"),         LookupCommand("sort_ro")};
   return known;
 }
 

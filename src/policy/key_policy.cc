@@ -176,6 +176,9 @@ bool ReverseRule(std::string_view pattern, std::string_view rewrite, Rule* rule)
   rule->reverse = std::move(re);
   rule->reverse_rewrite = std::move(back);
   rule->old_head = literals[0];
+  rule->old_tail = literals.back();
+  rule->new_tail = piece;
+  rule->groups = static_cast<int>(groups.size());
   rule->new_glob = std::move(glob);
   return true;
 }

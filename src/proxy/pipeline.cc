@@ -120,23 +120,33 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
       return v_;
     }
     if (check_policy && !key_refs_.empty() && !KeyPolicy(c, *spec)) return v_;
-    if (key_refs_.empty() && shared_.live->key_policy->maps_patterns()) [[unlikely]] {
-      OldNamePatterns(c);
+    if (shared_.live->key_policy->maps_patterns()) [[unlikely]] {
+      if (key_refs_.empty()) {
+        OldNamePatterns(c);
+      } else if (c.id == known_.sort || c.id == known_.sort_ro) {
+        after_ = After::kSort;  // once the tenant's names are in
+      }
     }
     if (c.tenant != nullptr && !Tenant(c, spec, keys_ok)) return v_;
     if (!legacy_.empty() && !MoveLegacy(c)) return v_;
   }
   // Most commands have nothing for the detectors to check before they go (GET: only its reply).
   if (shared_.config.hygiene.enabled && !detectors_.Quick(c.id, c.args, &v_.reply_check) && !Hygiene(c)) return v_;
-  if (keys_with_new_names_) [[unlikely]]
-    KeysWithNewNames();  // (a refusal clears it)
+  if (after_ != After::kNone) [[unlikely]] {  // (a refusal clears it)
+    if (after_ == After::kKeys) {
+      KeysWithNewNames();
+    } else {
+      SortWithNewNames(c);
+    }
+    after_ = After::kNone;
+  }
   if (v_.walk != tenant::Walk::kNone) v_.action = Verdict::Action::kWalk;
   return v_;
 }
 
 bool CommandPipeline::Refuse(Refusal reason, std::string message) {
   v_.action = Verdict::Action::kRefuse;
-  keys_with_new_names_ = false;
+  after_ = After::kNone;
   v_.reason = reason;
   v_.message = std::move(message);
   edit_.Release();
@@ -513,7 +523,7 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     }
   }
   if (!may) return;
-  keys_with_new_names_ = c.id == known_.keys;
+  if (c.id == known_.keys) after_ = After::kKeys;
   renamed_.assign({{pattern, std::string_view()}});
   v_.renamed = renamed_;
   v_.renamed_shape =
@@ -610,7 +620,103 @@ void CommandPipeline::KeysWithNewNames() {
   for (const std::string& g : pattern_space_) pattern_args_.push_back(g);
   v_.args = pattern_args_;
   v_.modified = true;
-  keys_with_new_names_ = false;
+}
+
+void CommandPipeline::SortWithNewNames(const CommandContext& c) {
+  // SORT's BY and GET name `<prefix><element><suffix>[-><field>]` (the first '*' takes the
+  // element): for a pattern whose prefix and suffix are a one-group rule's literals around its
+  // group, the new names are `<new head><element><new tail>`, and the script reads each key under
+  // its new name when that holds a value, else under its old name (a key not moved yet). Not in
+  // a cluster, where the server refuses BY and GET patterns; KEYS is not mapped there either.
+  if (shared_.config.upstream.kind == config::Upstream::Kind::kCluster) return;
+  const bool read_only = c.id == known_.sort_ro;
+  const commands::SortOptions o = commands::ParseSort(read_only, c.args);
+  if (!o.error.empty() || o.patterns.empty()) return;
+  const std::string_view prefix = c.tenant != nullptr ? std::string_view(c.tenant->prefix) : std::string_view();
+  // The new names' pattern for the client's pattern at `pos`, as the server gets it (the tenant's
+  // prefix first); empty when the pattern names no rule's old names.
+  const auto new_pattern = [&](uint32_t pos) -> std::string {
+    const std::string_view p = c.args[pos];
+    const std::string_view spat = p.substr(0, p.find('\0'));  // the server's strchr
+    const size_t star = spat.find('*');
+    if (star == std::string_view::npos) return {};
+    size_t end = p.find("->", star + 1);
+    if (end == std::string_view::npos || end + 2 == p.size()) end = p.size();  // no field: the whole key
+    const std::string_view head = p.substr(0, star), tail = p.substr(star + 1, end - star - 1);
+    for (const policy::Rule& r : shared_.live->key_policy->rules()) {
+      if (!r.maps_patterns || r.groups != 1 || head != r.old_head || tail != r.old_tail ||
+          r.new_head.find('*') != std::string::npos) {
+        continue;
+      }
+      return absl::StrCat(AsAbsl(prefix), r.new_head, "*", r.new_tail, AsAbsl(p.substr(end)));
+    }
+    return {};
+  };
+  sort_space_.clear();
+  sort_space_.reserve(o.patterns.size() + 2);  // views of them go out: no reallocation
+  std::vector<int> mapped(c.args.size(), -1);  // by position: its new pattern in sort_space_
+  for (uint32_t pos : o.patterns) {
+    std::string n = new_pattern(pos);
+    if (n.empty()) continue;
+    mapped[pos] = static_cast<int>(sort_space_.size());
+    sort_space_.push_back(std::move(n));
+  }
+  // BY matters only when the server sorts by it: a BY without '*' anywhere means no sorting.
+  const bool lua_sort = o.by >= 0 && !o.dontsort && mapped[static_cast<size_t>(o.by)] >= 0;
+  bool any_get = false;
+  for (uint32_t pos : o.patterns) any_get |= static_cast<int>(pos) != o.by && mapped[pos] >= 0;
+  if (!lua_sort && !any_get) return;
+  const auto args = v_.args;  // the key policy's and the tenant's names, at the client's positions
+  std::string layout = lua_sort ? "pm" : "";
+  std::string flags = lua_sort ? absl::StrCat("s", o.alpha ? "A" : "", o.desc ? "D" : "") : "";
+  std::vector<std::string_view> server;  // SORT's arguments after the key
+  if (lua_sort) {
+    // Every element with its weight under both names; BY, LIMIT, ASC/DESC and ALPHA are the script's.
+    const size_t by = static_cast<size_t>(o.by);
+    server.insert(server.end(), {"BY", "nosort", "GET", "#", "GET", args[by], "GET", sort_space_[mapped[by]]});
+  }
+  bool gets = false;
+  // The options as the server reads them (ParseSort has checked them).
+  for (size_t j = 2; j < args.size(); ++j) {
+    const std::string_view a = args[j];
+    const size_t left = args.size() - j - 1;
+    if (EqualsIgnoreCase(a, "asc") || EqualsIgnoreCase(a, "desc") || EqualsIgnoreCase(a, "alpha")) {
+      if (!lua_sort) server.push_back(a);
+    } else if (EqualsIgnoreCase(a, "limit") && left >= 2) {
+      if (!lua_sort) server.insert(server.end(), {a, args[j + 1], args[j + 2]});
+      j += 2;
+    } else if (!read_only && EqualsIgnoreCase(a, "store") && left >= 1) {
+      ++j;  // the script writes the result
+    } else if (EqualsIgnoreCase(a, "by") && left >= 1) {
+      if (!lua_sort) server.insert(server.end(), {a, args[j + 1]});
+      ++j;
+    } else {  // GET
+      ++j;
+      server.insert(server.end(), {"GET", args[j]});
+      if (mapped[j] >= 0) server.insert(server.end(), {"GET", sort_space_[static_cast<size_t>(mapped[j])]});
+      layout.push_back(mapped[j] >= 0 ? 'm' : 'p');
+      gets = true;
+    }
+  }
+  if (lua_sort && !gets) {
+    server.insert(server.end(), {"GET", "#"});
+    layout.push_back('p');
+  }
+  sort_space_.push_back(std::move(layout));
+  sort_space_.push_back(std::move(flags));
+  const std::string_view script_layout = sort_space_[sort_space_.size() - 2], script_flags = sort_space_.back();
+  pattern_args_.assign({read_only ? "EVAL_RO" : "EVAL", kSortWithNewNamesScript, o.store > 0 ? "2" : "1", args[1]});
+  if (o.store > 0) pattern_args_.push_back(args[static_cast<size_t>(o.store)]);
+  pattern_args_.insert(pattern_args_.end(), {read_only ? "SORT_RO" : "SORT", script_layout, script_flags});
+  if (lua_sort && o.limit > 0) {
+    pattern_args_.push_back(args[static_cast<size_t>(o.limit)]);
+    pattern_args_.push_back(args[static_cast<size_t>(o.limit) + 1]);
+  } else {
+    pattern_args_.insert(pattern_args_.end(), {"0", "-1"});
+  }
+  pattern_args_.insert(pattern_args_.end(), server.begin(), server.end());
+  v_.args = pattern_args_;
+  v_.modified = true;
 }
 
 bool CommandPipeline::Hygiene(const CommandContext& c) {

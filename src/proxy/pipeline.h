@@ -140,6 +140,44 @@ inline constexpr std::string_view kKeysWithNewNamesScript =
     "local r=redis.call('KEYS',ARGV[1]) for i=2,#ARGV do for _,k in ipairs(redis.call('KEYS',ARGV[i])) do "
     "r[#r+1]=k end end return r";
 
+// SORT (or SORT_RO) whose BY or GET pattern names old names of a rule that maps patterns
+// (SortWithNewNames). KEYS[1] is the key to sort, KEYS[2] STORE's destination (when there is
+// one); ARGV[1] is SORT or SORT_RO, ARGV[6..] the server's SORT arguments after the key (without
+// STORE), each such GET given twice: the old names' pattern, then the new names'. ARGV[2] says
+// what each column of the output is made of: 'p' one column as the server returned it, 'm' two
+// (old, new): the new name's value when the new key holds one, else the old's. ARGV[3] is empty
+// when the server sorted; else BY named old names too: the server returned every element (`BY
+// nosort GET # GET <old BY> GET <new BY>` first) and the script sorts as SORT does, 'A' ALPHA and
+// 'D' DESC (numeric weights as strtod reads them, ties in byte order; ALPHA compares with strcoll,
+// a missing weight first), then keeps LIMIT ARGV[4] ARGV[5] and the columns after the first two.
+// STORE writes the result as SORT does (a list, nil as "", the key deleted when it is empty).
+inline constexpr std::string_view kSortWithNewNamesScript =
+    "local r=redis.pcall(ARGV[1],KEYS[1],unpack(ARGV,6)) if type(r)~='table' or r.err then return r end "
+    "local lay=ARGV[2] local w=0 for i=1,#lay do if string.sub(lay,i,i)=='m' then w=w+2 else w=w+1 end end "
+    "local rows={} for i=1,#r,w do local row={} local j=i for k=1,#lay do "
+    "if string.sub(lay,k,k)=='m' then local v=r[j+1] if v==false then v=r[j] end row[k]=v j=j+2 "
+    "else row[k]=r[j] j=j+1 end end rows[#rows+1]=row end "
+    "local f=ARGV[3] local first=1 if f~='' then first=3 "
+    "local alpha=string.find(f,'A',1,true) local desc=string.find(f,'D',1,true) "
+    "local function bin(a,b) if a==b then return 0 end for i=1,math.min(#a,#b) do "
+    "local x,y=string.byte(a,i),string.byte(b,i) if x~=y then if x<y then return -1 end return 1 end end "
+    "if #a<#b then return -1 end return 1 end "
+    "if not alpha then for _,row in ipairs(rows) do local v=row[2] local n=0 if v and v~='' then n=tonumber(v) "
+    "if n==nil or n~=n or string.find(v,'%s$') or ((n==math.huge or n==-math.huge) and "
+    "not string.find(string.lower(v),'inf',1,true)) then "
+    "return redis.error_reply(\"ERR One or more scores can't be converted into double\") end end row[2]=n end end "
+    "table.sort(rows,function(a,b) local c=0 if alpha then local x,y=a[2],b[2] "
+    "if x==false or y==false then if x~=y then if x==false then c=-1 else c=1 end end "
+    "elseif x<y then c=-1 elseif y<x then c=1 end "
+    "elseif a[2]<b[2] then c=-1 elseif a[2]>b[2] then c=1 else c=bin(a[1],b[1]) end "
+    "if desc then c=-c end return c<0 end) end "
+    "local n=#rows local s=tonumber(ARGV[4]) local cnt=tonumber(ARGV[5]) if s<0 then s=0 end "
+    "local e=s+cnt-1 if cnt<0 then e=n-1 end if s>=n then s=n-1 e=n-2 end if e>=n then e=n-1 end "
+    "local out={} for i=s+1,e+1 do local row=rows[i] for k=first,#lay do out[#out+1]=row[k] end end "
+    "if KEYS[2] then redis.call('DEL',KEYS[2]) for i=1,#out,1000 do local chunk={} "
+    "for k=i,math.min(i+999,#out) do local v=out[k] if v==false then v='' end chunk[#chunk+1]=v end "
+    "redis.call('RPUSH',KEYS[2],unpack(chunk)) end return #out end return out";
+
 class CommandPipeline {
  public:
   CommandPipeline(StageShared& shared, hygiene::ConnectionDetectors& detectors);
@@ -179,6 +217,9 @@ class CommandPipeline {
   // the pairs (new channel, the client's) in `renamed` with the shape kChannelArray.
   void KeyspaceChannels(const CommandContext& c);
   void KeysWithNewNames();
+  // SORT with a BY or GET pattern `<old_head>*<old_tail>` of a one-group rule that maps patterns:
+  // kSortWithNewNamesScript, which reads each key under its new name, else its old one.
+  void SortWithNewNames(const CommandContext& c);
   // Ends the run with a refusal.
   bool Refuse(Refusal reason, std::string message);
   void Warn(const CommandContext& c, const policy::Rule& rule, std::string_view suggestion, std::string_view key);
@@ -206,11 +247,14 @@ class CommandPipeline {
   std::string legacy_space_;  // tenants' prefixed old names
   hygiene::ArgEditor edit_;   // the detectors' rewrites, and every owned string
   const commands::KnownCommands& known_ = commands::Known();
-  // OldNamePatterns: a KEYS command's new-name globs (its arguments' views, until Release), and
-  // whether KeysWithNewNames is still to send them (a refusal clears it).
+  // OldNamePatterns: a KEYS command's new-name globs (its arguments' views, until Release).
   std::vector<std::string> pattern_space_;
-  bool keys_with_new_names_ = false;
+  // What is still to be done once every stage has passed the command (a refusal clears it):
+  // KeysWithNewNames, SortWithNewNames.
+  enum class After : uint8_t { kNone, kKeys, kSort };
+  After after_ = After::kNone;
   std::vector<std::string> channel_space_;  // KeyspaceChannels: the new names' channels
+  std::vector<std::string> sort_space_;     // SortWithNewNames: the new names' patterns, its flags
   std::vector<std::string_view> pattern_args_;
 };
 

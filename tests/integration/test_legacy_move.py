@@ -364,6 +364,100 @@ def test_keyspace_notifications_of_an_old_name(kg, r):
         r.config_set("notify-keyspace-events", "")
 
 
+SORT_RULES = REWRITE + """    - name: legacy-score
+      pattern: '^User_(\\d+)_Score$'
+      rewrite: 'user:$1:score'
+      action: rewrite
+"""
+
+SORTS = [
+    ("SORT", "ids", "BY", "User_*_Score", "GET", "#", "GET", "User_*_Profile"),
+    ("SORT", "ids", "BY", "User_*_Score", "DESC", "LIMIT", "1", "3", "GET", "User_*_Profile", "GET", "Name_*"),
+    ("SORT", "ids", "BY", "User_*_Score", "ALPHA", "GET", "User_*_Profile", "GET", "#"),
+    ("SORT", "ids", "BY", "User_*_Score", "ALPHA", "DESC", "LIMIT", "0", "4"),
+    ("SORT", "ids", "BY", "User_*_Score"),  # no GET: the elements
+    ("SORT", "ids", "GET", "User_*_Profile", "ALPHA", "LIMIT", "2", "10"),  # the server sorts
+    ("SORT", "ids", "BY", "nosort", "GET", "User_*_Profile", "GET", "#"),  # a list, not sorted
+    ("SORT", "ids", "BY", "nosort", "BY", "User_*_Score", "GET", "User_*_Profile"),  # any BY without '*': no sort
+    ("SORT", "hids", "GET", "User_*_Profile->name", "GET", "User_*_Profile->", "GET", "#"),
+    ("SORT", "hids", "BY", "User_*_Profile->age", "GET", "User_*_Profile->name"),
+    ("SORT_RO", "ids", "BY", "User_*_Score", "LIMIT", "0", "2", "GET", "User_*_Profile"),
+    ("SORT", "ids", "BY", "User_*_Score", "LIMIT", "9", "2", "GET", "User_*_Profile"),  # past the end
+    ("SORT", "missing", "BY", "User_*_Score", "GET", "User_*_Profile"),
+    ("SORT", "ids", "BY", "User_*_Score", "GET", "User_*_Profile", "STORE", "sorted"),
+    ("SORT", "ids", "BY", "User_*_Score", "STORE", "x", "GET", "User_*_Profile", "STORE", "sorted2"),  # the last STORE
+    ("SORT", "missing", "BY", "User_*_Score", "STORE", "sorted"),  # empty: deletes the destination
+    ("SORT", "text", "GET", "User_*_Profile"),  # WRONGTYPE
+]
+
+
+def sort_data(c):
+    """The same data under the old names, for a direct reference and for keyguard."""
+    c.rpush("ids", "3", "1", "2", "10", "abc", "4", "7")
+    # 7 ties 2 as a number, not as text (SORT leaves the order of ALPHA ties open)
+    for i, score in [("1", "30"), ("2", "20"), ("3", "10"), ("abc", "5"), ("7", "20.0"), ("4", "1e1")]:
+        c.set("User_%s_Score" % i, score)
+    for i in ["1", "2", "3", "10", "abc", "4"]:
+        c.set("User_%s_Profile" % i, "p" + i)
+        c.set("Name_%s" % i, "n" + i)
+    c.rpush("hids", "5", "6", "8")
+    for i, name, age in [("5", "eve", "40"), ("6", "dan", "9"), ("8", "cy", "17")]:
+        c.hset("User_%s_Profile" % i, mapping={"name": name, "age": age})
+    c.set("text", "t")
+
+
+@pytest.mark.not_cluster(reason="a cluster refuses SORT's BY and GET patterns; keyguard leaves SORT as it is there")
+def test_sort_by_and_get_patterns_of_old_names_read_the_moved_keys(redis_server, r):
+    """SORT's BY and GET patterns of old names read each key under its new name when the rule
+    moved it, else under its old name: through keyguard, with some keys moved, SORT answers
+    byte for byte what a direct SORT answers over the same data all under the old names."""
+    k = Keyguard(redis_server.port, config=SORT_RULES)
+    ref = redis.Redis(port=redis_server.port, db=9, decode_responses=True)
+    try:
+        ref.flushdb()
+        sort_data(ref)
+        sort_data(r)
+        c = redis.Redis(port=k.port, decode_responses=True)
+        # Some keys move (a read through keyguard), one is written under its new name only.
+        assert [c.get("User_1_Profile"), c.get("User_3_Score"), c.get("User_7_Score")] == ["p1", "10", "20.0"]
+        assert c.hget("User_6_Profile", "name") == "dan"
+        r.delete("User_2_Profile")
+        r.set("user:2:profile", "p2")
+        assert r.exists("User_1_Profile", "User_3_Score", "User_7_Score", "User_6_Profile") == 0
+        assert r.exists("user:1:profile", "user:3:score", "user:7:score", "user:6:profile", "user:2:profile") == 5
+        stored = sorted(r.keys("*"))
+        direct, through = RespConn(redis_server.port), RespConn(k.port)
+        direct.send("SELECT", "9")
+        assert direct.read()[1] == b"+OK\r\n"
+        for cmd in SORTS:
+            direct.send(*cmd)
+            through.send(*cmd)
+            want, got = direct.read()[1], through.read()[1]
+            assert got == want, cmd
+            if "STORE" in cmd:
+                dest = cmd[-1]
+                assert r.lrange(dest, 0, -1) == ref.lrange(dest, 0, -1) and r.type(dest) == ref.type(dest), cmd
+                stored = sorted(set(stored) | {dest} if r.exists(dest) else set(stored) - {dest})
+        # Inside MULTI the script is queued as SORT would be.
+        for conn in (direct, through):
+            conn.send_raw(encode("MULTI") + encode(*SORTS[0]) + encode(*SORTS[2]) + encode("EXEC"))
+        assert [through.read()[1] for _ in range(4)] == [direct.read()[1] for _ in range(4)]
+        # A weight that is not a number is SORT's own error.
+        ref.set("User_2_Score", "x")
+        r.set("user:2:score", "x")
+        for cmd in [SORTS[0], ("SORT", "ids", "BY", "User_*_Score", "GET", "User_*_Profile")]:
+            direct.send(*cmd)
+            through.send(*cmd)
+            assert through.read()[1] == direct.read()[1] == b"-ERR One or more scores can't be converted into double\r\n"
+        direct.close()
+        through.close()
+        # SORT moved nothing.
+        assert sorted(r.keys("*")) == sorted(stored + ["user:2:score"])
+    finally:
+        ref.flushdb()
+        k.stop()
+
+
 def test_legacy_keys_leave_keeps_the_old_behaviour(redis_server, r):
     k = Keyguard(redis_server.port, config=LEAVE)
     try:
@@ -408,6 +502,14 @@ def test_a_tenants_old_name_patterns_stay_within_its_keys(tenants_kg, r):
     assert sorted(alice.keys("User_*")) == ["User_40_Profile", "User_41_Profile"]
     assert sorted(alice.keys("*")) == ["User_41_Profile", "user:40:profile"]
     assert scan_all(alice, match="User_4*", count=2) == {"User_40_Profile", "User_41_Profile"}
+    # SORT's patterns read the tenant's keys under either name, and no one else's.
+    r.rpush("tenant:a:ids", "41", "40")
+    r.set("tenant:a:User_40_Score", "2")
+    r.set("user:41:profile", "nobody's")
+    r.set("tenant:b:user:41:profile", "bob's")
+    assert alice.sort("ids", by="User_*_Profile", alpha=True, get=["#", "User_*_Profile"]) == [
+        "40", "alice's", "41", "alice's old"]
+    assert alice.sort("ids", by="User_*_Score", get=["User_*_Profile", "#"]) == ["alice's old", "41", "alice's", "40"]
 
 
 @pytest.mark.not_cluster(reason='the legacy move is one script over the old and the new name, in different slots here: CROSSSLOT (documented in docs/configuration.md), so the move that succeeds once EVAL is allowed fails there')

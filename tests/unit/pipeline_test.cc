@@ -228,6 +228,41 @@ TEST(PipelineTest, KeysAndScanOfOldNamePatternsAlsoFindTheNewNames) {
   EXPECT_FALSE(scoped.Run("KEYS User_*").modified);
 }
 
+TEST(PipelineTest, SortPatternsOfOldNamesAlsoReadTheNewNames) {
+  Connection c(
+      "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
+      "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n");
+  const std::string script(kSortWithNewNamesScript);
+  // GET only: the server sorts, each mapped GET is asked under both names ('m').
+  c.Run("SORT ids LIMIT 0 5 GET User_*_Profile GET # GET Other_* ALPHA");
+  EXPECT_EQ(c.upstream,
+            "EVAL " + script +
+                " 1 ids SORT mpp  0 -1 LIMIT 0 5 GET User_*_Profile GET user:*:profile GET # GET Other_* ALPHA");
+  // BY too: every element with both weights, and the script sorts; STORE is the script's (the last
+  // one applies), a hash field stays on both patterns.
+  c.Run("SORT ids STORE a BY User_*_Profile->age DESC LIMIT 1 2 ALPHA STORE b");
+  EXPECT_EQ(c.upstream, "EVAL " + script +
+                            " 2 ids b SORT pmp sAD 1 2 BY nosort GET # GET User_*_Profile->age GET "
+                            "user:*:profile->age GET #");
+  // "->" with no field after it is part of the key's name (`User_1_Profile->`, no old name).
+  c.Run("SORT_RO ids BY User_*_Profile GET User_*_Profile->");
+  EXPECT_EQ(c.upstream, "EVAL_RO " + script +
+                            " 1 ids SORT_RO pmp s 0 -1 BY nosort GET # GET User_*_Profile GET user:*:profile GET "
+                            "User_*_Profile->");
+  // A BY without '*' means no sorting, so only the GETs are mapped; patterns that name no old
+  // names (another literal around the '*', no '*') and refused options go as they are.
+  c.Run("SORT ids BY nosort BY User_*_Profile GET User_*_Profile");
+  EXPECT_EQ(c.upstream,
+            "EVAL " + script + " 1 ids SORT m  0 -1 BY nosort BY User_*_Profile GET User_*_Profile GET user:*:profile");
+  for (const char* line : {"SORT ids BY User_*_Profile_x GET X_*", "SORT ids GET User_1_Profile",
+                           "SORT ids GET User_*_Profile LIMIT x 1", "SORT ids BY nosort"}) {
+    EXPECT_FALSE(c.Run(line).modified) << line;
+  }
+  c.Run("SORT User_3_Profile GET User_*_Profile");  // the key itself is renamed (and moved first)
+  EXPECT_EQ(c.upstream, "EVAL " + script + " 1 user:3:profile SORT m  0 -1 GET User_*_Profile GET user:*:profile");
+  EXPECT_EQ(c.prelude, Move("2 User_3_Profile user:3:profile r"));
+}
+
 TEST(OldNamesMatching, KeepsMatchesAndNamesNewKeysAsTheClientKnowsThem) {
   auto p = config::ParseConfig(
       "key_policy:\n  rules:\n    - {name: r, pattern: '^User_(\\d+)_Profile$', rewrite: 'user:$1:profile', "

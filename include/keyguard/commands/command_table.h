@@ -109,6 +109,11 @@ struct SortOptions {
   int store = -1;                  // the destination the server writes, -1 for none
   std::vector<uint32_t> patterns;  // positions of BY and GET patterns
   std::string_view error;          // the server's error when it refuses the options, else empty
+  int by = -1;                     // the BY pattern that applies (the last), -1 for none
+  int limit = -1;                  // LIMIT's offset (its count follows), -1 for none
+  bool dontsort = false;           // a BY pattern without '*' (even one a later BY replaces)
+  bool desc = false;               // DESC (the last of ASC and DESC)
+  bool alpha = false;
 };
 SortOptions ParseSort(bool read_only, std::span<const std::string_view> args);
 
@@ -126,7 +131,7 @@ absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply);
 // Ids the proxy treats specially, resolved once.
 struct KnownCommands {
   CommandId multi, exec, discard, subscribe, psubscribe, ssubscribe, unsubscribe, punsubscribe, sunsubscribe, hello,
-      monitor, reset, quit, client, watch, unwatch, auth, sync, psync, eval, keys, scan;
+      monitor, reset, quit, client, watch, unwatch, auth, sync, psync, eval, keys, scan, sort, sort_ro;
 };
 const KnownCommands& Known();
 

@@ -68,6 +68,12 @@ struct Rule {
   // Reversible, action rewrite and no scope: KEYS and SCAN MATCH patterns of old names find the
   // keys it renamed, under their old names (KeyPolicy::PatternRules).
   bool maps_patterns = false;
+  // A reversible rule's literal text after its last group, the pattern's and the template's, and
+  // how many groups it has: with one, SORT's BY/GET pattern `<old_head>*<old_tail>` takes the new
+  // names as `<new_head>*<new_tail>`.
+  std::string old_tail;
+  std::string new_tail;
+  int groups = 0;
 };
 
 // The reverse of a rule's rewrite, when the rule can be reversed: its pattern is literal text and
