@@ -361,6 +361,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   c.upstream_ready = upstream_ready_;
   c.own_upstream = !multiplexed_ || pinned_;
   c.client = client_address_;
+  c.patterns_renamed = &patterns_renamed_;
   if (tenant_commands_ != nullptr) {
     tenant_commands_->Add();
     tenant_received_->Add(raw_len);
@@ -460,6 +461,7 @@ void Connection::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode
   if (!v.renamed.empty()) {
     queue_.StageRenames(v.renamed_shape, v.renamed);
     if (v.renamed_shape == static_cast<uint8_t>(tenant::ReplyRewrite::kChannelArray)) KeepRenamedChannels(v.renamed);
+    if (v.renamed_shape == kRenamedPatterns) KeepRenamedPatterns(v.renamed);
   }
   if (v.prelude.empty()) return;
   // keyguard's own command goes first, encoded while the views it takes are valid.
@@ -676,15 +678,31 @@ void Connection::DeliverPush(std::string_view frame) {
   if (!channels_renamed_.empty() && RenameChannels(frame, &out)) [[unlikely]] {
     frame = held_.emplace_back(std::move(out));
   }
+  if (!patterns_renamed_.empty()) [[unlikely]] {
+    switch (RenamePatterns(*shared_.stages.live->key_policy, &patterns_renamed_, frame, &out)) {
+      case tenant::ReplyAction::kPass: break;
+      case tenant::ReplyAction::kReplace: frame = held_.emplace_back(std::move(out)); break;
+      case tenant::ReplyAction::kDrop: return;
+    }
+  }
   AppendOut(frame);
+}
+
+void Connection::KeepRenamedPatterns(std::span<const std::pair<std::string_view, std::string_view>> pairs) {
+  // A PSUBSCRIBE never confirmed (discarded in MULTI, refused by the server's ACL) leaves its
+  // pair; the pipeline maps no more patterns once kMaxRenamedSubscriptions are kept.
+  for (const auto& [to, from] : pairs) {
+    const bool known =
+        std::any_of(patterns_renamed_.begin(), patterns_renamed_.end(), [&](const auto& p) { return p.first == to; });
+    if (!known) patterns_renamed_.emplace_back(to, from);
+  }
 }
 
 void Connection::KeepRenamedChannels(std::span<const std::pair<std::string_view, std::string_view>> pairs) {
   // A SUBSCRIBE that is never confirmed (discarded in MULTI, refused by the server's ACL) leaves
-  // its pair: at most kMaxRenamedChannels are kept, and beyond them messages name the new channel.
-  constexpr size_t kMaxRenamedChannels = 1024;
+  // its pair: at most kMaxRenamedSubscriptions are kept, and beyond them messages name the new channel.
   for (const auto& [to, from] : pairs) {
-    if (channels_renamed_.size() >= kMaxRenamedChannels) break;
+    if (channels_renamed_.size() >= kMaxRenamedSubscriptions) break;
     const bool known = std::any_of(channels_renamed_.begin(), channels_renamed_.end(),
                                    [&](const auto& p) { return p.first == to && p.second == from; });
     if (!known) channels_renamed_.emplace_back(to, from);
@@ -921,7 +939,8 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   }
   if (state_.OnReply(p, error)) {
     channels_renamed_.clear();  // RESET: no subscription is left
-    reply_tenant_ = tenant_;    // RESET: nullptr, unless the client authenticated again
+    patterns_renamed_.clear();
+    reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
     reply_scope_ = DetectorScope(reply_tenant_);
   }
   const bool exec_abort = p.kind == Kind::kExecAbort;

@@ -332,6 +332,9 @@ class Connection {
   // channel (message, subscribe, unsubscribe) named back in `out` (true when it did).
   void KeepRenamedChannels(std::span<const std::pair<std::string_view, std::string_view>> pairs);
   [[gnu::noinline]] bool RenameChannels(std::string_view frame, std::string* out);
+  // PSUBSCRIBE of keyspace patterns the pipeline replaced (CommandPipeline::KeyspacePatterns):
+  // the pairs (the server's pattern, the client's) kept while subscribed (RenamePatterns).
+  void KeepRenamedPatterns(std::span<const std::pair<std::string_view, std::string_view>> pairs);
   // The reply of keyguard's own command (Kind::kInternal: its AUTH, CLIENT ID, a legacy-key move,
   // a PING): counted and acted on, never the client's. False when the connection cannot go on.
   [[gnu::noinline]] bool OnInternalReply(const Pending& front, char type, std::string_view kind);
@@ -444,6 +447,7 @@ class Connection {
   enum : uint8_t { kPinSettled, kPinFresh, kPinMadeSticky };
   uint8_t pin_undo_ = kPinSettled;
   std::vector<std::pair<std::string, std::string>> channels_renamed_;  // RenameChannels
+  std::vector<std::pair<std::string, std::string>> patterns_renamed_;  // RenamePatterns
   bool owns_upstream_ = false;  // a connection of its own is up (counted in the gauges)
   // The gauges of upstream connections, by kind: +1 when one of its own comes up, -1 when it goes.
   void CountUpstream(int n);

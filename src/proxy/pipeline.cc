@@ -495,6 +495,10 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     KeyspaceChannels(c);
     return;
   }
+  if (c.id == known_.psubscribe || c.id == known_.punsubscribe) {
+    KeyspacePatterns(c);
+    return;
+  }
   if (c.id != known_.keys && c.id != known_.scan) return;
   // Inside MULTI the reply is an element of EXEC's, which keeps the server's names.
   if (c.state->in_multi()) return;
@@ -558,6 +562,72 @@ void CommandPipeline::KeyspaceChannels(const CommandContext& c) {
     channel_space_.push_back(std::string(c.args[i].substr(0, head)) + *renamed);
     at.push_back(i);
   }
+  RenameArgs(c, at, static_cast<uint8_t>(tenant::ReplyRewrite::kChannelArray));
+}
+
+std::string CoverPattern(std::string_view pattern, size_t head, std::span<const policy::Rule* const> rules) {
+  const std::string_view key = pattern.substr(head);
+  size_t literal = key.find_first_of("*?[\\");
+  if (literal == std::string_view::npos) literal = key.size();
+  for (const policy::Rule* r : rules) literal = std::min(literal, r->new_head.size());
+  std::string out(pattern.substr(0, head));
+  constexpr std::string_view kSpecial = "*?[]\\^-";
+  for (size_t i = 0; i < literal; ++i) {
+    std::string chars(1, key[i]);
+    for (const policy::Rule* r : rules) {
+      if (chars.find(r->new_head[i]) == std::string::npos) chars.push_back(r->new_head[i]);
+    }
+    if (chars.find_first_of(kSpecial) != std::string::npos) break;
+    if (chars.size() == 1) {
+      out += chars;
+    } else {
+      absl::StrAppend(&out, "[", chars, "]");
+    }
+  }
+  out += "**";
+  return out;
+}
+
+void CommandPipeline::KeyspacePatterns(const CommandContext& c) {
+  // PSUBSCRIBE __keyspace@0__:User_*: a pattern that also matches the new names, unique on the
+  // connection (more '*' at its end), so the server's subscription counts stay the client's.
+  if (c.patterns_renamed == nullptr) return;
+  const auto& pairs = *c.patterns_renamed;
+  const bool subscribe = c.id == known_.psubscribe;
+  channel_space_.clear();
+  channel_space_.reserve(c.args.size());  // views of them go out: no reallocation
+  std::vector<size_t> at;
+  std::vector<const policy::Rule*> rules;
+  for (size_t i = 1; i < c.args.size(); ++i) {
+    const std::string_view p = c.args[i];
+    const auto known = std::find_if(pairs.begin(), pairs.end(), [&](const auto& x) { return x.second == p; });
+    if (known != pairs.end()) {
+      channel_space_.push_back(known->first);
+      at.push_back(i);
+      continue;
+    }
+    if (!subscribe || pairs.size() + at.size() >= kMaxRenamedSubscriptions) continue;
+    const size_t head = tenant::KeyspaceHeadLength(p);
+    if (head == 0) continue;
+    rules.clear();
+    for (const policy::Rule& r : shared_.live->key_policy->rules()) {
+      if (r.maps_patterns && tenant::GlobMayMatchPrefix(p.substr(head), r.old_head)) rules.push_back(&r);
+    }
+    if (rules.empty()) continue;
+    std::string cover = CoverPattern(p, head, rules);
+    const auto taken = [&](const std::string& g) {
+      return std::any_of(pairs.begin(), pairs.end(), [&](const auto& x) { return x.first == g; }) ||
+             std::find(channel_space_.begin(), channel_space_.end(), g) != channel_space_.end();
+    };
+    while (taken(cover)) cover.push_back('*');
+    channel_space_.push_back(std::move(cover));
+    at.push_back(i);
+  }
+  // (PUNSUBSCRIBE: the pair goes with the server's confirmation, RenamePatterns.)
+  RenameArgs(c, at, subscribe ? std::optional<uint8_t>(kRenamedPatterns) : std::nullopt);
+}
+
+void CommandPipeline::RenameArgs(const CommandContext& c, const std::vector<size_t>& at, std::optional<uint8_t> shape) {
   if (at.empty()) return;
   policy_args_.assign(c.args.begin(), c.args.end());
   renamed_.clear();
@@ -567,8 +637,46 @@ void CommandPipeline::KeyspaceChannels(const CommandContext& c) {
   }
   v_.args = policy_args_;
   v_.modified = true;
-  v_.renamed = renamed_;
-  v_.renamed_shape = static_cast<uint8_t>(tenant::ReplyRewrite::kChannelArray);
+  if (shape) {
+    v_.renamed = renamed_;
+    v_.renamed_shape = *shape;
+  }
+}
+
+tenant::ReplyAction RenamePatterns(const policy::KeyPolicy& policy,
+                                   std::vector<std::pair<std::string, std::string>>* pairs, std::string_view frame,
+                                   std::string* out) {
+  std::optional<resp::Value> v = resp::ParseValue(frame);
+  if (!v || (v->type != '*' && v->type != '>') || v->elements.size() < 3) return tenant::ReplyAction::kPass;
+  auto& e = v->elements;
+  const bool message = IsWord(e[0], "pmessage");
+  const bool unsubscribe = IsWord(e[0], "punsubscribe");
+  if (!message && !unsubscribe && !IsWord(e[0], "psubscribe")) return tenant::ReplyAction::kPass;
+  if (e[1].null) return tenant::ReplyAction::kPass;
+  const auto it = std::find_if(pairs->begin(), pairs->end(), [&](const auto& p) { return p.first == e[1].text; });
+  if (it == pairs->end()) return tenant::ReplyAction::kPass;
+  const std::string client_pattern = it->second;  // (the values' text are views)
+  std::string named;
+  e[1].text = client_pattern;
+  if (message) {
+    if (e.size() < 4 || e[2].null) return tenant::ReplyAction::kDrop;
+    const std::string_view channel = e[2].text;
+    if (!hygiene::GlobMatch(client_pattern, channel)) {
+      // Not the client's pattern: a new name whose old name it matches, else nothing it asked for.
+      const size_t head = tenant::KeyspaceHeadLength(channel);
+      if (head == 0) return tenant::ReplyAction::kDrop;
+      const std::optional<std::string> old = policy.OldName(channel.substr(head), /*pattern_rules=*/true);
+      if (!old) return tenant::ReplyAction::kDrop;
+      named = absl::StrCat(AsAbsl(channel.substr(0, head)), *old);
+      if (!hygiene::GlobMatch(client_pattern, named)) return tenant::ReplyAction::kDrop;
+      e[2].text = named;
+    }
+  } else if (unsubscribe) {
+    pairs->erase(it);
+  }
+  out->clear();
+  resp::AppendValue(out, *v);
+  return tenant::ReplyAction::kReplace;
 }
 
 void CommandPipeline::BroadcastPrefixes(const CommandContext& c) {

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -90,8 +91,10 @@ struct CommandContext {
   const ConnectionState* state = nullptr;
   const ReplyQueue* queue = nullptr;  // what is pending (a subscribe still unconfirmed)
   std::string_view client;            // its address, for warn lines
-  bool upstream_ready = true;         // false: the upstream connection failed
-  bool own_upstream = true;           // the client's commands go to a connection of its own (not shared)
+  // The keyspace patterns KeyspacePatterns replaced on this connection: (the server's, the client's).
+  const std::vector<std::pair<std::string, std::string>>* patterns_renamed = nullptr;
+  bool upstream_ready = true;  // false: the upstream connection failed
+  bool own_upstream = true;    // the client's commands go to a connection of its own (not shared)
 };
 
 // The outcome of a command's run through the stages.
@@ -216,6 +219,13 @@ class CommandPipeline {
   // (UN)SUBSCRIBE of the keyspace channel of an old name: its new name's channel instead, and
   // the pairs (new channel, the client's) in `renamed` with the shape kChannelArray.
   void KeyspaceChannels(const CommandContext& c);
+  // P(UN)SUBSCRIBE of a keyspace pattern that may match old names: PSUBSCRIBE gets a pattern that
+  // also matches the new names (CoverPattern, unique on the connection) and the pairs (it, the
+  // client's) in `renamed` with the shape kRenamedPatterns; PUNSUBSCRIBE names the one it got.
+  void KeyspacePatterns(const CommandContext& c);
+  // The arguments at `at` replaced by channel_space_'s (in order), and with `shape` the pairs
+  // (channel_space_'s, the client's) in `renamed`.
+  void RenameArgs(const CommandContext& c, const std::vector<size_t>& at, std::optional<uint8_t> shape);
   void KeysWithNewNames();
   // SORT with a BY or GET pattern `<old_head>*<old_tail>` of a one-group rule that maps patterns:
   // kSortWithNewNamesScript, which reads each key under its new name, else its old one.
@@ -257,6 +267,28 @@ class CommandPipeline {
   std::vector<std::string> sort_space_;     // SortWithNewNames: the new names' patterns, its flags
   std::vector<std::string_view> pattern_args_;
 };
+
+// Verdict::renamed_shape of KeyspacePatterns' pairs: kept by the connection (not a reply rewrite).
+inline constexpr uint8_t kRenamedPatterns = 0xF0;
+// At most this many keyspace patterns (and, apart, channels) are renamed per connection; beyond
+// it they go as the client gave them.
+inline constexpr size_t kMaxRenamedSubscriptions = 1024;
+
+// The glob keyguard subscribes to for the keyspace pattern `pattern` (its head
+// `__keyspace@<db>__:` is `head` bytes) when it may match old names of `rules`: the head, then
+// the literal start of the key pattern merged character by character with each rule's new-name
+// head (`User_*` and `user:` give `[Uu]ser[_:]`), then "**". It matches every channel `pattern`
+// does and those of the new names; what it matches beyond is dropped (RenamePatterns).
+std::string CoverPattern(std::string_view pattern, size_t head, std::span<const policy::Rule* const> rules);
+
+// A pub/sub push on a connection with renamed keyspace patterns (pairs: the server's, the
+// client's): psubscribe and punsubscribe confirmations name the client's pattern (a punsubscribe
+// ends the pair); a pmessage of a renamed pattern names it, and its channel stays when the
+// client's pattern matches it, becomes the old name's when that matches (the key a reversible
+// rule renamed), else the message is dropped. kReplace puts the frame in `out`.
+tenant::ReplyAction RenamePatterns(const policy::KeyPolicy& policy,
+                                   std::vector<std::pair<std::string, std::string>>* pairs, std::string_view frame,
+                                   std::string* out);
 
 // A key as error texts show it: printable ASCII as it is, any other byte (and the quote and the
 // backslash) as \xNN, at most 64 bytes of the key, then its size.

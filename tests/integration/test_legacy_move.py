@@ -364,6 +364,57 @@ def test_keyspace_notifications_of_an_old_name(kg, r):
         r.config_set("notify-keyspace-events", "")
 
 
+def test_keyspace_patterns_of_old_names(kg, r):
+    """PSUBSCRIBE to a keyspace pattern of old names hears of the keys the rule renamed under their
+    old names: keyguard subscribes to a pattern that also matches the new names (one per client
+    pattern, so every count is the client's) and drops what it matches beyond the client's."""
+    r.config_set("notify-keyspace-events", "KA")
+    p1, p2, plain = "__keyspace@0__:User_*_Profile", "__keyspace@0__:User_*", "plain*"
+    try:
+        sub = RespConn(kg.port)
+        sub.send("PSUBSCRIBE", p1, plain)
+        assert sub.read()[1] == b"*3\r\n$10\r\npsubscribe\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n:1\r\n"
+        assert sub.read()[1] == b"*3\r\n$10\r\npsubscribe\r\n$6\r\nplain*\r\n:2\r\n"
+        c = redis.Redis(port=kg.port)
+        assert c.set("User_81_Profile", "v") is True  # stored as user:81:profile
+        assert sub.read()[1] == (b"*4\r\n$8\r\npmessage\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n"
+                                 b"$30\r\n__keyspace@0__:User_81_Profile\r\n$3\r\nset\r\n")
+        # What the wider pattern matches beyond the client's is dropped: the next message the
+        # client gets is the one published after these.
+        r.set("user:x", "1")
+        r.set("User:9", "1")
+        r.set("User_abc_Other", "1")
+        r.set("User_82_Profile", "old")  # an old key not moved: its own channel
+        r.publish("plain1", "after")
+        assert sub.read()[1] == (b"*4\r\n$8\r\npmessage\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n"
+                                 b"$30\r\n__keyspace@0__:User_82_Profile\r\n$3\r\nset\r\n")
+        assert sub.read()[1] == b"*4\r\n$8\r\npmessage\r\n$6\r\nplain*\r\n$6\r\nplain1\r\n$5\r\nafter\r\n"
+        # The same pattern again changes nothing; another one whose wider pattern would be the same
+        # gets one of its own.
+        sub.send("PSUBSCRIBE", p1, p2)
+        assert sub.read()[1] == b"*3\r\n$10\r\npsubscribe\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n:2\r\n"
+        assert sub.read()[1] == b"*3\r\n$10\r\npsubscribe\r\n$21\r\n__keyspace@0__:User_*\r\n:3\r\n"
+        assert r.execute_command("PUBSUB", "NUMPAT") == 3
+        assert c.delete("User_81_Profile") == 1
+        got = sorted(sub.read()[1] for _ in range(2))
+        assert got == sorted([
+            b"*4\r\n$8\r\npmessage\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n"
+            b"$30\r\n__keyspace@0__:User_81_Profile\r\n$3\r\ndel\r\n",
+            b"*4\r\n$8\r\npmessage\r\n$21\r\n__keyspace@0__:User_*\r\n"
+            b"$30\r\n__keyspace@0__:User_81_Profile\r\n$3\r\ndel\r\n"])
+        sub.send("PUNSUBSCRIBE", p1)
+        assert sub.read()[1] == b"*3\r\n$12\r\npunsubscribe\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n:2\r\n"
+        sub.send("PUNSUBSCRIBE")
+        got = [sub.read()[1] for _ in range(2)]  # in the server's order of its patterns
+        assert [g[-4:] for g in got] == [b":1\r\n", b":0\r\n"]
+        assert sorted(g[:-4] for g in got) == [b"*3\r\n$12\r\npunsubscribe\r\n$21\r\n__keyspace@0__:User_*\r\n",
+                                               b"*3\r\n$12\r\npunsubscribe\r\n$6\r\nplain*\r\n"]
+        assert r.execute_command("PUBSUB", "NUMPAT") == 0
+        sub.close()
+    finally:
+        r.config_set("notify-keyspace-events", "")
+
+
 SORT_RULES = REWRITE + """    - name: legacy-score
       pattern: '^User_(\\d+)_Score$'
       rewrite: 'user:$1:score'
@@ -510,6 +561,26 @@ def test_a_tenants_old_name_patterns_stay_within_its_keys(tenants_kg, r):
     assert alice.sort("ids", by="User_*_Profile", alpha=True, get=["#", "User_*_Profile"]) == [
         "40", "alice's", "41", "alice's old"]
     assert alice.sort("ids", by="User_*_Score", get=["User_*_Profile", "#"]) == ["alice's old", "41", "alice's", "40"]
+
+
+def test_a_tenants_keyspace_pattern_of_old_names_hears_only_its_own_keys(tenants_kg, r):
+    r.config_set("notify-keyspace-events", "KA")
+    try:
+        sub = RespConn(tenants_kg.port)
+        sub.send_raw(encode("AUTH", "alice", "alice-secret") + encode("PSUBSCRIBE", "__keyspace@0__:User_*_Profile"))
+        assert [sub.read()[1] for _ in range(2)] == [
+            b"+OK\r\n", b"*3\r\n$10\r\npsubscribe\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n:1\r\n"]
+        bob = redis.Redis(port=tenants_kg.port, username="bob", password="bob-secret")
+        alice = redis.Redis(port=tenants_kg.port, username="alice", password="alice-secret")
+        assert bob.set("User_60_Profile", "b") is True  # tenant:b:user:60:profile: not alice's
+        r.set("user:61:profile", "nobody's")
+        assert alice.set("User_62_Profile", "a") is True
+        assert sub.read()[1] == (b"*4\r\n$8\r\npmessage\r\n$29\r\n__keyspace@0__:User_*_Profile\r\n"
+                                 b"$30\r\n__keyspace@0__:User_62_Profile\r\n$3\r\nset\r\n")
+        assert r.get("tenant:a:user:62:profile") == "a"
+        sub.close()
+    finally:
+        r.config_set("notify-keyspace-events", "")
 
 
 @pytest.mark.not_cluster(reason='the legacy move is one script over the old and the new name, in different slots here: CROSSSLOT (documented in docs/configuration.md), so the move that succeeds once EVAL is allowed fails there')

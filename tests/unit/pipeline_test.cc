@@ -65,6 +65,7 @@ class Connection {
     c.queue = &queue;
     c.upstream_ready = upstream_ready;
     c.client = "127.0.0.1:5555";
+    c.patterns_renamed = patterns_renamed;
     const Verdict& v = pipeline_->Run(c);
     upstream = Join(v.args);
     prelude = Join(v.prelude);
@@ -94,6 +95,7 @@ class Connection {
   ReplyQueue queue;
   const tenant::Tenant* tenant = nullptr;
   bool upstream_ready = true;
+  const std::vector<std::pair<std::string, std::string>>* patterns_renamed = nullptr;  // the connection's
   std::string upstream;
   std::string prelude;  // keyguard's own command sent first
   NoSink sink_;
@@ -261,6 +263,64 @@ TEST(PipelineTest, SortPatternsOfOldNamesAlsoReadTheNewNames) {
   c.Run("SORT User_3_Profile GET User_*_Profile");  // the key itself is renamed (and moved first)
   EXPECT_EQ(c.upstream, "EVAL " + script + " 1 user:3:profile SORT m  0 -1 GET User_*_Profile GET user:*:profile");
   EXPECT_EQ(c.prelude, Move("2 User_3_Profile user:3:profile r"));
+}
+
+TEST(PipelineTest, KeyspacePatternsOfOldNamesGetAWiderPatternOfTheirOwn) {
+  Connection c(
+      "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
+      "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n");
+  std::vector<std::pair<std::string, std::string>> kept;
+  c.patterns_renamed = &kept;
+  const Verdict& v = c.Run("PSUBSCRIBE __keyspace@0__:User_*_Profile x* __keyspace@0__:user:* __keyspace@0__:User_*");
+  // Each gets a pattern of its own ('*' added until it is unique); patterns no old name matches stay.
+  EXPECT_EQ(c.upstream,
+            "PSUBSCRIBE __keyspace@0__:[Uu]ser[_:]** x* __keyspace@0__:user:* __keyspace@0__:[Uu]ser[_:]***");
+  ASSERT_EQ(v.renamed.size(), 2u);
+  EXPECT_EQ(v.renamed_shape, kRenamedPatterns);
+  EXPECT_EQ(v.renamed[1].first, "__keyspace@0__:[Uu]ser[_:]***");
+  EXPECT_EQ(v.renamed[1].second, "__keyspace@0__:User_*");
+  kept = {{"__keyspace@0__:[Uu]ser[_:]**", "__keyspace@0__:User_*_Profile"}};
+  // Subscribed already: the same pattern again; another one does not take it.
+  c.Run("PSUBSCRIBE __keyspace@0__:User_*_Profile __keyspace@1__:Us?r_1*");
+  EXPECT_EQ(c.upstream, "PSUBSCRIBE __keyspace@0__:[Uu]ser[_:]** __keyspace@1__:[Uu]s**");
+  const Verdict& un = c.Run("PUNSUBSCRIBE __keyspace@0__:User_*_Profile other");
+  EXPECT_EQ(c.upstream, "PUNSUBSCRIBE __keyspace@0__:[Uu]ser[_:]** other");
+  EXPECT_TRUE(un.renamed.empty());                                     // the pair goes with the server's confirmation
+  EXPECT_FALSE(c.Run("PUNSUBSCRIBE __keyspace@0__:User_*").modified);  // never renamed here
+}
+
+TEST(RenamePatterns, NamesTheClientsPatternAndDropsWhatItDidNotAskFor) {
+  auto p = config::ParseConfig(
+      "key_policy:\n  rules:\n    - {name: r, pattern: '^User_(\\d+)_Profile$', rewrite: 'user:$1:profile', "
+      "action: rewrite}\n");
+  ASSERT_TRUE(p.ok()) << p.status();
+  const policy::KeyPolicy& policy = *p->key_policy;
+  std::vector<std::pair<std::string, std::string>> pairs = {{"__keyspace@0__:[Uu]ser[_:]**", "__keyspace@0__:User_*"}};
+  std::string out;
+  const auto pmessage = [](std::string_view channel) {
+    return absl::StrCat("*4\r\n$8\r\npmessage\r\n$28\r\n__keyspace@0__:[Uu]ser[_:]**\r\n$", channel.size(), "\r\n",
+                        AsAbsl(channel), "\r\n$3\r\nset\r\n");
+  };
+  // A new name: under its old name; an old name: as it is; anything else the wider pattern matches: dropped.
+  EXPECT_EQ(RenamePatterns(policy, &pairs, pmessage("__keyspace@0__:user:7:profile"), &out),
+            tenant::ReplyAction::kReplace);
+  EXPECT_EQ(out,
+            "*4\r\n$8\r\npmessage\r\n$21\r\n__keyspace@0__:User_*\r\n$29\r\n__keyspace@0__:User_7_Profile\r\n$"
+            "3\r\nset\r\n");
+  EXPECT_EQ(RenamePatterns(policy, &pairs, pmessage("__keyspace@0__:User_x"), &out), tenant::ReplyAction::kReplace);
+  EXPECT_EQ(out,
+            "*4\r\n$8\r\npmessage\r\n$21\r\n__keyspace@0__:User_*\r\n$21\r\n__keyspace@0__:User_x\r\n$3\r\nset\r\n");
+  for (const char* other : {"__keyspace@0__:user:x", "__keyspace@0__:User:1", "__keyspace@0__:user:7:profile:x"}) {
+    EXPECT_EQ(RenamePatterns(policy, &pairs, pmessage(other), &out), tenant::ReplyAction::kDrop) << other;
+  }
+  // Other patterns' messages pass; the punsubscribe confirmation names the client's and ends the pair.
+  EXPECT_EQ(RenamePatterns(policy, &pairs, "*4\r\n$8\r\npmessage\r\n$2\r\nx*\r\n$2\r\nxy\r\n$1\r\nm\r\n", &out),
+            tenant::ReplyAction::kPass);
+  EXPECT_EQ(RenamePatterns(policy, &pairs, ">3\r\n$12\r\npunsubscribe\r\n$28\r\n__keyspace@0__:[Uu]ser[_:]**\r\n:0\r\n",
+                           &out),
+            tenant::ReplyAction::kReplace);
+  EXPECT_EQ(out, ">3\r\n$12\r\npunsubscribe\r\n$21\r\n__keyspace@0__:User_*\r\n:0\r\n");
+  EXPECT_TRUE(pairs.empty());
 }
 
 TEST(OldNamesMatching, KeepsMatchesAndNamesNewKeysAsTheClientKnowsThem) {
