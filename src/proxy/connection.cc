@@ -361,7 +361,6 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   c.upstream_ready = upstream_ready_;
   c.own_upstream = !multiplexed_ || pinned_;
   c.client = client_address_;
-  c.patterns_renamed = &patterns_renamed_;
   if (tenant_commands_ != nullptr) {
     tenant_commands_->Add();
     tenant_received_->Add(raw_len);
@@ -678,8 +677,8 @@ void Connection::DeliverPush(std::string_view frame) {
   if (!channels_renamed_.empty() && RenameChannels(frame, &out)) [[unlikely]] {
     frame = held_.emplace_back(std::move(out));
   }
-  if (!patterns_renamed_.empty()) [[unlikely]] {
-    switch (RenamePatterns(*shared_.stages.live->key_policy, &patterns_renamed_, frame, &out)) {
+  if (!pipeline_.patterns_renamed().empty()) [[unlikely]] {
+    switch (RenamePatterns(*shared_.stages.live->key_policy, &pipeline_.patterns_renamed(), frame, &out)) {
       case tenant::ReplyAction::kPass: break;
       case tenant::ReplyAction::kReplace: frame = held_.emplace_back(std::move(out)); break;
       case tenant::ReplyAction::kDrop: return;
@@ -691,10 +690,10 @@ void Connection::DeliverPush(std::string_view frame) {
 void Connection::KeepRenamedPatterns(std::span<const std::pair<std::string_view, std::string_view>> pairs) {
   // A PSUBSCRIBE never confirmed (discarded in MULTI, refused by the server's ACL) leaves its
   // pair; the pipeline maps no more patterns once kMaxRenamedSubscriptions are kept.
+  auto& kept = pipeline_.patterns_renamed();
   for (const auto& [to, from] : pairs) {
-    const bool known =
-        std::any_of(patterns_renamed_.begin(), patterns_renamed_.end(), [&](const auto& p) { return p.first == to; });
-    if (!known) patterns_renamed_.emplace_back(to, from);
+    const bool known = std::any_of(kept.begin(), kept.end(), [&](const auto& p) { return p.first == to; });
+    if (!known) kept.emplace_back(to, from);
   }
 }
 
@@ -939,7 +938,7 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   }
   if (state_.OnReply(p, error)) {
     channels_renamed_.clear();  // RESET: no subscription is left
-    patterns_renamed_.clear();
+    pipeline_.patterns_renamed().clear();
     reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
     reply_scope_ = DetectorScope(reply_tenant_);
   }

@@ -447,7 +447,6 @@ class Connection {
   enum : uint8_t { kPinSettled, kPinFresh, kPinMadeSticky };
   uint8_t pin_undo_ = kPinSettled;
   std::vector<std::pair<std::string, std::string>> channels_renamed_;  // RenameChannels
-  std::vector<std::pair<std::string, std::string>> patterns_renamed_;  // RenamePatterns
   bool owns_upstream_ = false;  // a connection of its own is up (counted in the gauges)
   // The gauges of upstream connections, by kind: +1 when one of its own comes up, -1 when it goes.
   void CountUpstream(int n);

@@ -591,8 +591,7 @@ std::string CoverPattern(std::string_view pattern, size_t head, std::span<const 
 void CommandPipeline::KeyspacePatterns(const CommandContext& c) {
   // PSUBSCRIBE __keyspace@0__:User_*: a pattern that also matches the new names, unique on the
   // connection (more '*' at its end), so the server's subscription counts stay the client's.
-  if (c.patterns_renamed == nullptr) return;
-  const auto& pairs = *c.patterns_renamed;
+  const auto& pairs = patterns_renamed_;
   const bool subscribe = c.id == known_.psubscribe;
   channel_space_.clear();
   channel_space_.reserve(c.args.size());  // views of them go out: no reallocation

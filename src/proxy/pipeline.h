@@ -91,10 +91,8 @@ struct CommandContext {
   const ConnectionState* state = nullptr;
   const ReplyQueue* queue = nullptr;  // what is pending (a subscribe still unconfirmed)
   std::string_view client;            // its address, for warn lines
-  // The keyspace patterns KeyspacePatterns replaced on this connection: (the server's, the client's).
-  const std::vector<std::pair<std::string, std::string>>* patterns_renamed = nullptr;
-  bool upstream_ready = true;  // false: the upstream connection failed
-  bool own_upstream = true;    // the client's commands go to a connection of its own (not shared)
+  bool upstream_ready = true;         // false: the upstream connection failed
+  bool own_upstream = true;           // the client's commands go to a connection of its own (not shared)
 };
 
 // The outcome of a command's run through the stages.
@@ -189,6 +187,9 @@ class CommandPipeline {
   const Verdict& Run(const CommandContext& c);
   // The verdict has been encoded (or answered): what the stages owned for it may go.
   void Release() { edit_.Release(); }
+  // The keyspace patterns KeyspacePatterns replaced on this connection, (the server's, the
+  // client's), kept by the connection while subscribed (Connection::KeepRenamedPatterns).
+  std::vector<std::pair<std::string, std::string>>& patterns_renamed() { return patterns_renamed_; }
 
  private:
   // Each stage returns false when the run ends with it (v_ says how).
@@ -213,7 +214,7 @@ class CommandPipeline {
   // KEYS and SCAN MATCH with a pattern that may name old names of a rule that maps patterns
   // (policy::Rule::maps_patterns): the reply filter (OldNamesMatching) gets the pattern, SCAN
   // goes without MATCH; KEYS becomes KeysWithNewNames once the tenant stage has run.
-  void OldNamePatterns(const CommandContext& c);
+  [[gnu::noinline]] void OldNamePatterns(const CommandContext& c);
   // CLIENT TRACKING ON BCAST with a PREFIX of old names: the new names' prefix is added.
   void BroadcastPrefixes(const CommandContext& c);
   // (UN)SUBSCRIBE of the keyspace channel of an old name: its new name's channel instead, and
@@ -226,10 +227,10 @@ class CommandPipeline {
   // The arguments at `at` replaced by channel_space_'s (in order), and with `shape` the pairs
   // (channel_space_'s, the client's) in `renamed`.
   void RenameArgs(const CommandContext& c, const std::vector<size_t>& at, std::optional<uint8_t> shape);
-  void KeysWithNewNames();
+  [[gnu::noinline]] void KeysWithNewNames();
   // SORT with a BY or GET pattern `<old_head>*<old_tail>` of a one-group rule that maps patterns:
   // kSortWithNewNamesScript, which reads each key under its new name, else its old one.
-  void SortWithNewNames(const CommandContext& c);
+  [[gnu::noinline]] void SortWithNewNames(const CommandContext& c);
   // Ends the run with a refusal.
   bool Refuse(Refusal reason, std::string message);
   void Warn(const CommandContext& c, const policy::Rule& rule, std::string_view suggestion, std::string_view key);
@@ -266,6 +267,7 @@ class CommandPipeline {
   std::vector<std::string> channel_space_;  // KeyspaceChannels: the new names' channels
   std::vector<std::string> sort_space_;     // SortWithNewNames: the new names' patterns, its flags
   std::vector<std::string_view> pattern_args_;
+  std::vector<std::pair<std::string, std::string>> patterns_renamed_;
 };
 
 // Verdict::renamed_shape of KeyspacePatterns' pairs: kept by the connection (not a reply rewrite).

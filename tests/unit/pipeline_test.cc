@@ -65,7 +65,6 @@ class Connection {
     c.queue = &queue;
     c.upstream_ready = upstream_ready;
     c.client = "127.0.0.1:5555";
-    c.patterns_renamed = patterns_renamed;
     const Verdict& v = pipeline_->Run(c);
     upstream = Join(v.args);
     prelude = Join(v.prelude);
@@ -89,13 +88,13 @@ class Connection {
   }
 
   const tenant::Tenant* StaticTenant() const { return config_->tenancy->static_tenant(); }
+  std::vector<std::pair<std::string, std::string>>& patterns_renamed() { return pipeline_->patterns_renamed(); }
 
   metrics::WorkerShard shard_;
   ConnectionState state;
   ReplyQueue queue;
   const tenant::Tenant* tenant = nullptr;
   bool upstream_ready = true;
-  const std::vector<std::pair<std::string, std::string>>* patterns_renamed = nullptr;  // the connection's
   std::string upstream;
   std::string prelude;  // keyguard's own command sent first
   NoSink sink_;
@@ -269,8 +268,7 @@ TEST(PipelineTest, KeyspacePatternsOfOldNamesGetAWiderPatternOfTheirOwn) {
   Connection c(
       "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
       "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n");
-  std::vector<std::pair<std::string, std::string>> kept;
-  c.patterns_renamed = &kept;
+  std::vector<std::pair<std::string, std::string>>& kept = c.patterns_renamed();
   const Verdict& v = c.Run("PSUBSCRIBE __keyspace@0__:User_*_Profile x* __keyspace@0__:user:* __keyspace@0__:User_*");
   // Each gets a pattern of its own ('*' added until it is unique); patterns no old name matches stay.
   EXPECT_EQ(c.upstream,
