@@ -105,6 +105,7 @@ std::string DescribeConfig(const ProxyConfig& c) {
     absl::StrAppend(&out, "  - rule: ", r.name, "\n    action: ", policy::ActionName(r.action), "\n");
     if (r.action == policy::Action::kRewrite && r.kind == policy::Rule::Kind::kUser) {
       absl::StrAppend(&out, "    legacy_keys: ", r.move_legacy ? "move" : "leave",
+                      r.json_to_hash ? "\n    reshape: json_to_hash" : "",
                       "\n    reversible: ", r.reverse != nullptr ? "yes" : "no", "\n");
     }
     if (!r.scope.commands.empty() || r.scope.flags != 0 || r.scope.acl != 0)

@@ -4,61 +4,80 @@
 
 namespace keyguard::hygiene {
 
-bool GlobMatch(std::string_view p, std::string_view s) {
+namespace {
+
+// Redis's stringmatchlen, case-sensitive, step for step (its quirks are the server's, so a filter
+// keyguard applies agrees with what the server matched): a class's `x-y` takes the next two bytes
+// whatever they are (`[3-]` is 3 to ']'), an unterminated class ends the pattern, a trailing '\'
+// is itself, "*" does not match "", bytes compare as signed chars in ranges, and past 1,000
+// nested '*' nothing matches. `skip_longer`: the rest after a '*' matched nowhere, so no earlier
+// '*' can help.
+bool Match(std::string_view p, std::string_view s, bool* skip_longer, int nesting) {
+  if (nesting > 1000) return false;
   size_t pi = 0, si = 0;
-  size_t star_p = std::string_view::npos, star_s = 0;
-  while (si < s.size()) {
-    if (pi < p.size()) {
-      const char c = p[pi];
-      if (c == '*') {
-        star_p = pi++;
-        star_s = si;
-        continue;
-      }
-      if (c == '?') {
+  while (pi < p.size() && si < s.size()) {
+    switch (p[pi]) {
+      case '*':
+        while (pi + 1 < p.size() && p[pi + 1] == '*') ++pi;
+        if (pi + 1 == p.size()) return true;
+        for (; si < s.size(); ++si) {
+          if (Match(p.substr(pi + 1), s.substr(si), skip_longer, nesting + 1)) return true;
+          if (*skip_longer) return false;
+        }
+        *skip_longer = true;
+        return false;
+      case '?': ++si; break;
+      case '[': {
         ++pi;
-        ++si;
-        continue;
-      }
-      if (c == '[') {
-        size_t j = pi + 1;
-        const bool negate = j < p.size() && p[j] == '^';
-        if (negate) ++j;
+        const bool negate = pi < p.size() && p[pi] == '^';
+        if (negate) ++pi;
         bool match = false;
-        while (j < p.size() && p[j] != ']') {
-          if (p[j] == '\\' && j + 1 < p.size()) {
-            match |= p[j + 1] == s[si];
-            j += 2;
-          } else if (j + 2 < p.size() && p[j + 1] == '-' && p[j + 2] != ']') {
-            char lo = p[j], hi = p[j + 2];
+        for (;; ++pi) {
+          const size_t left = p.size() - pi;
+          if (left >= 2 && p[pi] == '\\') {
+            ++pi;
+            match |= p[pi] == s[si];
+          } else if (left >= 1 && p[pi] == ']') {
+            break;
+          } else if (left == 0) {
+            --pi;  // the class ran to the end of the pattern
+            break;
+          } else if (left >= 3 && p[pi + 1] == '-') {
+            int lo = static_cast<signed char>(p[pi]), hi = static_cast<signed char>(p[pi + 2]);
             if (lo > hi) std::swap(lo, hi);
-            match |= s[si] >= lo && s[si] <= hi;
-            j += 3;
+            const int c = static_cast<signed char>(s[si]);
+            match |= c >= lo && c <= hi;
+            pi += 2;
           } else {
-            match |= p[j] == s[si];
-            ++j;
+            match |= p[pi] == s[si];
           }
         }
-        if (match != negate && j < p.size()) {
-          pi = j + 1;
-          ++si;
-          continue;
-        }
-      } else {
-        const char lit = (c == '\\' && pi + 1 < p.size()) ? p[pi + 1] : c;
-        if (lit == s[si]) {
-          pi += (c == '\\' && pi + 1 < p.size()) ? 2 : 1;
-          ++si;
-          continue;
-        }
+        if (match == negate) return false;
+        ++si;
+        break;
       }
+      case '\\':
+        if (p.size() - pi >= 2) ++pi;
+        [[fallthrough]];
+      default:
+        if (p[pi] != s[si]) return false;
+        ++si;
+        break;
     }
-    if (star_p == std::string_view::npos) return false;
-    pi = star_p + 1;
-    si = ++star_s;
+    ++pi;
+    if (si == s.size()) {
+      while (pi < p.size() && p[pi] == '*') ++pi;
+      break;
+    }
   }
-  while (pi < p.size() && p[pi] == '*') ++pi;
-  return pi == p.size();
+  return pi == p.size() && si == s.size();
+}
+
+}  // namespace
+
+bool GlobMatch(std::string_view p, std::string_view s) {
+  bool skip_longer = false;
+  return Match(p, s, &skip_longer, 0);
 }
 
 const char* SizeCommand(std::string_view type) {

@@ -301,6 +301,12 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
       return FieldError(path + ".rewrite", "required when the action is rewrite");
     }
     rule.move_legacy = rule.action == Action::kRewrite && u.legacy_keys() != pb::LEAVE;
+    if (u.reshape() == pb::JSON_TO_HASH) {
+      if (!rule.move_legacy) {
+        return FieldError(path + ".reshape", "json_to_hash applies to a rewrite rule that moves legacy keys");
+      }
+      rule.json_to_hash = true;
+    }
     if (!rule.rewrite.empty() && ReverseRule(u.pattern(), rule.rewrite, &rule)) policy->has_reversible_ = true;
     auto scope = CompileScope(u.scope(), path + ".scope");
     if (!scope.ok()) return scope.status();
@@ -312,6 +318,10 @@ absl::StatusOr<std::shared_ptr<const KeyPolicy>> KeyPolicy::Compile(const pb::Ke
         return FieldError(path + ".legacy_keys",
                           "move needs a rule without a scope (a scoped rule sends only some commands to the new "
                           "name, and a move by one of them would hide the key from the others)");
+      }
+      if (rule.json_to_hash) {
+        return FieldError(path + ".reshape",
+                          "json_to_hash needs a rule without a scope (a scoped rule leaves old keys)");
       }
       rule.move_legacy = false;
     } else if (rule.reverse != nullptr && rule.action == Action::kRewrite) {

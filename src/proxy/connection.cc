@@ -712,15 +712,13 @@ bool Connection::RenameChannels(std::string_view frame, std::string* out) {
   std::optional<resp::Value> v = resp::ParseValue(frame);
   if (!v || (v->type != '*' && v->type != '>') || v->elements.size() < 2) return false;
   auto& e = v->elements;
-  const bool unsubscribe = IsWord(e[0], "unsubscribe");
-  if (!unsubscribe && !IsWord(e[0], "message") && !IsWord(e[0], "subscribe")) return false;
+  if (!IsWord(e[0], "unsubscribe") && !IsWord(e[0], "message") && !IsWord(e[0], "subscribe")) return false;
   if (e[1].null) return false;
   auto it = std::find_if(channels_renamed_.begin(), channels_renamed_.end(),
                          [&](const auto& p) { return p.first == e[1].text; });
   if (it == channels_renamed_.end()) return false;
   std::string client_name = it->second;
   e[1].text = client_name;
-  if (unsubscribe) channels_renamed_.erase(it);
   out->clear();
   resp::AppendValue(out, *v);
   return true;
@@ -937,8 +935,6 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
     shard_.ObserveReply(p.command, frame_len, aggregate ? size : -1);
   }
   if (state_.OnReply(p, error)) {
-    channels_renamed_.clear();  // RESET: no subscription is left
-    pipeline_.patterns_renamed().clear();
     reply_tenant_ = tenant_;  // RESET: nullptr, unless the client authenticated again
     reply_scope_ = DetectorScope(reply_tenant_);
   }

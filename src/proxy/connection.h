@@ -328,12 +328,14 @@ class Connection {
   // keyguard's own EXEC elements, with renamed keys under the client's names (kept in held_).
   std::string_view RewrittenReply(const Pending& p, char type, std::string_view frame);
   // (UN)SUBSCRIBE of keyspace channels the key policy renamed (CommandPipeline::KeyspaceChannels):
-  // the pairs (new channel, the client's) kept while subscribed, and the pushes that name a new
-  // channel (message, subscribe, unsubscribe) named back in `out` (true when it did).
+  // the pairs (new channel, the client's), kept for the connection's life (an UNSUBSCRIBE and a
+  // SUBSCRIBE of the channel in flight at once both find them; at most kMaxRenamedSubscriptions),
+  // and the pushes that name a new channel (message, subscribe, unsubscribe) named back in `out`
+  // (true when it did).
   void KeepRenamedChannels(std::span<const std::pair<std::string_view, std::string_view>> pairs);
   [[gnu::noinline]] bool RenameChannels(std::string_view frame, std::string* out);
   // PSUBSCRIBE of keyspace patterns the pipeline replaced (CommandPipeline::KeyspacePatterns):
-  // the pairs (the server's pattern, the client's) kept while subscribed (RenamePatterns).
+  // the pairs (the server's pattern, the client's), kept for the connection's life (RenamePatterns).
   void KeepRenamedPatterns(std::span<const std::pair<std::string_view, std::string_view>> pairs);
   // The reply of keyguard's own command (Kind::kInternal: its AUTH, CLIENT ID, a legacy-key move,
   // a PING): counted and acted on, never the client's. False when the connection cannot go on.

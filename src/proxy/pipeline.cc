@@ -369,7 +369,7 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
             if (v.rule->move_legacy) {
               constexpr uint32_t kWrites = commands::kKeyRw | commands::kKeyOw | commands::kKeyRm |
                                            commands::kKeyUpdate | commands::kKeyInsert | commands::kKeyDelete;
-              legacy_.push_back({ref.pos, key, (ref.flags & kWrites) != 0});
+              legacy_.push_back({ref.pos, key, (ref.flags & kWrites) != 0, v.rule->json_to_hash});
             }
           }
           break;
@@ -476,12 +476,13 @@ bool CommandPipeline::MoveLegacy(const CommandContext& c) {
     return std::string_view(start, static_cast<size_t>(w - start));
   };
   legacy_count_ = std::to_string(2 * legacy_.size());
-  prelude_.assign({"EVAL", kMoveLegacyScript, legacy_count_});
+  const bool json = std::any_of(legacy_.begin(), legacy_.end(), [](const Legacy& l) { return l.json; });
+  prelude_.assign({"EVAL", json ? kMoveLegacyJsonScript : kMoveLegacyScript, legacy_count_});
   for (const Legacy& l : legacy_) {
     prelude_.push_back(stored(l.old));
     prelude_.push_back(stored(policy_args_[l.pos]));
   }
-  for (const Legacy& l : legacy_) prelude_.push_back(l.write ? "w" : "r");
+  for (const Legacy& l : legacy_) prelude_.push_back(l.json ? (l.write ? "wj" : "rj") : (l.write ? "w" : "r"));
   v_.prelude = prelude_;
   return true;
 }
@@ -491,12 +492,13 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     BroadcastPrefixes(c);
     return;
   }
+  // Inside MULTI the confirmations are elements of EXEC's reply, which keeps the server's names.
   if (c.id == known_.subscribe || c.id == known_.unsubscribe) {
-    KeyspaceChannels(c);
+    if (!c.state->in_multi()) KeyspaceChannels(c);
     return;
   }
   if (c.id == known_.psubscribe || c.id == known_.punsubscribe) {
-    KeyspacePatterns(c);
+    if (!c.state->in_multi()) KeyspacePatterns(c);
     return;
   }
   if (c.id != known_.keys && c.id != known_.scan) return;
@@ -605,6 +607,14 @@ void CommandPipeline::KeyspacePatterns(const CommandContext& c) {
       at.push_back(i);
       continue;
     }
+    // The same pattern earlier in this command: the same one again, as the server would see it.
+    const auto earlier = std::find_if(at.begin(), at.end(), [&](size_t j) { return c.args[j] == p; });
+    if (earlier != at.end()) {
+      std::string again = channel_space_[static_cast<size_t>(earlier - at.begin())];
+      channel_space_.push_back(std::move(again));
+      at.push_back(i);
+      continue;
+    }
     if (!subscribe || pairs.size() + at.size() >= kMaxRenamedSubscriptions) continue;
     const size_t head = tenant::KeyspaceHeadLength(p);
     if (head == 0) continue;
@@ -649,8 +659,7 @@ tenant::ReplyAction RenamePatterns(const policy::KeyPolicy& policy,
   if (!v || (v->type != '*' && v->type != '>') || v->elements.size() < 3) return tenant::ReplyAction::kPass;
   auto& e = v->elements;
   const bool message = IsWord(e[0], "pmessage");
-  const bool unsubscribe = IsWord(e[0], "punsubscribe");
-  if (!message && !unsubscribe && !IsWord(e[0], "psubscribe")) return tenant::ReplyAction::kPass;
+  if (!message && !IsWord(e[0], "punsubscribe") && !IsWord(e[0], "psubscribe")) return tenant::ReplyAction::kPass;
   if (e[1].null) return tenant::ReplyAction::kPass;
   const auto it = std::find_if(pairs->begin(), pairs->end(), [&](const auto& p) { return p.first == e[1].text; });
   if (it == pairs->end()) return tenant::ReplyAction::kPass;
@@ -670,8 +679,6 @@ tenant::ReplyAction RenamePatterns(const policy::KeyPolicy& policy,
       if (!hygiene::GlobMatch(client_pattern, named)) return tenant::ReplyAction::kDrop;
       e[2].text = named;
     }
-  } else if (unsubscribe) {
-    pairs->erase(it);
   }
   out->clear();
   resp::AppendValue(out, *v);
@@ -809,6 +816,9 @@ void CommandPipeline::SortWithNewNames(const CommandContext& c) {
     server.insert(server.end(), {"GET", "#"});
     layout.push_back('p');
   }
+  // Lua's unpack takes some 8,000 values: a SORT with more options goes as it is.
+  constexpr size_t kMaxUnpacked = 7000;
+  if (server.size() > kMaxUnpacked) return;
   sort_space_.push_back(std::move(layout));
   sort_space_.push_back(std::move(flags));
   const std::string_view script_layout = sort_space_[sort_space_.size() - 2], script_flags = sort_space_.back();
@@ -909,7 +919,8 @@ tenant::ReplyAction OldNamesMatching(const policy::KeyPolicy& policy, uint8_t sh
   kept.reserve(keys->elements.size());
   for (resp::Value& k : keys->elements) {
     if (k.null) continue;
-    if (!hygiene::GlobMatch(pattern, k.text)) {
+    // (KEYS * and SCAN MATCH * list every key, "" too, which stringmatchlen's "*" does not match.)
+    if (pattern != "*" && !hygiene::GlobMatch(pattern, k.text)) {
       std::optional<std::string> old = policy.OldName(k.text, /*pattern_rules=*/true);
       if (!old || !hygiene::GlobMatch(pattern, *old)) continue;
       k.text = names.emplace_back(*std::move(old));

@@ -134,6 +134,143 @@ inline constexpr std::string_view kMoveLegacyScript =
     "if redis.call('EXISTS',KEYS[i+1])==0 then redis.call('RENAME',KEYS[i],KEYS[i+1]) n=n+1 "
     "elseif ARGV[(i+1)/2]=='w' then redis.call('UNLINK',KEYS[i]) end end end return n";
 
+// kMoveLegacyScript for moves where a rule reshapes (json_to_hash): an ARGV of "rj" or "wj" turns
+// an old string holding a JSON object into a Hash under the new name, field by field as
+// `keyguard migrate`'s json_to_hash makes it (maintenance::JsonToHash, nested as JSON text: RFC
+// 8259, a string field as its text, any other value as its JSON text with only the whitespace
+// between tokens removed), with the old key's expiry (PEXPIREAT of its PEXPIRETIME); a value it
+// cannot reshape (not such an object, {}, a repeated field name, another type) is renamed as it is.
+inline constexpr std::string_view kMoveLegacyJsonScript = R"lua(
+local function sp(s,i) while true do local c=string.byte(s,i) if c==32 or c==9 or c==10 or c==13 then i=i+1 else return i end end end
+local esc={['"']='"',['\\']='\\',['/']='/',b='\b',f='\f',n='\n',r='\r',t='\t'}
+local function hex(s,i) local h=string.sub(s,i,i+3) if string.find(h,'^%x%x%x%x$') then return tonumber(h,16) end end
+local function str(s,i)
+  i=i+1 local out={}
+  while true do
+    local c=string.byte(s,i)
+    if not c or c<32 then return nil end
+    if c==34 then return table.concat(out),i+1 end
+    if c==92 then
+      local e=string.sub(s,i+1,i+1) i=i+2
+      if esc[e] then out[#out+1]=esc[e]
+      elseif e=='u' then
+        local cp=hex(s,i) if not cp then return nil end i=i+4
+        if cp>=0xD800 and cp<=0xDBFF then
+          if string.sub(s,i,i+1)~='\\u' then return nil end
+          local lo=hex(s,i+2) if not lo or lo<0xDC00 or lo>0xDFFF then return nil end
+          cp=0x10000+(cp-0xD800)*1024+(lo-0xDC00) i=i+6
+        elseif cp>=0xDC00 and cp<=0xDFFF then return nil end
+        if cp<0x80 then out[#out+1]=string.char(cp)
+        elseif cp<0x800 then out[#out+1]=string.char(0xC0+math.floor(cp/64),0x80+cp%64)
+        elseif cp<0x10000 then out[#out+1]=string.char(0xE0+math.floor(cp/4096),0x80+math.floor(cp/64)%64,0x80+cp%64)
+        else out[#out+1]=string.char(0xF0+math.floor(cp/262144),0x80+math.floor(cp/4096)%64,0x80+math.floor(cp/64)%64,0x80+cp%64) end
+      else return nil end
+    else
+      local j=i
+      while true do local d=string.byte(s,j) if not d or d==34 or d==92 or d<32 then break end j=j+1 end
+      out[#out+1]=string.sub(s,i,j-1) i=j
+    end
+  end
+end
+local function name(s,i)
+  i=sp(s,i) if string.byte(s,i)~=34 then return nil end
+  local t,j=str(s,i) if not t then return nil end
+  j=sp(s,j) if string.byte(s,j)~=58 then return nil end
+  return t,j+1
+end
+local function digits(s,i) local j=i while true do local c=string.byte(s,j) if c and c>=48 and c<=57 then j=j+1 else break end end return j,j>i end
+local function num(s,i)
+  local ok
+  if string.byte(s,i)==45 then i=i+1 end
+  if string.byte(s,i)==48 then i=i+1 else i,ok=digits(s,i) if not ok then return nil end end
+  if string.byte(s,i)==46 then i,ok=digits(s,i+1) if not ok then return nil end end
+  local c=string.byte(s,i)
+  if c==101 or c==69 then
+    i=i+1 c=string.byte(s,i) if c==43 or c==45 then i=i+1 end
+    i,ok=digits(s,i) if not ok then return nil end
+  end
+  return i
+end
+local function value(s,i)
+  local open={}
+  while true do
+    i=sp(s,i) local c=string.byte(s,i) local scalar=true
+    if not c then return nil end
+    if c==123 or c==91 then
+      local close=125 if c==91 then close=93 end
+      i=sp(s,i+1)
+      if string.byte(s,i)==close then i=i+1
+      else
+        open[#open+1]=close scalar=false
+        if close==125 then local t t,i=name(s,i) if not t then return nil end end
+      end
+    elseif c==34 then local t t,i=str(s,i) if not t then return nil end
+    elseif c==45 or (c>=48 and c<=57) then i=num(s,i) if not i then return nil end
+    elseif string.sub(s,i,i+3)=='true' or string.sub(s,i,i+3)=='null' then i=i+4
+    elseif string.sub(s,i,i+4)=='false' then i=i+5
+    else return nil end
+    while scalar do
+      if #open==0 then return i end
+      i=sp(s,i) local d=string.byte(s,i)
+      if d==open[#open] then open[#open]=nil i=i+1
+      elseif d==44 then
+        i=i+1 scalar=false
+        if open[#open]==125 then local t t,i=name(s,i) if not t then return nil end end
+      else return nil end
+    end
+  end
+end
+local function compact(v)
+  local out={} local i=1 local ins=false
+  while i<=#v do
+    local c=string.sub(v,i,i)
+    if ins then
+      out[#out+1]=c
+      if c=='\\' then out[#out+1]=string.sub(v,i+1,i+1) i=i+1 elseif c=='"' then ins=false end
+    elseif not (c==' ' or c=='\t' or c=='\n' or c=='\r') then out[#out+1]=c ins=c=='"' end
+    i=i+1
+  end
+  return table.concat(out)
+end
+local function fields(s)
+  local i=sp(s,1)
+  if string.byte(s,i)~=123 then return nil end
+  i=sp(s,i+1)
+  if string.byte(s,i)==125 then return nil end
+  local f,seen={},{}
+  while true do
+    local k k,i=name(s,i) if not k then return nil end
+    i=sp(s,i) local st=i
+    i=value(s,i) if not i then return nil end
+    if seen[k] then return nil end seen[k]=true
+    local v=string.sub(s,st,i-1)
+    if string.byte(v,1)==34 then v=str(v,1) else v=compact(v) end
+    f[#f+1]=k f[#f+1]=v
+    i=sp(s,i) local d=string.byte(s,i)
+    if d==44 then i=i+1 elseif d==125 then i=i+1 break else return nil end
+  end
+  if sp(s,i)<=#s then return nil end
+  return f
+end
+local n=0
+for i=1,#KEYS,2 do
+  local a=ARGV[(i+1)/2]
+  if redis.call('EXISTS',KEYS[i])==1 then
+    if redis.call('EXISTS',KEYS[i+1])==0 then
+      local f=nil
+      if string.sub(a,2,2)=='j' and redis.call('TYPE',KEYS[i]).ok=='string' then f=fields(redis.call('GET',KEYS[i])) end
+      if f then
+        local t=redis.call('PEXPIRETIME',KEYS[i])
+        for j=1,#f,1000 do redis.call('HSET',KEYS[i+1],unpack(f,j,math.min(j+999,#f))) end
+        if t>0 then redis.call('PEXPIREAT',KEYS[i+1],t) end
+        redis.call('DEL',KEYS[i])
+      else redis.call('RENAME',KEYS[i],KEYS[i+1]) end
+      n=n+1
+    elseif string.sub(a,1,1)=='w' then redis.call('UNLINK',KEYS[i]) end
+  end
+end
+return n)lua";
+
 // KEYS of a pattern that may name old names of a rule that maps patterns: ARGV[1] is the
 // client's pattern (the tenant's), the rest each rule's glob of new names. The reply is every
 // key each finds, one list (a key may come twice; the reply filter keeps it once).
@@ -149,8 +286,9 @@ inline constexpr std::string_view kKeysWithNewNamesScript =
 // (old, new): the new name's value when the new key holds one, else the old's. ARGV[3] is empty
 // when the server sorted; else BY named old names too: the server returned every element (`BY
 // nosort GET # GET <old BY> GET <new BY>` first) and the script sorts as SORT does, 'A' ALPHA and
-// 'D' DESC (numeric weights as strtod reads them, ties in byte order; ALPHA compares with strcoll,
-// a missing weight first), then keeps LIMIT ARGV[4] ARGV[5] and the columns after the first two.
+// 'D' DESC (numeric weights as strtod reads them, an overflow or underflow refused, ties in byte
+// order; ALPHA compares with strcoll, in byte order with STORE, a missing weight first), then keeps
+// LIMIT ARGV[4] ARGV[5] and the columns after the first two.
 // STORE writes the result as SORT does (a list, nil as "", the key deleted when it is empty).
 inline constexpr std::string_view kSortWithNewNamesScript =
     "local r=redis.pcall(ARGV[1],KEYS[1],unpack(ARGV,6)) if type(r)~='table' or r.err then return r end "
@@ -165,11 +303,12 @@ inline constexpr std::string_view kSortWithNewNamesScript =
     "if #a<#b then return -1 end return 1 end "
     "if not alpha then for _,row in ipairs(rows) do local v=row[2] local n=0 if v and v~='' then n=tonumber(v) "
     "if n==nil or n~=n or string.find(v,'%s$') or ((n==math.huge or n==-math.huge) and "
-    "not string.find(string.lower(v),'inf',1,true)) then "
+    "not string.find(string.lower(v),'inf',1,true)) or (n~=0 and math.abs(n)<2.2250738585072014e-308) or "
+    "(n==0 and string.find(string.match(v,'^[^eEpP]*'),'[1-9]')) then "
     "return redis.error_reply(\"ERR One or more scores can't be converted into double\") end end row[2]=n end end "
     "table.sort(rows,function(a,b) local c=0 if alpha then local x,y=a[2],b[2] "
     "if x==false or y==false then if x~=y then if x==false then c=-1 else c=1 end end "
-    "elseif x<y then c=-1 elseif y<x then c=1 end "
+    "elseif KEYS[2] then c=bin(x,y) elseif x<y then c=-1 elseif y<x then c=1 end "
     "elseif a[2]<b[2] then c=-1 elseif a[2]>b[2] then c=1 else c=bin(a[1],b[1]) end "
     "if desc then c=-c end return c<0 end) end "
     "local n=#rows local s=tonumber(ARGV[4]) local cnt=tonumber(ARGV[5]) if s<0 then s=0 end "
@@ -250,6 +389,7 @@ class CommandPipeline {
     uint32_t pos;
     std::string_view old;
     bool write;
+    bool json = false;  // the rule reshapes: json_to_hash
   };
   std::vector<Legacy> legacy_;
   std::vector<std::string_view> prelude_;  // EVAL, the script, the key count, then the keys
@@ -284,8 +424,9 @@ inline constexpr size_t kMaxRenamedSubscriptions = 1024;
 std::string CoverPattern(std::string_view pattern, size_t head, std::span<const policy::Rule* const> rules);
 
 // A pub/sub push on a connection with renamed keyspace patterns (pairs: the server's, the
-// client's): psubscribe and punsubscribe confirmations name the client's pattern (a punsubscribe
-// ends the pair); a pmessage of a renamed pattern names it, and its channel stays when the
+// client's; kept for the connection's life, so a PUNSUBSCRIBE and a PSUBSCRIBE of the same pattern
+// in flight at once find it): psubscribe and punsubscribe confirmations name the client's pattern;
+// a pmessage of a renamed pattern names it, and its channel stays when the
 // client's pattern matches it, becomes the old name's when that matches (the key a reversible
 // rule renamed), else the message is dropped. kReplace puts the frame in `out`.
 tenant::ReplyAction RenamePatterns(const policy::KeyPolicy& policy,

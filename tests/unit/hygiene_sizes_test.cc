@@ -27,7 +27,21 @@ TEST(GlobMatch, RedisGlobs) {
       {"h[a-c]llo", "hbllo", true},
       {"a\\*b", "a*b", true},
       {"a\\*b", "axb", false},
-      {"*", "", true},
+      {"*", "", false},  // (KEYS * and SCAN's MATCH * match every key by a rule of their own)
+      // Redis's own reading, as a redis-server 7.0 PSUBSCRIBE matched each:
+      {"a[3-]", "a5", true},  // 3 to ']'
+      {"a[3-]", "a-", false},
+      {"a[5", "a5", true},  // an unterminated class ends the pattern
+      {"a[5", "a", false},
+      {"a[", "a", false},
+      {"a\\", "a\\", true},
+      {"a[\\]]", "a]", true},
+      {"a[^]", "ab", true},
+      {"[]a]", "]", false},
+      {"[]a]", "a", false},
+      {"*b", "b", true},
+      {"a**b", "ab", true},
+      {"h[z-a]llo", "hello", true},  // a reversed range
       {"a*b*c", "axxbyyc", true},
       {"a*b*c", "axxbyy", false},
       {"", "", true},

@@ -285,6 +285,13 @@ TEST(PipelineTest, KeyspacePatternsOfOldNamesGetAWiderPatternOfTheirOwn) {
   EXPECT_EQ(c.upstream, "PUNSUBSCRIBE __keyspace@0__:[Uu]ser[_:]** other");
   EXPECT_TRUE(un.renamed.empty());                                     // the pair goes with the server's confirmation
   EXPECT_FALSE(c.Run("PUNSUBSCRIBE __keyspace@0__:User_*").modified);  // never renamed here
+  // The same pattern twice in one command: the same one twice, as the server would count it.
+  c.Run("PSUBSCRIBE __keyspace@2__:User_* __keyspace@2__:User_*");
+  EXPECT_EQ(c.upstream, "PSUBSCRIBE __keyspace@2__:[Uu]ser[_:]** __keyspace@2__:[Uu]ser[_:]**");
+  // Inside MULTI the confirmations are EXEC's elements: nothing is mapped.
+  c.Run("MULTI");
+  EXPECT_FALSE(c.Run("PSUBSCRIBE __keyspace@3__:User_*").modified);
+  EXPECT_FALSE(c.Run("SUBSCRIBE __keyspace@3__:User_1_Profile").modified);
 }
 
 TEST(RenamePatterns, NamesTheClientsPatternAndDropsWhatItDidNotAskFor) {
@@ -311,14 +318,14 @@ TEST(RenamePatterns, NamesTheClientsPatternAndDropsWhatItDidNotAskFor) {
   for (const char* other : {"__keyspace@0__:user:x", "__keyspace@0__:User:1", "__keyspace@0__:user:7:profile:x"}) {
     EXPECT_EQ(RenamePatterns(policy, &pairs, pmessage(other), &out), tenant::ReplyAction::kDrop) << other;
   }
-  // Other patterns' messages pass; the punsubscribe confirmation names the client's and ends the pair.
+  // Other patterns' messages pass; the punsubscribe confirmation names the client's.
   EXPECT_EQ(RenamePatterns(policy, &pairs, "*4\r\n$8\r\npmessage\r\n$2\r\nx*\r\n$2\r\nxy\r\n$1\r\nm\r\n", &out),
             tenant::ReplyAction::kPass);
   EXPECT_EQ(RenamePatterns(policy, &pairs, ">3\r\n$12\r\npunsubscribe\r\n$28\r\n__keyspace@0__:[Uu]ser[_:]**\r\n:0\r\n",
                            &out),
             tenant::ReplyAction::kReplace);
   EXPECT_EQ(out, ">3\r\n$12\r\npunsubscribe\r\n$21\r\n__keyspace@0__:User_*\r\n:0\r\n");
-  EXPECT_TRUE(pairs.empty());
+  EXPECT_EQ(pairs.size(), 1u);  // kept: a PSUBSCRIBE of it may be in flight
 }
 
 TEST(OldNamesMatching, KeepsMatchesAndNamesNewKeysAsTheClientKnowsThem) {
@@ -366,6 +373,31 @@ TEST(PipelineTest, LegacyKeysLeaveSendsNoMoveAndAMoveInsideMultiUnderReplyOffIsR
             "ERR keyguard: key 'User_1_Profile' is an old name keyguard moves to its new one; inside MULTI under "
             "CLIENT REPLY OFF/SKIP that is not supported");
   EXPECT_EQ(c.Run("GET user:1:profile").action, Action::kForward);  // a new name needs no move
+}
+
+TEST(PipelineTest, AReshapingRuleMovesWithTheJsonScript) {
+  const std::string rule =
+      "key_policy:\n  default_action: observe\n  rules:\n    - name: legacy-profile\n      pattern: "
+      "'^User_(\\d+)_Profile$'\n      rewrite: 'user:$1:profile'\n      action: rewrite\n";
+  const std::string other = "    - {name: orders, pattern: '^Order_(\\d+)$', rewrite: 'order:$1', action: rewrite}\n";
+  Connection c(rule + "      reshape: json_to_hash\n" + other);
+  c.Run("HSET User_1_Profile f v");
+  EXPECT_EQ(c.prelude, "EVAL " + std::string(kMoveLegacyJsonScript) + " 2 User_1_Profile user:1:profile wj");
+  c.Run("MGET Order_5 User_2_Profile");  // one script for both: only the reshaping rule's key says 'j'
+  EXPECT_EQ(c.prelude,
+            "EVAL " + std::string(kMoveLegacyJsonScript) + " 4 Order_5 order:5 User_2_Profile user:2:profile r rj");
+  c.Run("GET Order_6");
+  EXPECT_EQ(c.prelude, Move("2 Order_6 order:6 r"));
+  // Only with a move, and not with a scope.
+  for (const std::string& bad :
+       std::vector<std::string>{rule + "      legacy_keys: leave\n      reshape: json_to_hash\n",
+                                rule + "      reshape: json_to_hash\n      scope: {commands: [get]}\n",
+                                "key_policy:\n  rules:\n    - {name: r, pattern: 'x', rewrite: 'y', action: observe, "
+                                "reshape: json_to_hash}\n"}) {
+    auto parsed = config::ParseConfig(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find(".reshape: json_to_hash "), std::string::npos) << parsed.status();
+  }
 }
 
 TEST(PipelineTest, UnreviewedScriptsAreRefusedUnderRejectAndCountedUnderTheScriptsRule) {

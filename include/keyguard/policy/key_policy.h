@@ -74,6 +74,8 @@ struct Rule {
   std::string old_tail;
   std::string new_tail;
   int groups = 0;
+  // With move_legacy: a JSON-object string becomes a Hash on the way (reshape: json_to_hash).
+  bool json_to_hash = false;
 };
 
 // The reverse of a rule's rewrite, when the rule can be reversed: its pattern is literal text and
