@@ -23,6 +23,7 @@ constexpr std::string_view kDesynced =
 constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+constexpr std::string_view kMulti = "*1\r\n$5\r\nMULTI\r\n";
 commands::CommandId PingId() {
   static const commands::CommandId id = commands::LookupCommand("ping");
   return id;
@@ -146,7 +147,7 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
     if (!args.empty()) {
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
-      if (pin_check_ && pin_classes_[id] != 0 && NeedsPin(id, args)) [[unlikely]] {
+      if (pin_check_ && (pin_classes_[id] != 0 || multi_deferred_) && NeedsPin(id, args)) [[unlikely]] {
         break;
       }
       HandleCommand(id, args, data + pos, n, now);
@@ -222,6 +223,13 @@ std::string_view Connection::Encode(std::span<const std::string_view> args) {
 }
 
 bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_view> args) {
+  if (multi_deferred_ && !pinned_) [[unlikely]] {
+    // The first command after a MULTI keyguard answered: the transaction goes to the node of this
+    // command's slot, or of the first keyed command sent along with it (Session::Pin looks ahead).
+    pin_wanted_ = PinReason::kTransaction;
+    pin_slot_ = kAnyNode;
+    return true;
+  }
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
   if (r == PinReason::kNone) {
     if (pinned_ && id == client_id_ && args.size() >= 2 && !commands::EqualsIgnoreCase(args[1], "getname"))
@@ -253,6 +261,10 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   // Tenancy, before AUTH: everything but AUTH, HELLO and QUIT is refused (NOAUTH), so only HELLO
   // needs a connection; a client without credentials never holds one of the server's.
   if (tenant_ == nullptr && shared_.stages.config.tenancy != nullptr && id != commands::Known().hello) return false;
+  if (cluster_ && id == commands::Known().multi) {
+    defer_multi_ = true;  // answered by HandleCommand (DeferMulti); the next command pins
+    return false;
+  }
   pin_wanted_ = r;
   if (cluster_) {
     // The node of its keys (MULTI: see LookAheadForPin).
@@ -278,6 +290,13 @@ PinReason Connection::OnPinned(bool fresh) {
   CountUpstream(1);
   if (fresh) SendUpstreamAuth();
   if (shared_.stages.connections != nullptr) SendInternal(kClientId, commands::Known().client);
+  if (multi_deferred_) {
+    // The MULTI keyguard answered goes first; a refusal of the command that pinned the client
+    // does not end this pin (the transaction goes on).
+    multi_deferred_ = false;
+    SendInternal(kMulti, commands::Known().multi);
+    pin_undo_ = kPinSettled;
+  }
   return r;
 }
 
@@ -436,6 +455,13 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
     splice_.clear();
   }
   if (cluster_) [[unlikely]] {
+    if (defer_multi_) [[unlikely]] {
+      defer_multi_ = false;  // (set for this command, or for a MULTI keyguard refused)
+      if (c.id == commands::Known().multi && !pinned_) {
+        DeferMulti(c.id, e.silent);
+        return;
+      }
+    }
     ForwardRouted(bytes);
   } else if (!splice_.empty()) {
     for (std::string_view b : splice_) ForwardRaw(b);
@@ -452,6 +478,15 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   p.renamed = !v.renamed.empty();
   queue_.Commit();
   if (reset) SendUpstreamAuth();
+}
+
+void Connection::DeferMulti(commands::CommandId id, bool silent) {
+  // The state has the transaction (OnForward); the server gets MULTI right before the command
+  // that pins the client (OnPinned), whose node this one cannot know yet. The entry staged for it
+  // is not committed: no reply of the server's is the client's.
+  multi_deferred_ = true;
+  shard_.CountCommand(id, silent ? metrics::Outcome::kNoReply : metrics::Outcome::kOk);
+  if (!silent) Reply("+OK\r\n", id, false);
 }
 
 void Connection::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode) {
@@ -800,6 +835,13 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
         move_error_logged_ = true;
         EventLine("error", "legacy_move_failed").Str("error", kind).Write(stderr);
       }
+    }
+  } else if (front.command == commands::Known().multi) {
+    // The MULTI keyguard answered (DeferMulti): the commands sent after it would not be queued.
+    if (type == '-' || type == '!') {
+      upstream_failure_ = absl::StrCat("upstream refused MULTI: ", absl::string_view(kind.data(), kind.size()));
+      EventLine("error", "upstream_multi_failed").Str("error", kind).Write(stderr);
+      return false;
     }
   } else if (front.command == PingId()) {
     // The PING after a refused pin (EndRefusedPin): any answer ends it; an error (LOADING,

@@ -632,6 +632,33 @@ def test_a_transaction_across_nodes_aborts_and_says_why(fresh):
     assert r.get(a) == "z"
 
 
+def test_a_multi_sent_alone_goes_to_the_node_of_the_first_keyed_command(fresh):
+    """A client that waits for MULTI's +OK before it sends the transaction's commands (redis-cli,
+    Jedis) gets its transaction on the node of its first keyed command, as a pipelined one does:
+    keyguard answers the MULTI and sends it with the command that pins the client."""
+    c, kg = fresh
+    pins = kg.metric('keyguard_upstream_pins_total{reason="transaction"}')
+    conn = RespConn(kg.port)
+    keys = keys_on_distinct_nodes(c)  # one on each primary
+    for n, key in enumerate(keys):
+        assert conn.exchange(encode("MULTI"), replies=1) == b"+OK\r\n"
+        assert conn.exchange(encode("SET", key, "v%d" % n), replies=1) == b"+QUEUED\r\n"
+        assert conn.exchange(encode("INCR", "{%s}:n" % key), replies=1) == b"+QUEUED\r\n"  # the same slot
+        assert conn.exchange(encode("EXEC"), replies=1) == b"*2\r\n+OK\r\n:1\r\n"
+    check_stored(c, dict([(k, "v%d" % n) for n, k in enumerate(keys)] + [("{%s}:n" % k, "1") for k in keys]))
+    # An empty transaction, a discarded one, and a keyless command first: as Redis answers them.
+    assert conn.exchange(encode("MULTI"), replies=1) == b"+OK\r\n"
+    assert conn.exchange(encode("EXEC"), replies=1) == b"*0\r\n"
+    assert conn.exchange(encode("MULTI"), replies=1) == b"+OK\r\n"
+    assert conn.exchange(encode("DISCARD"), replies=1) == b"+OK\r\n"
+    assert conn.exchange(encode("EXEC"), replies=1) == b"-ERR EXEC without MULTI\r\n"
+    assert conn.exchange(encode("MULTI"), replies=1) == b"+OK\r\n"
+    assert conn.exchange(encode("MULTI"), replies=1) == b"-ERR MULTI calls can not be nested\r\n"
+    assert conn.exchange(encode("PING") + encode("EXEC"), replies=2) == b"+QUEUED\r\n*1\r\n+PONG\r\n"
+    conn.close()
+    assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 6
+
+
 def test_blocking_pops_and_shard_channels_go_to_the_owning_node(fresh):
     c, kg = fresh
     r = client(kg)
