@@ -61,6 +61,7 @@ void StageShared::Refresh() {
   if (v == live_version && live != nullptr) return;
   live = store.Current();
   live_version = v;
+  maps_patterns = live->key_policy->maps_patterns();
   violation_handles.Clear();  // keyed by the old snapshot's rules
   rewrite_handles.Clear();
   access.assign(commands::CommandCount(), 0);
@@ -120,7 +121,7 @@ const Verdict& CommandPipeline::Run(const CommandContext& c) {
       return v_;
     }
     if (check_policy && !key_refs_.empty() && !KeyPolicy(c, *spec)) return v_;
-    if (shared_.live->key_policy->maps_patterns()) [[unlikely]] {
+    if (shared_.maps_patterns) [[unlikely]] {
       if (key_refs_.empty()) {
         OldNamePatterns(c);
       } else if (c.id == known_.sort || c.id == known_.sort_ro) {

@@ -51,6 +51,7 @@ struct StageShared {
   config::ConfigStore& store;
   std::shared_ptr<const config::ProxyConfig> live;  // reloadable settings (key policy, deny list)
   uint64_t live_version = 0;
+  bool maps_patterns = false;  // live->key_policy->maps_patterns(), one load on every command's path
   // By command id, from `live`: the access stage's refusal (0: none, else a Refusal + 1:
   // kDenyList, or kUnknownCommand for the unknown command id), one load per command.
   std::vector<uint8_t> access;
