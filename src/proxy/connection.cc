@@ -226,6 +226,9 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   if (multi_deferred_ && !pinned_) [[unlikely]] {
     // The first command after a MULTI keyguard answered: the transaction goes to the node of this
     // command's slot, or of the first keyed command sent along with it (Session::Pin looks ahead).
+    // An EXEC or DISCARD of the empty transaction, and QUIT, need no node (HandleCommand).
+    const commands::KnownCommands& k = commands::Known();
+    if (id == k.exec || id == k.discard || id == k.quit) return false;
     pin_wanted_ = PinReason::kTransaction;
     pin_slot_ = kAnyNode;
     return true;
@@ -261,8 +264,9 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
   // Tenancy, before AUTH: everything but AUTH, HELLO and QUIT is refused (NOAUTH), so only HELLO
   // needs a connection; a client without credentials never holds one of the server's.
   if (tenant_ == nullptr && shared_.stages.config.tenancy != nullptr && id != commands::Known().hello) return false;
-  if (cluster_ && id == commands::Known().multi) {
-    defer_multi_ = true;  // answered by HandleCommand (DeferMulti); the next command pins
+  if (cluster_ && id == commands::Known().multi && args.size() == 1) {
+    // (`MULTI x` goes to the server, whose arity error starts no transaction.)
+    defer_multi_ = true;  // answered by HandleCommand (AnswerDeferredMulti); the next command pins
     return false;
   }
   pin_wanted_ = r;
@@ -455,12 +459,8 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
     splice_.clear();
   }
   if (cluster_) [[unlikely]] {
-    if (defer_multi_) [[unlikely]] {
-      defer_multi_ = false;  // (set for this command, or for a MULTI keyguard refused)
-      if (c.id == commands::Known().multi && !pinned_) {
-        DeferMulti(c.id, e.silent);
-        return;
-      }
+    if ((defer_multi_ || multi_deferred_) && !pinned_) [[unlikely]] {
+      if (AnswerDeferredMulti(c.id, e.silent)) return;
     }
     ForwardRouted(bytes);
   } else if (!splice_.empty()) {
@@ -480,13 +480,27 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   if (reset) SendUpstreamAuth();
 }
 
-void Connection::DeferMulti(commands::CommandId id, bool silent) {
-  // The state has the transaction (OnForward); the server gets MULTI right before the command
-  // that pins the client (OnPinned), whose node this one cannot know yet. The entry staged for it
-  // is not committed: no reply of the server's is the client's.
-  multi_deferred_ = true;
+bool Connection::AnswerDeferredMulti(commands::CommandId id, bool silent) {
+  // The state has taken the command (OnForward); the entry staged for it is not committed, as no
+  // reply of the server's is the client's. MULTI: the server gets it right before the command
+  // that pins the client (OnPinned), whose node this one cannot know yet. EXEC or DISCARD of the
+  // transaction no command joined: its answer, and nothing was sent.
+  const commands::KnownCommands& k = commands::Known();
+  const bool multi = defer_multi_ && id == k.multi;
+  defer_multi_ = false;  // (set for this command, or for a MULTI keyguard refused)
+  std::string_view reply;
+  if (multi) {
+    multi_deferred_ = true;
+    reply = "+OK\r\n";
+  } else if (multi_deferred_ && (id == k.exec || id == k.discard)) {
+    multi_deferred_ = false;
+    reply = id == k.exec ? "*0\r\n" : "+OK\r\n";
+  } else {
+    return false;
+  }
   shard_.CountCommand(id, silent ? metrics::Outcome::kNoReply : metrics::Outcome::kOk);
-  if (!silent) Reply("+OK\r\n", id, false);
+  if (!silent) Reply(std::string(reply), id, false);
+  return true;
 }
 
 void Connection::ForwardExtras(const Verdict& v, ConnectionState::ReplyMode mode) {
@@ -837,7 +851,7 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
       }
     }
   } else if (front.command == commands::Known().multi) {
-    // The MULTI keyguard answered (DeferMulti): the commands sent after it would not be queued.
+    // The MULTI keyguard answered (AnswerDeferredMulti): the commands sent after it would not be queued.
     if (type == '-' || type == '!') {
       upstream_failure_ = absl::StrCat("upstream refused MULTI: ", absl::string_view(kind.data(), kind.size()));
       EventLine("error", "upstream_multi_failed").Str("error", kind).Write(stderr);

@@ -262,8 +262,9 @@ class Connection {
                      int64_t now);
   // Shared upstream: whether command `id` must wait to be pinned (pin_wanted_ set).
   [[gnu::noinline]] bool NeedsPin(commands::CommandId id, std::span<const std::string_view> args);
-  // A cluster's MULTI that no command has pinned yet: in the client's state, answered +OK here.
-  void DeferMulti(commands::CommandId id, bool silent);
+  // A cluster's MULTI that no command has pinned yet (in the client's state, answered +OK here),
+  // and the EXEC or DISCARD of such a transaction if nothing joined it. False: the command goes.
+  bool AnswerDeferredMulti(commands::CommandId id, bool silent);
   // A Redis Cluster upstream: the route of the command of `v` (route_), or keyguard answers it
   // (false: nothing is forwarded).
   bool RouteCluster(const CommandContext& c, const Verdict& v);
@@ -446,8 +447,9 @@ class Connection {
   bool pinned_ = false;
   bool sticky_ = false;  // pinned until the client closes
   // A cluster's MULTI is answered by keyguard (defer_multi_: NeedsPin saw it, HandleCommand answers
-  // it) and sent when the next command pins the client (multi_deferred_): the transaction's node is
-  // that of the first keyed command, also when the client waits for MULTI's +OK before sending it.
+  // it: AnswerDeferredMulti) and sent when the next command pins the client (multi_deferred_): the
+  // transaction's node is that of the first keyed command, also when the client waits for MULTI's
+  // +OK before sending it.
   bool defer_multi_ = false;
   bool multi_deferred_ = false;
   // What a refusal of the command being handled undoes (EndRefusedPin): kPinFresh, pinned for it

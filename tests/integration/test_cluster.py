@@ -655,8 +655,15 @@ def test_a_multi_sent_alone_goes_to_the_node_of_the_first_keyed_command(fresh):
     assert conn.exchange(encode("MULTI"), replies=1) == b"+OK\r\n"
     assert conn.exchange(encode("MULTI"), replies=1) == b"-ERR MULTI calls can not be nested\r\n"
     assert conn.exchange(encode("PING") + encode("EXEC"), replies=2) == b"+QUEUED\r\n*1\r\n+PONG\r\n"
+    # MULTI with an argument is the server's arity error, and starts nothing.
+    assert conn.exchange(encode("MULTI", "x"), replies=1) == b"-ERR wrong number of arguments for 'multi' command\r\n"
+    assert conn.exchange(encode("SET", keys[1], "w"), replies=1) == b"+OK\r\n"
+    assert conn.exchange(encode("EXEC"), replies=1) == b"-ERR EXEC without MULTI\r\n"
+    assert conn.exchange(encode("MULTI") + encode("QUIT"), replies=2, closed=True) == b"+OK\r\n+OK\r\n<closed>"
     conn.close()
-    assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 6
+    # One pin per transaction a command joined (not the empty or discarded ones, nor QUIT's), and
+    # one for `MULTI x`, which goes to the server as it is.
+    assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 5
 
 
 def test_blocking_pops_and_shard_channels_go_to_the_owning_node(fresh):
