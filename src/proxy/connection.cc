@@ -228,7 +228,7 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     // command's slot, or of the first keyed command sent along with it (Session::Pin looks ahead).
     // An EXEC or DISCARD of the empty transaction, and QUIT, need no node (HandleCommand).
     const commands::KnownCommands& k = commands::Known();
-    if (id == k.exec || id == k.discard || id == k.quit) return false;
+    if (((id == k.exec || id == k.discard) && args.size() == 1) || id == k.quit) return false;
     pin_wanted_ = PinReason::kTransaction;
     pin_slot_ = kAnyNode;
     return true;
@@ -297,9 +297,12 @@ PinReason Connection::OnPinned(bool fresh) {
   if (multi_deferred_) {
     // The MULTI keyguard answered goes first; a refusal of the command that pinned the client
     // does not end this pin (the transaction goes on).
+    // Nothing more goes before its +OK: a command the server ran outside a transaction (MULTI
+    // refused: keyguard's user may not run it) could not be undone.
     multi_deferred_ = false;
     SendInternal(kMulti, commands::Known().multi);
     pin_undo_ = kPinSettled;
+    holding_ = true;
   }
   return r;
 }
@@ -413,12 +416,6 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
     case Verdict::Action::kWalk:
       pin_undo_ = kPinSettled;
       pipeline_.Release();
-      if (cluster_) {
-        Refuse(c, Refusal::kCluster,
-               "ERR keyguard: a tenant's DBSIZE, FLUSHDB, FLUSHALL and RANDOMKEY are not served with a Redis "
-               "Cluster upstream yet");
-        return;
-      }
       StartWalk(v.walk, c.id, now);
       return;
   }
@@ -460,7 +457,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   }
   if (cluster_) [[unlikely]] {
     if ((defer_multi_ || multi_deferred_) && !pinned_) [[unlikely]] {
-      if (AnswerDeferredMulti(c.id, e.silent)) return;
+      if (AnswerDeferredMulti(c.id, c.args.size(), e.silent)) return;
     }
     ForwardRouted(bytes);
   } else if (!splice_.empty()) {
@@ -480,7 +477,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   if (reset) SendUpstreamAuth();
 }
 
-bool Connection::AnswerDeferredMulti(commands::CommandId id, bool silent) {
+bool Connection::AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent) {
   // The state has taken the command (OnForward); the entry staged for it is not committed, as no
   // reply of the server's is the client's. MULTI: the server gets it right before the command
   // that pins the client (OnPinned), whose node this one cannot know yet. EXEC or DISCARD of the
@@ -492,7 +489,7 @@ bool Connection::AnswerDeferredMulti(commands::CommandId id, bool silent) {
   if (multi) {
     multi_deferred_ = true;
     reply = "+OK\r\n";
-  } else if (multi_deferred_ && (id == k.exec || id == k.discard)) {
+  } else if (multi_deferred_ && (id == k.exec || id == k.discard) && argc == 1) {
     multi_deferred_ = false;
     reply = id == k.exec ? "*0\r\n" : "+OK\r\n";
   } else {
@@ -642,7 +639,11 @@ void Connection::Reply(std::string text, commands::CommandId id, bool close_afte
 // Tenancy: key walks
 
 void Connection::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) {
-  walk_.Start(walk);
+  // With a cluster, every primary in turn (those of the map as the walk starts).
+  const cluster::SlotMap* map = cluster_ && shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr
+                                    ? shared_.cluster_map->get()
+                                    : nullptr;
+  walk_.Start(walk, map != nullptr ? static_cast<uint32_t>(map->primaries.size()) : 1);
   Pending p;
   p.kind = Kind::kWalk;
   p.command = id;
@@ -653,7 +654,23 @@ void Connection::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t no
   // The first step takes a token like every other: a pipeline of walks of one step each stays
   // within the tenant's rate.
   if (WaitForWalkToken(now)) return;  // the timer sends it, after this batch
-  ForwardCommand(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));  // with this batch
+  ForwardWalkStep();                  // with this batch
+}
+
+void Connection::ForwardWalkStep() {
+  const std::string& step = walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys);
+  ForwardCommand(step);
+  if (cluster_) [[unlikely]] {
+    // To the walk's node: by a slot it owns (none left, after a reshard: any node).
+    route_ = Route{};
+    if (shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr) {
+      const cluster::SlotMap& m = **shared_.cluster_map;
+      const auto it = std::find(m.owner.begin(), m.owner.end(), static_cast<uint16_t>(walk_.node()));
+      if (it != m.owner.end()) route_.slot = static_cast<int32_t>(it - m.owner.begin());
+    }
+    EndRoute(step.size());
+    route_ = Route{};
+  }
 }
 
 bool Connection::WaitForWalkToken(int64_t now) {
@@ -673,7 +690,7 @@ void Connection::OnWalkTimer(int64_t now) {
 
 void Connection::SendWalkStep(int64_t now) {
   if (WaitForWalkToken(now)) return;
-  ForwardCommand(walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys));
+  ForwardWalkStep();
 }
 
 void Connection::ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now) {
@@ -851,10 +868,18 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
       }
     }
   } else if (front.command == commands::Known().multi) {
-    // The MULTI keyguard answered (AnswerDeferredMulti): the commands sent after it would not be queued.
+    // The MULTI keyguard answered (AnswerDeferredMulti): the client's commands wait for it.
+    holding_ = false;
+    resume_ = true;
     if (type == '-' || type == '!') {
-      upstream_failure_ = absl::StrCat("upstream refused MULTI: ", absl::string_view(kind.data(), kind.size()));
+      // Nothing of the transaction was sent; the client, told +OK, is told why it ends.
       EventLine("error", "upstream_multi_failed").Str("error", kind).Write(stderr);
+      queue_.Pop();
+      AppendOut(held_.emplace_back(absl::StrCat("-ERR keyguard: the upstream refused the transaction's MULTI (",
+                                                absl::string_view(kind.data(), kind.size()),
+                                                "); the connection is closed\r\n")));
+      stop_reading_ = true;
+      upstream_failure_ = "upstream refused MULTI";
       return false;
     }
   } else if (front.command == PingId()) {

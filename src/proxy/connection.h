@@ -264,7 +264,7 @@ class Connection {
   [[gnu::noinline]] bool NeedsPin(commands::CommandId id, std::span<const std::string_view> args);
   // A cluster's MULTI that no command has pinned yet (in the client's state, answered +OK here),
   // and the EXEC or DISCARD of such a transaction if nothing joined it. False: the command goes.
-  bool AnswerDeferredMulti(commands::CommandId id, bool silent);
+  bool AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent);
   // A Redis Cluster upstream: the route of the command of `v` (route_), or keyguard answers it
   // (false: nothing is forwarded).
   bool RouteCluster(const CommandContext& c, const Verdict& v);
@@ -362,6 +362,8 @@ class Connection {
   void StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now);
   // A step's reply (the kWalk entry at the head): the next step, or the answer.
   void ContinueWalk(char type, std::span<const resp::ReplyFramer::Scalar> head, int64_t now);
+  // The walk's next step upstream (with a cluster, routed to the walk's node).
+  void ForwardWalkStep();
   void SendWalkStep(int64_t now);
   // Takes one of the tenant's step tokens on this worker; without one, asks for the walk timer
   // (TakeWalkWait) and returns true.

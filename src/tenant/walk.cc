@@ -40,6 +40,11 @@ KeyWalk::Step KeyWalk::OnReply(char type, std::span<const resp::ReplyFramer::Sca
     s.done = false;
     return s;
   }
+  if (node_ + 1 < nodes_) {  // the next primary, from its first key
+    ++node_;
+    s.done = false;
+    return s;
+  }
   switch (walk_) {
     case Walk::kDbsize: s.reply = absl::StrCat(":", total_, "\r\n"); break;
     case Walk::kRandomkey: s.reply = protocol == 3 ? "_\r\n" : "$-1\r\n"; break;

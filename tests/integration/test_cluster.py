@@ -2,6 +2,7 @@
 each) routes every command to the node owning its keys' slots and shows its clients one node that
 serves every slot. Every stored key is checked on direct connections to the nodes."""
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -11,16 +12,16 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from cluster import SLOTS, cluster, seed_url
-from conftest import SANITIZED, Keyguard, wait_until
+from conftest import ROOT, SANITIZED, Keyguard, wait_until
 from resp import PATIENCE, RespConn, encode
 
 CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
 
 
 @contextlib.contextmanager
-def keyguard_for(c):
+def keyguard_for(c, config=None):
     """keyguard with the cluster `c` as its upstream (two seed nodes); stopped afterwards."""
-    kg = Keyguard(0, upstream=seed_url(c))
+    kg = Keyguard(0, upstream=seed_url(c), config=config)
     try:
         yield kg
     except BaseException:
@@ -664,6 +665,33 @@ def test_a_multi_sent_alone_goes_to_the_node_of_the_first_keyed_command(fresh):
     # One pin per transaction a command joined (not the empty or discarded ones, nor QUIT's), and
     # one for `MULTI x`, which goes to the server as it is.
     assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 5
+
+
+def test_a_tenants_key_walks_cover_every_primary(shared_cluster):
+    """A tenant's DBSIZE, RANDOMKEY and FLUSHDB walk its keys on every primary in turn, and touch
+    no one else's."""
+    c = shared_cluster
+    c.flushall()
+    config = open(os.path.join(ROOT, "examples", "tenants.yaml")).read()
+    with keyguard_for(c, config=config) as kg:
+        alice = redis.Redis(port=kg.port, username="alice", password="alice-secret", decode_responses=True)
+        others = {"tenant:b:%d" % i: "b" for i in range(30)}
+        others.update({"plain:%d" % i: "p" for i in range(30)})
+        direct = RedisCluster(host="127.0.0.1", port=c.ports[0], decode_responses=True)
+        for k, v in others.items():
+            direct.set(k, v)
+        assert alice.dbsize() == 0 and alice.randomkey() is None
+        mine = ["k%d" % i for i in range(200)]
+        for k in mine:
+            assert alice.set(k, "a") is True
+        per_node = c.all_keys()
+        assert all(any(k.startswith("tenant:a:") for k in keys) for keys in per_node.values()), per_node
+        assert alice.dbsize() == 200
+        assert alice.randomkey() in set(mine)
+        assert alice.flushdb() is True
+        assert alice.dbsize() == 0
+        check_stored(c, others)
+        direct.close()
 
 
 def test_blocking_pops_and_shard_channels_go_to_the_owning_node(fresh):

@@ -88,7 +88,6 @@ class Monitor:
         self.conn.disconnect()
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_dbsize_randomkey_flush_walk_in_steps_and_stay_inside_the_tenant(kg, server, direct):
     mon = Monitor(server.port)
     alice = as_user(kg.port, "alice")
@@ -112,7 +111,6 @@ def test_dbsize_randomkey_flush_walk_in_steps_and_stay_inside_the_tenant(kg, ser
     assert alice.dbsize() == 0 and alice.randomkey() is None
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_pipelined_commands_wait_for_the_walk_and_keep_their_order(kg, direct):
     c = RespConn(kg.port)
     assert c.call("AUTH", "alice", "alice-secret") == "OK"
@@ -129,7 +127,6 @@ def test_pipelined_commands_wait_for_the_walk_and_keep_their_order(kg, direct):
     assert direct.dbsize() == ALICE_KEYS
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_a_walk_cannot_be_queued_or_silenced(kg, direct):
     c = RespConn(kg.port)
     assert c.call("AUTH", "alice", "alice-secret") == "OK"
@@ -144,7 +141,6 @@ def test_a_walk_cannot_be_queued_or_silenced(kg, direct):
     assert direct.dbsize() == ALICE_KEYS + BOB_KEYS
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_steps_are_rate_limited_per_tenant(server, direct):
     k = Keyguard(server.port, config=SLOW)
     try:
@@ -173,7 +169,6 @@ def test_steps_are_rate_limited_per_tenant(server, direct):
 CRAWL = CONFIG.replace("walk_steps_per_second: 0", "walk_steps_per_second: 5")
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_a_walks_first_step_takes_a_token_too(server, direct):
     # RANDOMKEY of a tenant holding most keys ends in its first step (the server's RANDOMKEY): a
     # pipeline of them is as many steps, and the rate holds for them as for any other.
@@ -190,7 +185,6 @@ def test_a_walks_first_step_takes_a_token_too(server, direct):
         assert k.stop() == 0, k.output()
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_drain_serves_the_commands_held_behind_a_walk(server, direct):
     k = Keyguard(server.port, config=CRAWL)
     c = RespConn(k.port)
@@ -203,7 +197,6 @@ def test_drain_serves_the_commands_held_behind_a_walk(server, direct):
     assert direct.get("tenant:a:after") == "1"
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_a_read_only_walk_stops_when_its_client_hangs_up(server, direct):
     k = Keyguard(server.port, config=CRAWL)
     try:
@@ -232,7 +225,6 @@ def test_a_read_only_walk_stops_when_its_client_hangs_up(server, direct):
         assert k.stop() == 0, k.output()
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE/FLUSHDB/FLUSHALL/RANDOMKEY (the walks) are refused with a cluster (reason="cluster", documented)')
 def test_a_walk_stops_when_its_tls_client_hangs_up_with_close_notify(server, direct, tmp_path):
     """Over listen_tls a client's close comes as a close_notify alert and then the FIN: the alert
     bytes in the socket are not a command, so the walk stops as it does for a plain client."""

@@ -116,7 +116,6 @@ def test_reads_and_writes_never_reach_the_other_tenant(kg, direct):
     assert bob.get("s") == "bob"
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s DBSIZE and RANDOMKEY are refused with a cluster (reason="cluster", documented)')
 def test_enumeration_sees_only_own_keys(kg, direct):
     alice, bob = as_user(kg, "alice"), as_user(kg, "bob")
     for i in range(30):

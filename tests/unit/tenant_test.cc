@@ -468,6 +468,24 @@ TEST_F(TenantTest, KeyWalkSendsStepsFromTheLastCursorAndAnswersOnceTheCursorIsZe
   s = StepReply(w, "0", "-1", "");
   EXPECT_TRUE(s.done && s.error);
   EXPECT_EQ(s.reply, "-ERR keyguard: unexpected reply to a key walk step\r\n");
+
+  // A cluster's primaries one after the other, each from cursor 0; the count is the sum.
+  w.Start(Walk::kDbsize, 3);
+  EXPECT_EQ(w.node(), 0u);
+  EXPECT_FALSE(StepReply(w, "0", "5", "").done);
+  EXPECT_EQ(w.node(), 1u);
+  EXPECT_EQ(w.NextRequest(t, 100), WalkStep(t, Walk::kDbsize, "0", 1, 100));
+  EXPECT_FALSE(StepReply(w, "8", "2", "").done);
+  EXPECT_EQ(w.node(), 1u);
+  EXPECT_FALSE(StepReply(w, "0", "1", "").done);
+  EXPECT_EQ(w.node(), 2u);
+  s = StepReply(w, "0", "4", "");
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.reply, ":12\r\n");
+  w.Start(Walk::kRandomkey, 2);  // a key found on the first node ends it there
+  s = StepReply(w, "3", "1", "tenant:a:k");
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.reply, "$1\r\nk\r\n");
 }
 
 TEST(StepBudgetTest, HoldsOneSecondsWorthAndSaysHowLongUntilTheNext) {

@@ -3,6 +3,7 @@
 // per-tenant budget of steps per second that keeps many walks from crowding the server.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -17,10 +18,16 @@ namespace keyguard::tenant {
 class KeyWalk {
  public:
   KeyWalk() = default;
-  void Start(Walk walk) { *this = KeyWalk(walk); }
+  // `nodes`: a Redis Cluster's primaries, walked one after the other (each SCAN from cursor 0).
+  void Start(Walk walk, uint32_t nodes = 1) {
+    *this = KeyWalk(walk);
+    nodes_ = std::max<uint32_t>(1, nodes);
+  }
   void Finish() { *this = KeyWalk(); }
   Walk walk() const { return walk_; }
   bool active() const { return walk_ != Walk::kNone; }
+  // The node the next step goes to (0 without a cluster).
+  uint32_t node() const { return node_; }
 
   // The request of the next step for `tenant` (up to `step_keys` keys), kept here while it is
   // on its way upstream.
@@ -42,6 +49,8 @@ class KeyWalk {
   Walk walk_ = Walk::kNone;
   uint64_t step_ = 0;
   uint64_t total_ = 0;
+  uint32_t nodes_ = 1;
+  uint32_t node_ = 0;
   std::string cursor_ = "0";
   std::string request_;
 };
