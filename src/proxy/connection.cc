@@ -24,6 +24,10 @@ constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded becaus
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
 constexpr std::string_view kMulti = "*1\r\n$5\r\nMULTI\r\n";
+// A walk step for a cluster node that is gone: the error the walk ends with.
+constexpr std::string_view kWalkNodeGone =
+    "*3\r\n$4\r\nEVAL\r\n$88\r\nreturn redis.error_reply('ERR keyguard: the cluster changed during the walk; try "
+    "again')\r\n$1\r\n0\r\n";
 commands::CommandId PingId() {
   static const commands::CommandId id = commands::LookupCommand("ping");
   return id;
@@ -416,6 +420,14 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
     case Verdict::Action::kWalk:
       pin_undo_ = kPinSettled;
       pipeline_.Release();
+      if (cluster_ && pinned_ && shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr &&
+          (*shared_.cluster_map)->primaries.size() > 1) {
+        // A pinned connection reaches one node: the walk would count, or flush, that node's keys only.
+        Refuse(c, Refusal::kCluster,
+               "ERR keyguard: a tenant's DBSIZE, FLUSHDB, FLUSHALL and RANDOMKEY are not served on a connection "
+               "pinned to one cluster node (in a transaction, after HELLO, SUBSCRIBE, ...)");
+        return;
+      }
       StartWalk(v.walk, c.id, now);
       return;
   }
@@ -639,11 +651,13 @@ void Connection::Reply(std::string text, commands::CommandId id, bool close_afte
 // Tenancy: key walks
 
 void Connection::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t now) {
-  // With a cluster, every primary in turn (those of the map as the walk starts).
-  const cluster::SlotMap* map = cluster_ && shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr
-                                    ? shared_.cluster_map->get()
-                                    : nullptr;
-  walk_.Start(walk, map != nullptr ? static_cast<uint32_t>(map->primaries.size()) : 1);
+  // With a cluster, every primary in turn: those of the map as the walk starts, by address (a new
+  // map may order them otherwise).
+  walk_nodes_.clear();
+  if (cluster_ && shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr) {
+    walk_nodes_ = (*shared_.cluster_map)->primaries;
+  }
+  walk_.Start(walk, static_cast<uint32_t>(std::max<size_t>(1, walk_nodes_.size())));
   Pending p;
   p.kind = Kind::kWalk;
   p.command = id;
@@ -659,18 +673,32 @@ void Connection::StartWalk(tenant::Walk walk, commands::CommandId id, int64_t no
 
 void Connection::ForwardWalkStep() {
   const std::string& step = walk_.NextRequest(*tenant_, shared_.stages.config.tenancy->walk_step_keys);
-  ForwardCommand(step);
-  if (cluster_) [[unlikely]] {
-    // To the walk's node: by a slot it owns (none left, after a reshard: any node).
-    route_ = Route{};
-    if (shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr) {
-      const cluster::SlotMap& m = **shared_.cluster_map;
-      const auto it = std::find(m.owner.begin(), m.owner.end(), static_cast<uint16_t>(walk_.node()));
-      if (it != m.owner.end()) route_.slot = static_cast<int32_t>(it - m.owner.begin());
-    }
-    EndRoute(step.size());
-    route_ = Route{};
+  if (!cluster_) [[likely]] {
+    ForwardCommand(step);
+    return;
   }
+  // To the walk's node, by a slot it owns now. A node no longer a primary with slots (removed,
+  // failed over, emptied by a reshard) cannot be walked on: the walk fails, rather than answer for
+  // part of the keys or scan another node with its cursor.
+  route_ = Route{};
+  int32_t slot = -1;
+  if (shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr && walk_.node() < walk_nodes_.size()) {
+    const cluster::SlotMap& m = **shared_.cluster_map;
+    const auto node = std::find(m.primaries.begin(), m.primaries.end(), walk_nodes_[walk_.node()]);
+    if (node != m.primaries.end()) {
+      const auto owned = std::find(m.owner.begin(), m.owner.end(), static_cast<uint16_t>(node - m.primaries.begin()));
+      if (owned != m.owner.end()) slot = static_cast<int32_t>(owned - m.owner.begin());
+    }
+  }
+  std::string_view bytes = step;
+  if (slot < 0) {
+    bytes = kWalkNodeGone;  // any node answers it with the error
+  } else {
+    route_.slot = slot;
+  }
+  ForwardCommand(bytes);
+  EndRoute(bytes.size());
+  route_ = Route{};
 }
 
 bool Connection::WaitForWalkToken(int64_t now) {
@@ -1037,6 +1065,12 @@ Connection::AfterFailure Connection::OnUpstreamFailed(metrics::UpstreamError rea
     return AfterFailure::kClose;
   }
   if (!(state_.quit_sent() && reason == metrics::UpstreamError::kClosed)) shard_.CountUpstreamError(reason);
+  if (holding_ && !walk_.active()) {
+    // A MULTI keyguard answered was on its way (OnPinned): the client's transaction cannot start.
+    AbortPending(UpstreamUnavailable(), owed);
+    owed->append(UpstreamUnavailable());
+    return AfterFailure::kClose;
+  }
   if ((reason == metrics::UpstreamError::kAuth || reason == metrics::UpstreamError::kTls) && !queue_.ClientWaiting()) {
     // The upstream refused keyguard's own credentials, or its TLS (TLS 1.3 refuses a client
     // certificate after the handshake), before the client asked anything: as when the upstream

@@ -434,6 +434,7 @@ class Connection {
 
   // The walk in progress (holding_: later commands wait until it ends; resume_: process them).
   tenant::KeyWalk walk_;
+  std::vector<cluster::Node> walk_nodes_;  // with a cluster: the primaries the walk goes through
   int64_t walk_wait_ns_ = 0;
   bool holding_ = false;
   bool resume_ = false;

@@ -692,6 +692,14 @@ def test_a_tenants_key_walks_cover_every_primary(shared_cluster):
         assert alice.dbsize() == 0
         check_stored(c, others)
         direct.close()
+        # On a connection pinned to one node a walk would see that node only: refused.
+        conn = RespConn(kg.port)
+        assert conn.exchange(encode("AUTH", "alice", "alice-secret") + encode("WATCH", "k1") + encode("DBSIZE") +
+                             encode("UNWATCH"), replies=4) == (
+            b"+OK\r\n+OK\r\n-ERR keyguard: a tenant's DBSIZE, FLUSHDB, FLUSHALL and RANDOMKEY are not served on a "
+            b"connection pinned to one cluster node (in a transaction, after HELLO, SUBSCRIBE, ...)\r\n+OK\r\n")
+        assert conn.exchange(encode("DBSIZE"), replies=1) == b":0\r\n"  # back on the shared links
+        conn.close()
 
 
 def test_blocking_pops_and_shard_channels_go_to_the_owning_node(fresh):
