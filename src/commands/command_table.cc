@@ -326,6 +326,7 @@ SortOptions ParseSort(bool read_only, std::span<const std::string_view> args) {
       j += 2;
     } else if (!read_only && EqualsIgnoreCase(a, "store") && left >= 1) {
       o.store = ++j;
+      o.stores.push_back(static_cast<uint32_t>(j));
     } else if (EqualsIgnoreCase(a, "by") && left >= 1) {
       o.by = ++j;
       // strchr: the pattern ends at a NUL for the server
@@ -333,6 +334,7 @@ SortOptions ParseSort(bool read_only, std::span<const std::string_view> args) {
       o.patterns.push_back(static_cast<uint32_t>(j));
     } else if (EqualsIgnoreCase(a, "get") && left >= 1) {
       o.patterns.push_back(static_cast<uint32_t>(++j));
+      o.gets.push_back(static_cast<uint32_t>(j));
     } else {
       o.error = "ERR syntax error";
       break;
@@ -341,6 +343,8 @@ SortOptions ParseSort(bool read_only, std::span<const std::string_view> args) {
   if (!o.error.empty()) {
     o.store = o.by = o.limit = -1;  // the server runs nothing
     o.patterns.clear();
+    o.gets.clear();
+    o.stores.clear();
   }
   return o;
 }

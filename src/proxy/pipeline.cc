@@ -493,18 +493,18 @@ void CommandPipeline::OldNamePatterns(const CommandContext& c) {
     BroadcastPrefixes(c);
     return;
   }
-  // Inside MULTI the confirmations are elements of EXEC's reply, which keeps the server's names.
+  // Inside MULTI the reply (KEYS, SCAN) or the confirmations ((P)(UN)SUBSCRIBE) are elements of
+  // EXEC's reply, which keeps the server's names.
+  if (c.state->in_multi()) return;
   if (c.id == known_.subscribe || c.id == known_.unsubscribe) {
-    if (!c.state->in_multi()) KeyspaceChannels(c);
+    KeyspaceChannels(c);
     return;
   }
   if (c.id == known_.psubscribe || c.id == known_.punsubscribe) {
-    if (!c.state->in_multi()) KeyspacePatterns(c);
+    KeyspacePatterns(c);
     return;
   }
   if (c.id != known_.keys && c.id != known_.scan) return;
-  // Inside MULTI the reply is an element of EXEC's, which keeps the server's names.
-  if (c.state->in_multi()) return;
   std::string_view pattern;
   size_t match = 0;  // SCAN: the position of the MATCH that applies (the last)
   if (c.id == known_.keys) {
@@ -778,44 +778,45 @@ void CommandPipeline::SortWithNewNames(const CommandContext& c) {
   }
   // BY matters only when the server sorts by it: a BY without '*' anywhere means no sorting.
   const bool lua_sort = o.by >= 0 && !o.dontsort && mapped[static_cast<size_t>(o.by)] >= 0;
-  bool any_get = false;
-  for (uint32_t pos : o.patterns) any_get |= static_cast<int>(pos) != o.by && mapped[pos] >= 0;
+  const bool any_get = std::any_of(o.gets.begin(), o.gets.end(), [&](uint32_t pos) { return mapped[pos] >= 0; });
   if (!lua_sort && !any_get) return;
   const auto args = v_.args;  // the key policy's and the tenant's names, at the client's positions
   std::string layout = lua_sort ? "pm" : "";
   std::string flags = lua_sort ? absl::StrCat("s", o.alpha ? "A" : "", o.desc ? "D" : "") : "";
   std::vector<std::string_view> server;  // SORT's arguments after the key
+  // After a GET's pattern: its new names' when it has some ('m' in the layout, else 'p').
+  const auto also_new = [&](uint32_t pos) {
+    const bool both = mapped[pos] >= 0;
+    if (both) server.insert(server.end(), {"GET", sort_space_[static_cast<size_t>(mapped[pos])]});
+    layout.push_back(both ? 'm' : 'p');
+  };
   if (lua_sort) {
-    // Every element with its weight under both names; BY, LIMIT, ASC/DESC and ALPHA are the script's.
+    // Every element with its weight under both names, then the GETs; BY, LIMIT, ASC/DESC and
+    // ALPHA are the script's.
     const size_t by = static_cast<size_t>(o.by);
     server.insert(server.end(), {"BY", "nosort", "GET", "#", "GET", args[by], "GET", sort_space_[mapped[by]]});
-  }
-  bool gets = false;
-  // The options as the server reads them (ParseSort has checked them).
-  for (size_t j = 2; j < args.size(); ++j) {
-    const std::string_view a = args[j];
-    const size_t left = args.size() - j - 1;
-    if (EqualsIgnoreCase(a, "asc") || EqualsIgnoreCase(a, "desc") || EqualsIgnoreCase(a, "alpha")) {
-      if (!lua_sort) server.push_back(a);
-    } else if (EqualsIgnoreCase(a, "limit") && left >= 2) {
-      if (!lua_sort) server.insert(server.end(), {a, args[j + 1], args[j + 2]});
-      j += 2;
-    } else if (!read_only && EqualsIgnoreCase(a, "store") && left >= 1) {
-      ++j;  // the script writes the result
-    } else if (EqualsIgnoreCase(a, "by") && left >= 1) {
-      if (!lua_sort) server.insert(server.end(), {a, args[j + 1]});
-      ++j;
-    } else {  // GET
-      ++j;
-      server.insert(server.end(), {"GET", args[j]});
-      if (mapped[j] >= 0) server.insert(server.end(), {"GET", sort_space_[static_cast<size_t>(mapped[j])]});
-      layout.push_back(mapped[j] >= 0 ? 'm' : 'p');
-      gets = true;
+    for (uint32_t pos : o.gets) {
+      server.insert(server.end(), {"GET", args[pos]});
+      also_new(pos);
     }
-  }
-  if (lua_sort && !gets) {
-    server.insert(server.end(), {"GET", "#"});
-    layout.push_back('p');
+    if (o.gets.empty()) {
+      server.insert(server.end(), {"GET", "#"});
+      layout.push_back('p');
+    }
+  } else {
+    // The client's options as they are, each mapped GET asked again under the new names, without
+    // STORE (the script writes the result).
+    auto store = o.stores.begin();
+    auto next_get = o.gets.begin();
+    for (size_t j = 2; j < args.size(); ++j) {
+      if (store != o.stores.end() && j + 1 == *store) {
+        ++j;
+        ++store;
+        continue;
+      }
+      server.push_back(args[j]);
+      if (next_get != o.gets.end() && j == *next_get) also_new(*next_get++);
+    }
   }
   // Lua's unpack takes some 8,000 values: a SORT with more options goes as it is.
   constexpr size_t kMaxUnpacked = 7000;

@@ -99,6 +99,14 @@ TEST(FindKeys, SortAndGeoradiusFollowTheExecutedParse) {
       false, std::vector<std::string_view>{"SORT", "l", "BY", "STORE", "GET", "#", "GET", "o_*", "STORE", "d"});
   EXPECT_EQ(o.store, 9);
   EXPECT_EQ(o.patterns, (std::vector<uint32_t>{3, 5, 7}));
+  EXPECT_EQ(o.gets, (std::vector<uint32_t>{5, 7}));
+  EXPECT_EQ(o.by, 3);
+  const SortOptions two = ParseSort(
+      false, std::vector<std::string_view>{"SORT", "l", "STORE", "a", "GET", "STORE", "store", "b", "DESC", "ALPHA"});
+  EXPECT_EQ(two.stores, (std::vector<uint32_t>{3, 7}));  // every STORE; the last applies
+  EXPECT_EQ(two.store, 7);
+  EXPECT_EQ(two.gets, (std::vector<uint32_t>{5}));
+  EXPECT_TRUE(two.desc && two.alpha);
   EXPECT_EQ(ParseSort(false, std::vector<std::string_view>{"SORT", "l", "LIMIT", "x", "1"}).error,
             "ERR value is not an integer or out of range");
   EXPECT_EQ(ParseSort(true, std::vector<std::string_view>{"SORT_RO", "l", "STORE", "d"}).error, "ERR syntax error");

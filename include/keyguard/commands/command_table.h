@@ -108,6 +108,8 @@ bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, s
 struct SortOptions {
   int store = -1;                  // the destination the server writes, -1 for none
   std::vector<uint32_t> patterns;  // positions of BY and GET patterns
+  std::vector<uint32_t> gets;      // ... of the GET patterns alone, in order
+  std::vector<uint32_t> stores;    // ... of every STORE's destination (`store` is the last)
   std::string_view error;          // the server's error when it refuses the options, else empty
   int by = -1;                     // the BY pattern that applies (the last), -1 for none
   int limit = -1;                  // LIMIT's offset (its count follows), -1 for none
