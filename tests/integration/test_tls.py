@@ -413,6 +413,10 @@ def test_tls_over_shared_connections(pki):
     kg = Keyguard(r.port, config="upstream_connections: shared\nupstream_tls:\n  ca_file: %s\n" % pki("ca.crt"),
                   upstream="rediss://localhost:%d" % r.port, extra=("--upstream-connections", "shared"))
     try:
+        # Each worker's shared connection does its first TLS handshake as keyguard starts; a command
+        # before it is up gets "upstream unavailable" (one CI run under load saw it).
+        wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 2,
+                   "both workers' shared connections up")
         c = redis.Redis(port=kg.port)
         exercise(c, r, pki)
         t = c.pipeline(transaction=True)
