@@ -557,8 +557,9 @@ void Connection::BindTenant(const tenant::Tenant* t) {
 }
 
 void Connection::SendUpstreamAuth() {
-  if (shared_.upstream_auth.empty() || !upstream_ready_) return;
-  SendInternal(shared_.upstream_auth, commands::Known().auth);
+  if (!upstream_ready_) return;
+  const std::string_view auth = host_.UpstreamAuth();
+  if (!auth.empty()) SendInternal(auth, commands::Known().auth);
 }
 
 void Connection::SendInternal(std::string_view command, commands::CommandId id) {

@@ -65,6 +65,9 @@ class ConnectionHost {
   virtual void Report(hygiene::Finding f) = 0;
   // A detector queued a key for the size probe.
   virtual void WakeProbe() = 0;
+  // keyguard's encoded upstream AUTH as a new (or RESET) upstream connection sends it now: the
+  // password file's current secret (empty: none). Valid until the next call.
+  virtual std::string_view UpstreamAuth() = 0;
 
  protected:
   ~ConnectionHost() = default;
@@ -75,7 +78,6 @@ struct ConnectionShared {
   StageShared& stages;  // settings, the metric shard, the tenant connection registry
   hygiene::WorkerDetectors& hygiene;
   hygiene::HotKeys& hot;
-  std::string_view upstream_auth;  // keyguard's encoded upstream AUTH, or empty
   // Tenancy: each tenant's budget of key-walk steps on this worker.
   std::unordered_map<const tenant::Tenant*, tenant::StepBudget>& walk_budget;
   // A Redis Cluster upstream: the worker's slot map (nullptr without one).

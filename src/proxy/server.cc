@@ -58,10 +58,16 @@ void TickHotKeys(Worker& w, std::chrono::milliseconds period) {
 }
 
 // Each second: upstream connections that owe replies and have been silent are asked whether the
-// server closed them (Session::CheckUpstream).
+// server closed them (Session::CheckUpstream), and clients that are not read whether they hung up
+// (Session::ClientHungUp).
 void TickLiveness(Worker& w) {
   const int64_t now = NowNs();
-  for (const auto& s : w.sessions) s->CheckUpstream(now);
+  std::vector<std::shared_ptr<Session>> hung_up;  // (closing one takes it out of w.sessions)
+  for (const auto& s : w.sessions) {
+    s->CheckUpstream(now);
+    if (s->ClientHungUp(now)) hung_up.push_back(s);
+  }
+  for (const auto& s : hung_up) s->CloseHungUp();
   for (const auto& link : w.links) link->CheckLiveness(now);
   if (w.cluster != nullptr) {
     for (const auto& [addr, link] : w.cluster->links) link->CheckLiveness(now);

@@ -15,9 +15,8 @@ namespace {
 // A client that has not finished its TLS handshake by then is closed.
 constexpr std::chrono::seconds kTlsHandshakeTimeout(10);
 
-ConnectionShared SharedOf(Worker& w, const std::string& upstream_auth) {
-  return ConnectionShared{w.stages,      w.hygiene,     w.hot,
-                          upstream_auth, w.walk_budget, w.cluster != nullptr ? &w.cluster->map : nullptr};
+ConnectionShared SharedOf(Worker& w) {
+  return ConnectionShared{w.stages, w.hygiene, w.hot, w.walk_budget, w.cluster != nullptr ? &w.cluster->map : nullptr};
 }
 
 }  // namespace
@@ -30,8 +29,7 @@ Session::Session(Worker& worker, Socket client)
       upstream_out_(*upstream_, &worker.shard->upstream_bytes_sent),
       client_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       upstream_buf_(static_cast<size_t>(worker.config.read_buffer_size)),
-      upstream_auth_(worker.upstream_credentials->Current()),
-      conn_(SharedOf(worker, *upstream_auth_), *this),
+      conn_(SharedOf(worker), *this),
       queue_event_(worker.io) {
   worker_.shard->client_connections.Add(1);
   worker_.shard->client_connections_total.Add();
@@ -87,6 +85,10 @@ awaitable<void> Session::Run() {
     // them to the same one, so they stay in order) until it is pinned.
     conn_.set_multiplexed();
     link_ = worker_.PickLink();
+    if (!link_->up()) {
+      co_await link_->WaitForConnect();
+      if (closed_) co_return;
+    }
     co_await ClientPump<true>();
     co_return;
   }
@@ -172,6 +174,13 @@ void ReportFinding(Worker& worker, hygiene::Finding f) {
 }
 
 void Session::Report(hygiene::Finding f) { ReportFinding(worker_, std::move(f)); }
+
+std::string_view Session::UpstreamAuth() {
+  // A rotated password file's new secret: a connection made (or pinned, or RESET) after the
+  // rotation authenticates with what the server takes now.
+  upstream_auth_ = worker_.upstream_credentials->Current();
+  return *upstream_auth_;
+}
 
 void Session::WakeProbe() {
   if (worker_.probe != nullptr) worker_.probe->Wake();
@@ -286,6 +295,26 @@ void Session::CheckUpstream(int64_t now_ns) {
     error_code ignored;
     upstream_->socket().cancel(ignored);  // the pending read completes, as at the end of the stream
   }
+}
+
+void Session::WaitingForUpstream() {
+  if (waiting_since_ns_ == 0) waiting_since_ns_ = NowNs();
+}
+
+bool Session::ClientHungUp(int64_t now_ns) {
+  if (closed_ || waiting_since_ns_ == 0 || conn_.pending() == 0) return false;
+  // Replies that are still coming (a slow upstream, a big reply) are delivered first, as the
+  // server delivers what it answered before it reads the end of a client's stream.
+  const int64_t last = std::max({waiting_since_ns_, upstream_read_ns_, link_now_ns_});
+  return now_ns - last >= 1'000'000'000 && client_.HungUp();
+}
+
+void Session::CloseHungUp() {
+  if (closed_) return;
+  EventLine("info", "client_hung_up_while_waiting")
+      .Int("owed_replies", static_cast<int64_t>(conn_.pending()))
+      .Write(stderr);
+  Close();
 }
 
 void Session::StartFlushAndClose() {

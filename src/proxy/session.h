@@ -36,6 +36,12 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // second is asked (a peek) whether the server closed it. A close that came with the last bytes
   // raises no further epoll edge (async_read.h), so it is not waited for forever.
   void CheckUpstream(int64_t now_ns);
+  // Called about once a second: whether the client is not read (its commands wait for replies,
+  // or it sent QUIT), owes replies, got none for a second and hung up. CloseHungUp then closes it,
+  // and with it a pinned or dedicated connection whose command may block for ever (BLPOP 0, then
+  // QUIT or a protocol error): the server frees such a client when it reads the end of its stream.
+  bool ClientHungUp(int64_t now_ns);
+  void CloseHungUp();
   // Close both connections now.
   void Close();
 
@@ -80,11 +86,14 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // Closes the upstream connection (and counts it gone, if it was up).
   void CloseUpstream();
   void NotifyQueue();
+  // ClientPump stops reading the client (from now, if it was reading).
+  void WaitingForUpstream();
 
   // ConnectionHost.
   bool ClientGone() override;
   void Report(hygiene::Finding f) override;
   void WakeProbe() override;
+  std::string_view UpstreamAuth() override;
   // LinkClient.
   void BeginLinkReplies(SharedLink* from) override;
   void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
@@ -105,6 +114,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   int64_t link_now_ns_ = 0;       // the time of the link's run of replies
   int64_t upstream_read_ns_ = 0;  // the last read from upstream_ (or its start)
   bool upstream_eof_ = false;     // CheckUpstream found the server closed upstream_
+  int64_t waiting_since_ns_ = 0;  // since when ClientPump has not read the client (0: it reads)
   bool link_ok_ = true;           // no frame from the link broke the connection (else it closes)
   bool watchdog_armed_ = false;   // a client over its output bound gets a window to read in
   // The client's progress (ClientProgress) when last looked at, and when it last changed (0: not
@@ -116,7 +126,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   Outbox upstream_out_;
   ReadBuffer client_buf_;
   ReadBuffer upstream_buf_;
-  std::shared_ptr<const std::string> upstream_auth_;  // the AUTH this session's upstream gets
+  std::shared_ptr<const std::string> upstream_auth_;  // the AUTH last sent upstream (UpstreamAuth)
   Connection conn_;
   Timer queue_event_;  // wakes ClientPump when replies were delivered
   bool queue_waiter_ = false;

@@ -27,18 +27,29 @@ awaitable<void> Session::ClientPump() {
   size_t hint = 0;
   while (!closed_ && !conn_.stop_reading()) {
     // Backpressure: a slow upstream or a client that does not read its replies stops our reads.
+    // (While the pump waits, the client is not read: CheckClient looks whether it hung up.)
     if (kShared && on_link()) {
       if (cluster_ != nullptr) {
-        while (!closed_ && on_link() && cluster_->backlog() > max_out) co_await cluster_->WaitBelow(max_out / 2);
+        while (!closed_ && on_link() && cluster_->backlog() > max_out) {
+          WaitingForUpstream();
+          co_await cluster_->WaitBelow(max_out / 2);
+        }
       } else {
-        while (!closed_ && on_link() && link_->backlog() > max_out) co_await link_->WaitBelow(max_out / 2);
+        while (!closed_ && on_link() && link_->backlog() > max_out) {
+          WaitingForUpstream();
+          co_await link_->WaitBelow(max_out / 2);
+        }
       }
     } else {
-      while (!closed_ && upstream_out_.backlog() > max_out) co_await upstream_out_.WaitBelow(max_out / 2);
+      while (!closed_ && upstream_out_.backlog() > max_out) {
+        WaitingForUpstream();
+        co_await upstream_out_.WaitBelow(max_out / 2);
+      }
     }
     // A command that pins waits until every earlier one is answered.
     while (!closed_ && (conn_.pending() >= max_pending || conn_.holding() ||
                         (kShared && conn_.pin_wanted() != PinReason::kNone && conn_.pending() != 0))) {
+      WaitingForUpstream();
       queue_waiter_ = true;
       queue_event_.expires_at(Timer::time_point::max());
       error_code ignored;
@@ -46,6 +57,7 @@ awaitable<void> Session::ClientPump() {
     }
     if (closed_) break;
     if (kShared && conn_.pin_wanted() != PinReason::kNone) {
+      WaitingForUpstream();
       co_await Pin();
       if (closed_ || closing_) co_return;
       ProcessClientBytes<kShared>(&hint);  // the command that waited, and those after it
@@ -58,6 +70,7 @@ awaitable<void> Session::ClientPump() {
       if (drain_after_walk_ && !conn_.holding()) conn_.StopReading();
       continue;
     }
+    waiting_since_ns_ = 0;  // reading: a hang-up ends the read
     client_buf_.Prepare(hint);
     error_code ec;
     // Plain TCP reads the socket here, as before the client end was a Stream (see TlsReadSome). Not
@@ -82,6 +95,7 @@ awaitable<void> Session::ClientPump() {
   // Stopped reading (protocol error, QUIT, upstream gone, draining): wait for every pending reply,
   // then deliver and close.
   while (!closed_ && conn_.pending() != 0) {
+    WaitingForUpstream();
     queue_waiter_ = true;
     queue_event_.expires_at(Timer::time_point::max());
     error_code ignored;

@@ -123,7 +123,8 @@ SharedLink::SharedLink(Worker& worker)
     : worker_(worker),
       buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       framer_(worker.config.limits),
-      backoff_(worker.io) {}
+      backoff_(worker.io),
+      attempt_done_(worker.io, Timer::time_point::max()) {}
 
 SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly) : SharedLink(worker) {
   to_.endpoint = node;
@@ -142,6 +143,7 @@ void SharedLink::Start() {
 void SharedLink::Stop() {
   stopped_ = true;
   backoff_.cancel();
+  attempt_done_.cancel();
   if (conn_ != nullptr) conn_->stream.Close();
 }
 
@@ -163,12 +165,25 @@ awaitable<void> SharedLink::Run() {
   }
 }
 
+awaitable<void> SharedLink::WaitForConnect() {
+  if (up_ || stopped_) co_return;
+  auto self = shared_from_this();
+  if (!connecting_) backoff_.cancel();  // backing off: Run connects now
+  error_code ignored;
+  co_await attempt_done_.async_wait(AwaitEc(ignored));
+}
+
 awaitable<bool> SharedLink::Open() {
   conn_ = std::make_shared<Conn>(worker_.io, &worker_.shard->upstream_bytes_sent);
   std::string tls;
+  connecting_ = true;
   const bool ok = co_await ConnectUpstream(worker_, conn_->stream, &tls, &to_);
+  connecting_ = false;
   failure_ = tls.empty() ? std::string() : "upstream TLS: " + tls;
-  if (!ok || stopped_) co_return false;
+  if (!ok || stopped_) {
+    attempt_done_.cancel();
+    co_return false;
+  }
   conn_->out.set_owner(conn_);
   Stream* stream = &conn_->stream;
   conn_->out.set_on_error([stream](error_code) {
@@ -179,6 +194,7 @@ awaitable<bool> SharedLink::Open() {
   framer_.Reset();
   up_ = true;
   worker_.shard->CountUpstream(metrics::UpstreamKind::kShared, 1);
+  attempt_done_.cancel();  // (the waiters resume after this turn: the link is up)
   co_return true;
 }
 

@@ -120,6 +120,11 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
     if (conn_ != nullptr) conn_->stream.Close();
   }
   bool up() const { return up_; }
+  // Down: waits for a connect (begun now when the link is backing off after a failure), bounded
+  // by upstream_connect_timeout_ms. A new client waits here, as a dedicated connection waits for
+  // its own connect, rather than get `upstream unavailable` while the link is still connecting
+  // (at start, or after a failure).
+  awaitable<void> WaitForConnect();
   // Whether replies are owed on it (commands in flight).
   bool owes() const { return !owed_.empty(); }
   // "host:port" of a cluster node ("" for the worker's upstream).
@@ -217,6 +222,8 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   int64_t last_read_ns_ = 0;
   bool eof_ = false;  // CheckLiveness found the server closed the connection
   Timer backoff_;
+  bool connecting_ = false;
+  Timer attempt_done_;  // never expires: cancelled at the end of each connect (WaitForConnect)
 };
 
 }  // namespace keyguard::proxy

@@ -49,6 +49,12 @@ bool Stream::PeerGone() {
   return at == n;
 }
 
+bool Stream::HungUp() {
+  if (!socket_.is_open()) return true;
+  pollfd pfd{socket_.native_handle(), POLLRDHUP, 0};
+  return ::poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 bool Stream::IdleAndOpen() {
   if (ssl_ == nullptr) return Peek(socket_) == Peeked::kNothing;
   // A peek at the socket cannot tell: the tickets are unread, and a close_notify after them.

@@ -48,6 +48,9 @@ class Stream {
   // close_notify) and OpenSSL holds no record it has not handed on. Bytes that may be a command
   // mean the peer is not gone.
   bool PeerGone();
+  // Whether the peer shut its sending side (a FIN, read or not, whatever came before it), or the
+  // connection failed: it sends nothing more. (A half-close is a hang-up, as the server takes it.)
+  bool HungUp();
   // Whether a connection nothing is owed on (an idle one of a pool) is still usable: plain TCP,
   // nothing to read; TLS, nothing but post-handshake messages (session tickets), which this
   // processes (no read may be in flight). A close (close_notify or not), a reset or bytes nobody

@@ -1,6 +1,8 @@
 """Through keyguard against a real redis-server, with real clients (redis-py, redis-cli and a raw
 RESP socket for exact bytes). Many tests are differential: the same bytes sent to redis-server
 directly and through keyguard must get the same bytes back."""
+import os
+import socket
 import subprocess
 import threading
 import time
@@ -8,7 +10,7 @@ import time
 import pytest
 import redis
 
-from conftest import SANITIZED, Keyguard, Redis, wait_blocked, wait_until
+from conftest import SANITIZED, Keyguard, Redis, blocked_clients, wait_blocked, wait_until
 from resp import Closed, Push, RespConn, encode
 
 
@@ -383,6 +385,71 @@ def test_client_killed_mid_pipeline(redis_server):
         assert redis.Redis(port=kg.port).ping()
     finally:
         assert kg.stop() == 0
+
+
+def test_a_client_that_hangs_up_behind_a_blocked_command_frees_it():
+    """The server frees a blocked client when it reads the end of its stream. keyguard stops
+    reading a client after QUIT or a protocol error, and while the replies it owes are at
+    max_pending_commands: a client that hung up there was not seen, and its BLPOP stayed blocked
+    on the server, holding a connection and taking the next value pushed for nobody. Now a client
+    that is not read, hung up and got nothing for a second is closed, and its upstream connection
+    with it; the value pushed afterwards stays in the list."""
+    r = Redis()
+    kg = Keyguard(r.port, config="limits: {max_pending_commands: 2}\n")
+    direct = redis.Redis(port=r.port)
+    try:
+        for tail in (encode("QUIT"), b"*x\r\n", encode("GET", "a") + encode("GET", "b") + encode("GET", "c")):
+            c = RespConn(kg.port)
+            c.send_raw(encode("BLPOP", "jobs", "0") + tail)
+            wait_blocked(r.port)
+            c.sock.close()
+            wait_until(lambda: blocked_clients(r.port) == 0, "the hung-up client's BLPOP to end")
+            assert direct.rpush("jobs", "j1") == 1
+            assert direct.lrange("jobs", 0, -1) == [b"j1"]
+            assert direct.delete("jobs") == 1
+        # A client that half-closes after commands that are answered gets every reply.
+        c = RespConn(kg.port)
+        c.send_raw(encode("SET", "k", "v") + encode("GET", "k") + encode("QUIT"))
+        c.sock.shutdown(socket.SHUT_WR)
+        assert c.read_until_closed() == b"+OK\r\n$1\r\nv\r\n+OK\r\n"
+    finally:
+        direct.close()
+        assert kg.stop() == 0
+        r.stop()
+
+
+def test_connections_pinned_or_reset_after_a_password_rotation_use_the_new_secret():
+    """keyguard AUTHs each upstream connection it makes with the password file's current secret.
+    A client's session kept the secret it started with for the connections it made later: a
+    connection pinned for it after a rotation (shared: the pool empty; a cluster: every pin is
+    new), and the AUTH keyguard sends again after a client's RESET, were refused by the server."""
+    r = Redis("--requirepass", "pw-1")
+    pw = os.path.join(r.dir, "pw")
+
+    def write_password(text):
+        with open(pw + ".new", "w") as f:  # as a Secret update: the new file renamed into place
+            f.write(text + "\n")
+        os.rename(pw + ".new", pw)
+
+    write_password("pw-1")
+    kg = Keyguard(r.port, config='upstream_auth: {password_file: "%s"}\npinned_idle_connections: 0\n' % pw)
+    direct = redis.Redis(port=r.port, password="pw-1")
+    try:
+        c = RespConn(kg.port)
+        assert c.call("SET", "k", "1") == "OK"
+        assert direct.config_set("requirepass", "pw-2") is True
+        write_password("pw-2")
+        c.send_raw(encode("MULTI") + encode("INCR", "k") + encode("EXEC"))
+        assert [c.read()[1] for _ in range(3)] == [b"+OK\r\n", b"+QUEUED\r\n", b"*1\r\n:2\r\n"]
+        assert c.call("RESET") == "RESET"
+        assert c.call("INCR", "k") == 3
+        assert kg.metric('keyguard_upstream_errors_total{reason="auth"}') == 0
+        assert redis.Redis(port=r.port, password="pw-2").get("k") == b"3"
+        c.close()
+    finally:
+        direct.close()
+        assert kg.stop() == 0, kg.output()
+        r.stop()
 
 
 @pytest.mark.dedicated_only(reason="the client stays connected (its commands in flight fail) and the error is counted once per shared connection")

@@ -7,11 +7,13 @@ import contextlib
 import random
 import resource
 import socket
+import subprocess
+import tempfile
 import time
 
 import redis
 
-from conftest import Keyguard, Redis, wait_until, wait_blocked
+from conftest import Keyguard, Redis, free_port, wait_blocked, wait_port, wait_until
 from resp import PATIENCE, RespConn, encode
 
 THREADS = 2
@@ -213,6 +215,33 @@ def test_client_names_setinfo_and_hello_2_keep_the_client_shared():
         a.close()
         wait_until(lambda: kind(kg, "pinned") == 0, "the named connection closed with its client")
         assert kind(kg, "idle") == 2 * THREADS
+
+
+def test_a_client_that_comes_while_the_shared_connection_is_down_waits_for_a_connect():
+    """A dedicated connection's first command waits for its connect. A shared link that was
+    still connecting (at start, or backing off after a failure) made a new client's commands fail
+    with `upstream unavailable`, seconds after the server was back. A new client now waits for a
+    connect, begun at once when the link is backing off."""
+    port = free_port()
+    kg = Keyguard(port, config=SHARED, threads=1)
+    proc = None
+    try:
+        # Nothing listens yet: the link fails and backs off (50 ms, doubling up to 2 s).
+        wait_until(lambda: kg.metric('keyguard_upstream_errors_total{reason="connect"}') >= 7, "the link backing off")
+        d = tempfile.mkdtemp(prefix="kg-redis-")
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", d], stdout=subprocess.DEVNULL)
+        wait_port(port, proc=proc)
+        c = RespConn(kg.port)
+        assert c.call("SET", "k", "v") == "OK"
+        assert c.call("GET", "k") == b"v"
+        assert kind(kg, "shared") == 1
+        c.close()
+    finally:
+        kg.stop()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(PATIENCE)
 
 
 def test_a_failed_shared_connection_fails_only_what_was_in_flight():

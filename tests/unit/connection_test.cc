@@ -47,8 +47,7 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
     hygiene_ = std::make_unique<hygiene::WorkerDetectors>(config_->hygiene);
     hot_ = std::make_unique<hygiene::HotKeys>(config_->hygiene);
     upstream_auth_ = std::move(upstream_auth);
-    conn_ =
-        std::make_unique<Connection>(ConnectionShared{*stages_, *hygiene_, *hot_, upstream_auth_, walk_budget_}, *this);
+    conn_ = std::make_unique<Connection>(ConnectionShared{*stages_, *hygiene_, *hot_, walk_budget_}, *this);
     conn_->set_client_address("127.0.0.1:5555");
     if (shared) {
       conn_->set_multiplexed();
@@ -118,6 +117,7 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
   bool ClientGone() override { return client_gone_; }
   void Report(hygiene::Finding f) override { findings_.push_back(std::move(f)); }
   void WakeProbe() override {}
+  std::string_view UpstreamAuth() override { return upstream_auth_; }
 
   metrics::WorkerShard shard_;
   std::vector<hygiene::Finding> findings_;

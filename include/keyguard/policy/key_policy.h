@@ -153,7 +153,23 @@ class KeyPolicy {
   bool FastPass(const Shape& shape, std::string_view key) const;
 
   std::vector<Rule> rules_;
-  Rule scripts_{Rule::Kind::kUser, "scripts", Action::kObserve, {}, nullptr, "", false, nullptr, "", "", "", "", false};
+  Rule scripts_{Rule::Kind::kUser,
+                "scripts",
+                Action::kObserve,
+                {},
+                nullptr,
+                "",
+                false,
+                nullptr,
+                "",
+                "",
+                "",
+                "",
+                false,
+                "",
+                "",
+                0,
+                false};
   absl::flat_hash_set<std::string> allowed_scripts_, allowed_functions_;
   bool punctuation_[256] = {};
   uint8_t class_[256] = {};  // character classes per byte, from punctuation_
