@@ -24,6 +24,7 @@ constexpr std::string_view kExecAbort = "-EXECABORT Transaction discarded becaus
 constexpr std::string_view kDiscard = "*1\r\n$7\r\nDISCARD\r\n";
 constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
 constexpr std::string_view kMulti = "*1\r\n$5\r\nMULTI\r\n";
+constexpr std::string_view kHello3 = "*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n";
 // A walk step for a cluster node that is gone: the error the walk ends with.
 constexpr std::string_view kWalkNodeGone =
     "*3\r\n$4\r\nEVAL\r\n$88\r\nreturn redis.error_reply('ERR keyguard: the cluster changed during the walk; try "
@@ -226,6 +227,18 @@ std::string_view Connection::Encode(std::span<const std::string_view> args) {
   return std::string_view(start, n);
 }
 
+bool Connection::HeadMayBlock() const {
+  if (queue_.empty()) return false;
+  static const uint32_t kBlocking = commands::CommandFlagMask("blocking");
+  static const commands::CommandId kMayBlock[] = {commands::LookupCommand("wait"), commands::LookupCommand("waitaof"),
+                                                  commands::LookupCommand("xread"),
+                                                  commands::LookupCommand("xreadgroup")};
+  const commands::CommandId id = queue_.front().command;
+  if (id == commands::kUnknownCommand) return false;
+  if ((commands::Spec(id).flags & kBlocking) != 0) return true;
+  return std::find(std::begin(kMayBlock), std::end(kMayBlock), id) != std::end(kMayBlock);
+}
+
 bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_view> args) {
   if (multi_deferred_ && !pinned_) [[unlikely]] {
     // The first command after a MULTI keyguard answered: the transaction goes to the node of this
@@ -236,6 +249,26 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     pin_wanted_ = PinReason::kTransaction;
     pin_slot_ = kAnyNode;
     return true;
+  }
+  if (id == commands::Known().hello && !cluster_ && shared_.stages.config.tenancy == nullptr && args.size() <= 2) {
+    // HELLO: answered by the shared connection, whose protocol is the client's. `HELLO 2|3` that
+    // changes it moves the client to the other set first. (AUTH or SETNAME pin, as a bad
+    // version does: the server's NOPROTO then comes from a connection of the client's own.)
+    const int8_t v = args.size() == 1 ? link_protocol_ : HelloVersion(args);
+    if (v == link_protocol_) return false;
+    if (v != 0 && !pinned_) {
+      protocol_wanted_ = v;
+      pin_wanted_ = PinReason::kHello;
+      return true;
+    }
+    if (v != 0) {
+      // Pinned: the client's own connection changes protocol, and stays with it (its shared set
+      // speaks the other one).
+      if (!sticky_) pin_undo_ = kPinMadeSticky;
+      sticky_ = true;
+      pin_check_ = false;
+      return false;
+    }
   }
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
   if (r == PinReason::kNone) {
@@ -298,6 +331,8 @@ PinReason Connection::OnPinned(bool fresh) {
   CountUpstream(1);
   if (fresh) SendUpstreamAuth();
   if (shared_.stages.connections != nullptr) SendInternal(kClientId, commands::Known().client);
+  // A client on RESP3 shared connections: its own connection speaks RESP3 too.
+  if (link_protocol_ == 3) SendInternal(kHello3, commands::Known().hello);
   if (multi_deferred_) {
     // The MULTI keyguard answered goes first; a refusal of the command that pinned the client
     // does not end this pin (the transaction goes on).
@@ -559,7 +594,12 @@ void Connection::BindTenant(const tenant::Tenant* t) {
 void Connection::SendUpstreamAuth() {
   if (!upstream_ready_) return;
   const std::string_view auth = host_.UpstreamAuth();
-  if (!auth.empty()) SendInternal(auth, commands::Known().auth);
+  if (auth.empty()) return;
+  // Copied into the batch's arena: the next call (a second RESET in the batch) may free it.
+  char* copy = scratch_.Reserve(auth.size());
+  std::memcpy(copy, auth.data(), auth.size());
+  scratch_.Commit(auth.size());
+  SendInternal(std::string_view(copy, auth.size()), commands::Known().auth);
 }
 
 void Connection::SendInternal(std::string_view command, commands::CommandId id) {
@@ -909,6 +949,14 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
                                                 "); the connection is closed\r\n")));
       stop_reading_ = true;
       upstream_failure_ = "upstream refused MULTI";
+      return false;
+    }
+  } else if (front.command == commands::Known().hello) {
+    // keyguard's HELLO 3 on a connection pinned for a RESP3 client (OnPinned): refused, the
+    // connection cannot answer the client in its protocol.
+    if (type == '-' || type == '!') {
+      EventLine("error", "upstream_hello_failed").Str("error", kind).Write(stderr);
+      upstream_failure_ = absl::StrCat("upstream refused HELLO 3: ", absl::string_view(kind.data(), kind.size()));
       return false;
     }
   } else if (front.command == PingId()) {

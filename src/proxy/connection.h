@@ -66,7 +66,8 @@ class ConnectionHost {
   // A detector queued a key for the size probe.
   virtual void WakeProbe() = 0;
   // keyguard's encoded upstream AUTH as a new (or RESET) upstream connection sends it now: the
-  // password file's current secret (empty: none). Valid until the next call.
+  // password file's current secret (empty: none). Valid until the next call (the Connection
+  // copies it).
   virtual std::string_view UpstreamAuth() = 0;
 
  protected:
@@ -199,6 +200,19 @@ class Connection {
   }
   // The client is back on the shared connection (its own went to the pool, or closed).
   void OnUnpinned();
+  // A `HELLO 2` or `HELLO 3` (no AUTH, no SETNAME) that would change the protocol of the client's
+  // shared connection waits unread (pin_wanted() is kHello): the transport moves the client to a
+  // shared connection of that protocol once nothing is pending, then calls OnLinkSwitched, and
+  // the HELLO goes there (its reply is the server's). 0: the client waits for no such move.
+  int protocol_wanted() const { return protocol_wanted_; }
+  void OnLinkSwitched() {
+    link_protocol_ = protocol_wanted_;
+    protocol_wanted_ = 0;
+    pin_wanted_ = PinReason::kNone;
+  }
+  // The protocol of the shared connections the client is on (a connection pinned for it speaks
+  // it too: keyguard's HELLO 3 goes first; such a connection is not pooled again).
+  int link_protocol() const { return link_protocol_; }
   // The shared connection failed: every command in flight on it gets the error (returned, in order
   // with keyguard's own replies); the client stays connected.
   std::string OnSharedFailed();
@@ -213,6 +227,9 @@ class Connection {
   // Nothing is pending and no command waits behind a walk.
   bool idle() const { return queue_.empty() && !holding_ && !resume_; }
   size_t pending() const { return queue_.size(); }
+  // Whether the oldest command owed a reply may block on the server for as long as it likes (a
+  // blocking command, WAIT, XREAD): a client that hung up is not waited for behind it.
+  bool HeadMayBlock() const;
 
   // Why the upstream is unavailable, when more is known than that ("upstream TLS: <reason>"): the
   // error replies say it.
@@ -467,6 +484,10 @@ class Connection {
   // The gauges of upstream connections, by kind: +1 when one of its own comes up, -1 when it goes.
   void CountUpstream(int n);
   PinReason pin_wanted_ = PinReason::kNone;
+  // The protocol of the shared connections the client's commands go to (a set per protocol), and
+  // the one a `HELLO 2|3` waiting unread asks for (0: none; pin_wanted_ is kHello meanwhile).
+  int8_t link_protocol_ = 2;
+  int8_t protocol_wanted_ = 0;
 
   // A Redis Cluster upstream.
   bool cluster_ = false;

@@ -302,9 +302,9 @@ void Session::WaitingForUpstream() {
 }
 
 bool Session::ClientHungUp(int64_t now_ns) {
-  if (closed_ || waiting_since_ns_ == 0 || conn_.pending() == 0) return false;
-  // Replies that are still coming (a slow upstream, a big reply) are delivered first, as the
-  // server delivers what it answered before it reads the end of a client's stream.
+  // Only behind a command that may block: any other reply comes (a slow script, a big reply, a
+  // busy server), and the server delivers it to a client that half-closed.
+  if (closed_ || waiting_since_ns_ == 0 || !conn_.HeadMayBlock()) return false;
   const int64_t last = std::max({waiting_since_ns_, upstream_read_ns_, link_now_ns_});
   return now_ns - last >= 1'000'000'000 && client_.HungUp();
 }

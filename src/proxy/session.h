@@ -37,7 +37,8 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // raises no further epoll edge (async_read.h), so it is not waited for forever.
   void CheckUpstream(int64_t now_ns);
   // Called about once a second: whether the client is not read (its commands wait for replies,
-  // or it sent QUIT), owes replies, got none for a second and hung up. CloseHungUp then closes it,
+  // or it sent QUIT), the oldest reply it is owed is a blocking command's, none came for a second,
+  // and it hung up. CloseHungUp then closes it,
   // and with it a pinned or dedicated connection whose command may block for ever (BLPOP 0, then
   // QUIT or a protocol error): the server frees such a client when it reads the end of its stream.
   bool ClientHungUp(int64_t now_ns);
@@ -72,6 +73,10 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // the command that waits unread, and its replies come from UpstreamPump until Unpin.
   awaitable<void> Pin();
   void Unpin();
+  // HELLO 2|3 on a shared connection of the other protocol: the client moves to one of the
+  // worker's links of that protocol (RESP3's made at the first such HELLO) and waits for it to be
+  // up, as a new client does.
+  awaitable<void> SwitchLink();
   // The pinned time, observed by reason (at Unpin, or when the client closes pinned).
   void ObservePin();
   // Closes a client that does not read its replies from a shared link (slow_client_closed).

@@ -58,7 +58,11 @@ awaitable<void> Session::ClientPump() {
     if (closed_) break;
     if (kShared && conn_.pin_wanted() != PinReason::kNone) {
       WaitingForUpstream();
-      co_await Pin();
+      if (conn_.protocol_wanted() != 0) {
+        co_await SwitchLink();  // HELLO 2|3: the shared connections of that protocol
+      } else {
+        co_await Pin();
+      }
       if (closed_ || closing_) co_return;
       ProcessClientBytes<kShared>(&hint);  // the command that waited, and those after it
       continue;

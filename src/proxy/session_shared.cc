@@ -61,11 +61,18 @@ awaitable<void> Session::Pin() {
       worker_.io, [self]() { return self->UpstreamPump(); }, asio::detached);
 }
 
+awaitable<void> Session::SwitchLink() {
+  auto self = shared_from_this();
+  link_ = conn_.protocol_wanted() == 3 ? PickResp3Link(worker_) : worker_.PickLink();
+  conn_.OnLinkSwitched();
+  if (!link_->up()) co_await link_->WaitForConnect();
+}
+
 void Session::Unpin() {
   ObservePin();
   conn_.OnUnpinned();
-  if (cluster_ != nullptr) {
-    upstream_->Close();  // (a cluster's pins are not pooled)
+  if (cluster_ != nullptr || conn_.link_protocol() == 3) {
+    upstream_->Close();  // (a cluster's pins are not pooled, nor those keyguard's HELLO 3 made RESP3)
   } else {
     worker_.pins->Return(std::move(upstream_));
   }

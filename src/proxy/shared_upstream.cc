@@ -27,10 +27,15 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
   // and their replies.
   const std::shared_ptr<const std::string> current = worker.upstream_credentials->Current();
   const bool readonly = node && to->readonly;
-  if (current->empty() && !readonly) co_return true;
+  const bool resp3 = to != nullptr && to->resp3;
+  if (current->empty() && !readonly && !resp3) co_return true;
   std::string hello = *current;
   if (readonly) hello += "*1\r\n$8\r\nREADONLY\r\n";
-  int owed = (current->empty() ? 0 : 1) + (readonly ? 1 : 0);
+  if (resp3) hello += "*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n";
+  int owed = (current->empty() ? 0 : 1) + (readonly ? 1 : 0) + (resp3 ? 1 : 0);
+  // A server that takes the connection but does not answer (frozen, or a balancer in front of a
+  // dead one) fails the attempt within the connect timeout too.
+  const StreamDeadline deadline(stream, std::chrono::milliseconds(worker.config.upstream_connect_timeout_ms));
   Outbox out(stream, &shard.upstream_bytes_sent);
   out.Send(std::string_view(hello));
   while (out.backlog() != 0 && !out.failed()) co_await out.WaitBelow(0);
@@ -40,7 +45,8 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
     buf.Prepare(framer.hint());
     const size_t n = co_await stream.ReadSome(buf.free_space(), ec);
     if (ec || out.failed()) {
-      shard.CountUpstreamError(metrics::UpstreamError::kReset);
+      shard.CountUpstreamError(deadline.timed_out() ? metrics::UpstreamError::kConnect
+                                                    : metrics::UpstreamError::kReset);
       co_return false;
     }
     buf.Commit(n);
@@ -48,7 +54,7 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
     for (;;) {
       const resp::Status st = framer.Next(buf.data(), buf.size());
       if (st == resp::Status::kNeedMore) break;
-      if (st == resp::Status::kOk && framer.type() == '+') {
+      if (st == resp::Status::kOk && (framer.type() == '+' || framer.type() == '%')) {  // (HELLO 3: a map)
         buf.Consume(framer.consumed());
         if (--owed == 0) co_return true;
         continue;
@@ -119,12 +125,24 @@ awaitable<void> PinPool::Connect() {
 // ---------------------------------------------------------------------------------------------
 // SharedLink
 
-SharedLink::SharedLink(Worker& worker)
+SharedLink* PickResp3Link(Worker& worker) {
+  const size_t n = static_cast<size_t>(worker.config.shared_connections);
+  if (worker.links.size() == n) {
+    for (size_t i = 0; i < n; ++i) {
+      worker.links.push_back(std::make_shared<SharedLink>(worker, /*resp3=*/true));
+      worker.links.back()->Start();
+    }
+  }
+  return worker.links[n + worker.next_link3++ % n].get();
+}
+
+SharedLink::SharedLink(Worker& worker, bool resp3)
     : worker_(worker),
       buf_(static_cast<size_t>(worker.config.read_buffer_size)),
       framer_(worker.config.limits),
-      backoff_(worker.io),
-      attempt_done_(worker.io, Timer::time_point::max()) {}
+      backoff_(worker.io) {
+  to_.resp3 = resp3;
+}
 
 SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly) : SharedLink(worker) {
   to_.endpoint = node;
@@ -143,7 +161,7 @@ void SharedLink::Start() {
 void SharedLink::Stop() {
   stopped_ = true;
   backoff_.cancel();
-  attempt_done_.cancel();
+  WakeWaiters();
   if (conn_ != nullptr) conn_->stream.Close();
 }
 
@@ -168,20 +186,24 @@ awaitable<void> SharedLink::Run() {
 awaitable<void> SharedLink::WaitForConnect() {
   if (up_ || stopped_) co_return;
   auto self = shared_from_this();
-  if (!connecting_) backoff_.cancel();  // backing off: Run connects now
+  Timer limit(worker_.io, std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
+  waiters_.push_back(&limit);
   error_code ignored;
-  co_await attempt_done_.async_wait(AwaitEc(ignored));
+  co_await limit.async_wait(AwaitEc(ignored));
+  std::erase(waiters_, &limit);
+}
+
+void SharedLink::WakeWaiters() {
+  for (Timer* t : waiters_) t->cancel();
 }
 
 awaitable<bool> SharedLink::Open() {
   conn_ = std::make_shared<Conn>(worker_.io, &worker_.shard->upstream_bytes_sent);
   std::string tls;
-  connecting_ = true;
   const bool ok = co_await ConnectUpstream(worker_, conn_->stream, &tls, &to_);
-  connecting_ = false;
   failure_ = tls.empty() ? std::string() : "upstream TLS: " + tls;
   if (!ok || stopped_) {
-    attempt_done_.cancel();
+    WakeWaiters();  // (they get the error)
     co_return false;
   }
   conn_->out.set_owner(conn_);
@@ -194,7 +216,7 @@ awaitable<bool> SharedLink::Open() {
   framer_.Reset();
   up_ = true;
   worker_.shard->CountUpstream(metrics::UpstreamKind::kShared, 1);
-  attempt_done_.cancel();  // (the waiters resume after this turn: the link is up)
+  WakeWaiters();  // (they resume after this turn: the link is up)
   co_return true;
 }
 
@@ -245,9 +267,17 @@ bool SharedLink::Deliver(size_t* hint, std::vector<Slow>* slow) {
       *hint = framer_.hint();
       break;
     }
-    if (st == resp::Status::kProtocolError || owed_.empty()) {
+    // A RESP3 push (a RESP3 link: DEBUG PROTOCOL push, say) answers no command: it goes to the
+    // client whose command is at the head, whose connection takes it as out of band.
+    const bool push = framer_.type() == '>';
+    if (st == resp::Status::kProtocolError || (owed_.empty() && !push)) [[unlikely]] {
       ok = false;
       break;
+    }
+    const size_t n = framer_.consumed();
+    if (owed_.empty()) [[unlikely]] {
+      pos += n;  // a push nobody can take
+      continue;
     }
     // (A client that went away in a run is nullptr from its next frame on: Forget.)
     if (owed_.front().client != run_client) {
@@ -255,9 +285,10 @@ bool SharedLink::Deliver(size_t* hint, std::vector<Slow>* slow) {
       run_client = owed_.front().client;
       if (run_client != nullptr) run_client->BeginLinkReplies(this);
     }
-    const size_t n = framer_.consumed();
     if (run_client != nullptr) run_client->OnLinkFrame(std::string_view(data + pos, n), framer_);
     pos += n;
+    if (push) [[unlikely]]
+      continue;
     if (--owed_.front().frames == 0) owed_.pop_front();
   }
   end_run();

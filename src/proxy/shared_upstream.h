@@ -61,6 +61,7 @@ struct UpstreamAddress {
   std::optional<tcp::endpoint> endpoint;
   std::string host;       // its name, for TLS verification
   bool readonly = false;  // a cluster replica serving reads: READONLY after keyguard's AUTH
+  bool resp3 = false;     // HELLO 3 after keyguard's AUTH: a shared connection for RESP3 clients
 };
 
 // Connects `stream` to the worker's upstream (or `to`), sends keyguard's AUTH (when configured) and
@@ -94,13 +95,17 @@ class PinPool {
   bool stopped_ = false;
 };
 
+// A shared link of the worker's for RESP3 clients (HELLO 3), round robin; the first call makes
+// shared_connections of them (worker.links holds the RESP2 ones first, then these).
+SharedLink* PickResp3Link(Worker& worker);
+
 // How long a client over its output bound may go without reading before it is cut off.
 inline constexpr std::chrono::milliseconds kSlowClientWindow(1000);
 
 class SharedLink : public std::enable_shared_from_this<SharedLink> {
  public:
   // To the worker's upstream, or (`node`, `host`) a cluster node.
-  explicit SharedLink(Worker& worker);
+  explicit SharedLink(Worker& worker, bool resp3 = false);
   SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly = false);
   SharedLink(const SharedLink&) = delete;
   SharedLink& operator=(const SharedLink&) = delete;
@@ -120,10 +125,10 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
     if (conn_ != nullptr) conn_->stream.Close();
   }
   bool up() const { return up_; }
-  // Down: waits for a connect (begun now when the link is backing off after a failure), bounded
-  // by upstream_connect_timeout_ms. A new client waits here, as a dedicated connection waits for
-  // its own connect, rather than get `upstream unavailable` while the link is still connecting
-  // (at start, or after a failure).
+  // Down: waits for the end of the link's next connect (the one under way, or the one after the
+  // backoff: clients never hasten it), for upstream_connect_timeout_ms at most. A new client waits
+  // here, as a dedicated connection waits for its own connect, rather than get `upstream
+  // unavailable` while the link is still connecting (at start, or after a failure).
   awaitable<void> WaitForConnect();
   // Whether replies are owed on it (commands in flight).
   bool owes() const { return !owed_.empty(); }
@@ -222,8 +227,9 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   int64_t last_read_ns_ = 0;
   bool eof_ = false;  // CheckLiveness found the server closed the connection
   Timer backoff_;
-  bool connecting_ = false;
-  Timer attempt_done_;  // never expires: cancelled at the end of each connect (WaitForConnect)
+  // WaitForConnect's timers, each set to its waiter's limit and cancelled at the end of a connect.
+  std::vector<Timer*> waiters_;
+  void WakeWaiters();
 };
 
 }  // namespace keyguard::proxy

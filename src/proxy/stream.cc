@@ -66,36 +66,6 @@ bool Stream::IdleAndOpen() {
   return false;
 }
 
-namespace {
-
-// Closes the stream's socket if `timeout` passes before Done(). Its state is shared: a timer that
-// fired just as the work completed must not touch a later connection.
-class Deadline {
- public:
-  Deadline(Stream& stream, std::chrono::milliseconds timeout)
-      : timer_(stream.socket().get_executor()), state_(std::make_shared<int>(kRunning)) {
-    timer_.expires_after(timeout);
-    timer_.async_wait([&stream, state = state_](error_code e) {
-      if (!e && *state == kRunning) {
-        *state = kTimedOut;
-        stream.Close();
-      }
-    });
-  }
-  bool timed_out() const { return *state_ == kTimedOut; }
-  void Done() {
-    if (*state_ == kRunning) *state_ = kDone;
-    timer_.cancel();
-  }
-
- private:
-  enum { kRunning, kDone, kTimedOut };
-  Timer timer_;
-  std::shared_ptr<int> state_;
-};
-
-}  // namespace
-
 Stream::~Stream() {
   if (ssl_ == nullptr) return;
   // A connection that ends without a TLS error ended well (a peer that closes without close_notify,
@@ -187,7 +157,7 @@ awaitable<void> Stream::TlsHandshake(error_code& ec) {
 
 awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const std::string& host,
                                       std::chrono::milliseconds timeout) {
-  Deadline deadline(*this, timeout);  // connecting and the handshake
+  StreamDeadline deadline(*this, timeout);  // connecting and the handshake
   error_code ec;
   co_await socket_.async_connect(to, AwaitEc(ec));
   if (!ec && !socket_.is_open()) ec = asio::error::timed_out;
@@ -214,7 +184,7 @@ awaitable<error_code> Stream::Connect(tcp::endpoint to, TlsClient* tls, const st
 }
 
 awaitable<error_code> Stream::Accept(TlsClient& tls, std::chrono::milliseconds timeout) {
-  Deadline deadline(*this, timeout);
+  StreamDeadline deadline(*this, timeout);
   StartTls(tls);
   SSL_set_accept_state(ssl_);
   error_code ec;

@@ -130,4 +130,33 @@ class Stream {
   std::string tls_failure_;
 };
 
+// Closes the stream's socket if `timeout` passes before Done(). Its state is shared: a timer that
+// fired just as the work completed must not touch a later connection.
+class StreamDeadline {
+ public:
+  StreamDeadline(Stream& stream, std::chrono::milliseconds timeout)
+      : timer_(stream.socket().get_executor()), state_(std::make_shared<int>(kRunning)) {
+    timer_.expires_after(timeout);
+    timer_.async_wait([&stream, state = state_](error_code e) {
+      if (!e && *state == kRunning) {
+        *state = kTimedOut;
+        stream.Close();
+      }
+    });
+  }
+  StreamDeadline(const StreamDeadline&) = delete;
+  StreamDeadline& operator=(const StreamDeadline&) = delete;
+  ~StreamDeadline() { Done(); }
+  bool timed_out() const { return *state_ == kTimedOut; }
+  void Done() {
+    if (*state_ == kRunning) *state_ = kDone;
+    timer_.cancel();
+  }
+
+ private:
+  enum { kRunning, kDone, kTimedOut };
+  Timer timer_;
+  std::shared_ptr<int> state_;
+};
+
 }  // namespace keyguard::proxy

@@ -94,7 +94,9 @@ struct Worker {
   std::unique_ptr<PinPool> pins;
   std::unique_ptr<ClusterState> cluster;  // a Redis Cluster upstream
   size_t next_link = 0;
-  SharedLink* PickLink() { return links[next_link++ % links.size()].get(); }
+  size_t next_link3 = 0;  // PickResp3Link
+  // A RESP2 link (the first shared_connections of links), round robin.
+  SharedLink* PickLink() { return links[next_link++ % static_cast<size_t>(config.shared_connections)].get(); }
   std::atomic<int> session_count{0};
   bool draining = false;
   hygiene::WorkerDetectors hygiene;  // the detectors' state shared by this worker's sessions (and the process's)

@@ -407,11 +407,12 @@ def test_a_client_that_hangs_up_behind_a_blocked_command_frees_it():
             assert direct.rpush("jobs", "j1") == 1
             assert direct.lrange("jobs", 0, -1) == [b"j1"]
             assert direct.delete("jobs") == 1
-        # A client that half-closes after commands that are answered gets every reply.
+        # A client that half-closes after commands that are answered gets every reply, however
+        # long the server takes (here, longer than the second keyguard waits behind a BLPOP).
         c = RespConn(kg.port)
-        c.send_raw(encode("SET", "k", "v") + encode("GET", "k") + encode("QUIT"))
+        c.send_raw(encode("SET", "k", "v") + encode("DEBUG", "SLEEP", "2.5") + encode("GET", "k") + encode("QUIT"))
         c.sock.shutdown(socket.SHUT_WR)
-        assert c.read_until_closed() == b"+OK\r\n$1\r\nv\r\n+OK\r\n"
+        assert c.read_until_closed() == b"+OK\r\n+OK\r\n$1\r\nv\r\n+OK\r\n"
     finally:
         direct.close()
         assert kg.stop() == 0

@@ -4,7 +4,9 @@ connection-scoped state. Every reply is asserted exactly, and the upstream conne
 on the server itself (CLIENT LIST) as well as in keyguard's metrics."""
 import asyncio
 import contextlib
+import os
 import random
+import re
 import resource
 import socket
 import subprocess
@@ -217,13 +219,69 @@ def test_client_names_setinfo_and_hello_2_keep_the_client_shared():
         assert kind(kg, "idle") == 2 * THREADS
 
 
+def test_resp3_clients_share_a_resp3_set_of_connections():
+    """HELLO 3 used to pin the client (Lettuce and redis-py 5 with protocol=3 say it first): each
+    RESP3 client held a server connection. Now it moves to the worker's RESP3 shared connections
+    (made at the first HELLO 3, HELLO 3 sent on them as they connect), where the server answers it
+    and every later command in RESP3; HELLO 2 moves it back. A RESP3 client's pinned connection
+    gets keyguard's HELLO 3 first and is closed, not pooled, when the pin ends, so no RESP2 client
+    is handed a RESP3 connection. Every reply is compared byte for byte with a direct connection
+    (the id in HELLO's reply aside)."""
+    with shared(threads=1) as (server, kg):
+        d = RespConn(server.port)
+        a = RespConn(kg.port)
+        b = RespConn(kg.port)  # RESP2 throughout
+        # Pipelined in groups: the move to the RESP3 set, a transaction and a blocking command
+        # (pins), then HELLO 2 and HELLO 3 with commands after each.
+        groups = [[("HELLO", "3"), ("HSET", "h", "f", "1", "g", "2"), ("HGETALL", "h"), ("ZADD", "z", "1.5", "m"),
+                   ("ZSCORE", "z", "m"), ("GET", "missing"), ("SADD", "s", "x"), ("SMEMBERS", "s"),
+                   ("CONFIG", "GET", "maxmemory-policy")],
+                  [("MULTI",), ("HGETALL", "h"), ("ZSCORE", "z", "m"), ("EXEC",)],
+                  [("BLPOP", "l", "0.01")],
+                  [("HGETALL", "h"), ("HELLO",), ("HELLO", "2"), ("HGETALL", "h"), ("ZSCORE", "z", "m"), ("HELLO", "3"),
+                   ("HGETALL", "h")]]
+
+        def run(c):
+            out = b""
+            for g in groups:
+                out += c.exchange(b"".join(encode(*cmd) for cmd in g), replies=len(g))
+                # A RESP2 client of the same shared connections between the groups.
+                assert b.call("HGETALL", "h") == [b"f", b"1", b"g", b"2"]
+            return re.sub(rb"\$2\r\nid\r\n:\d+\r\n", b"$2\r\nid\r\n:N\r\n", out)
+
+        expected = run(d)
+        assert b.call("DEL", "h", "z", "s", "l") == 3
+        got = run(a)
+        assert got == expected
+        hgetall3 = b"%2\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\ng\r\n$1\r\n2\r\n"
+        assert got.count(hgetall3) == 4 and b"_\r\n" in got and b",1.5\r\n" in got  # RESP3: maps, nulls, doubles
+        assert kg.metric('keyguard_upstream_pins_total{reason="hello"}') == 0
+        assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == 1
+        assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') == 1
+        assert kind(kg, "shared") == 2  # one RESP2 and one RESP3 shared connection
+        # The RESP3 client's pins were closed, not pooled: a RESP2 client's transaction speaks RESP2.
+        assert b.exchange(encode("MULTI") + encode("HGETALL", "h") + encode("EXEC"), replies=3) == (
+            b"+OK\r\n+QUEUED\r\n*1\r\n*4\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\ng\r\n$1\r\n2\r\n")
+        wait_until(lambda: kind(kg, "pinned") == 0 and kind(kg, "idle") == 2, "the pool refilled")
+        resp3 = [c for c in redis.Redis(port=server.port).client_list() if c.get("resp") == "3"]
+        assert len(resp3) == 2  # the RESP3 shared connection, and the direct client
+        # A second RESP3 client shares it.
+        e = RespConn(kg.port)
+        assert e.exchange(encode("HELLO", "3") + encode("HGETALL", "h"), replies=2).endswith(hgetall3)
+        assert kind(kg, "shared") == 2
+        assert len([c for c in redis.Redis(port=server.port).client_list() if c.get("resp") == "3"]) == 2
+        for c in (a, b, d, e):
+            c.close()
+
+
 def test_a_client_that_comes_while_the_shared_connection_is_down_waits_for_a_connect():
     """A dedicated connection's first command waits for its connect. A shared link that was
     still connecting (at start, or backing off after a failure) made a new client's commands fail
     with `upstream unavailable`, seconds after the server was back. A new client now waits for a
-    connect, begun at once when the link is backing off."""
+    connect (the next one: clients do not hasten it), up to upstream_connect_timeout_ms."""
     port = free_port()
-    kg = Keyguard(port, config=SHARED, threads=1)
+    # Longer than the longest backoff (2 s): the attempt after it comes within the client's wait.
+    kg = Keyguard(port, config=SHARED + "upstream_connect_timeout_ms: 6000\n", threads=1)
     proc = None
     try:
         # Nothing listens yet: the link fails and backs off (50 ms, doubling up to 2 s).
@@ -242,6 +300,52 @@ def test_a_client_that_comes_while_the_shared_connection_is_down_waits_for_a_con
         if proc is not None:
             proc.terminate()
             proc.wait(PATIENCE)
+
+
+def test_clients_waiting_for_a_down_link_neither_hasten_its_connects_nor_wait_for_ever():
+    """Clients that wait for a shared link's connect do not start connects of their own (a
+    reconnect storm on a recovering server), and wait at most upstream_connect_timeout_ms: also
+    when the server takes the connection and never answers keyguard's AUTH."""
+    port = free_port()
+    kg = Keyguard(port, config=SHARED + "upstream_connect_timeout_ms: 300\n", threads=1)
+    try:
+        wait_until(lambda: kg.metric('keyguard_upstream_errors_total{reason="connect"}') >= 1, "the first failure")
+        before = kg.metric('keyguard_upstream_errors_total{reason="connect"}')
+        started = time.monotonic()
+        conns = [RespConn(kg.port) for _ in range(200)]
+        for c in conns:
+            c.send("PING")
+        for c in conns:
+            assert c.read()[1] == b"-ERR keyguard: upstream unavailable\r\n"
+        elapsed = time.monotonic() - started
+        # The link's own schedule (50 ms doubling to 2 s) in that time, not one connect per client.
+        assert kg.metric('keyguard_upstream_errors_total{reason="connect"}') - before <= 2 + elapsed / 0.05
+        assert kg.metric('keyguard_upstream_errors_total{reason="connect"}') - before < 40
+        for c in conns:
+            c.close()
+    finally:
+        kg.stop()
+    # A server that accepts and never answers: keyguard's AUTH gets no reply.
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(64)
+    pw = tempfile.mktemp()
+    with open(pw, "w") as f:
+        f.write("secret\n")
+    kg = Keyguard(mute.getsockname()[1], config=SHARED + "upstream_connect_timeout_ms: 300\n"
+                  'upstream_auth: {password_file: "%s"}\n' % pw, threads=1)
+    try:
+        conns = [RespConn(kg.port) for _ in range(20)]
+        for c in conns:
+            c.send("PING")
+        for c in conns:
+            assert c.read()[1] == b"-ERR keyguard: upstream unavailable\r\n"
+            c.close()
+        wait_until(lambda: kg.metric("keyguard_client_connections") == 0, "the clients gone")
+    finally:
+        kg.stop()
+        mute.close()
+        os.unlink(pw)
 
 
 def test_a_failed_shared_connection_fails_only_what_was_in_flight():

@@ -117,7 +117,17 @@ class ConnectionTest : public ::testing::Test, public ConnectionHost {
   bool ClientGone() override { return client_gone_; }
   void Report(hygiene::Finding f) override { findings_.push_back(std::move(f)); }
   void WakeProbe() override {}
-  std::string_view UpstreamAuth() override { return upstream_auth_; }
+  std::string_view UpstreamAuth() override {
+    if (!rotate_auth_) return upstream_auth_;
+    // A rotated secret each time, the one before overwritten and freed (as a Session's
+    // shared_ptr to the old secret lets it go).
+    if (rotated_ != nullptr) rotated_->assign(rotated_->size(), 'X');
+    rotated_ = std::make_unique<std::string>(absl::StrCat("*2\r\n$4\r\nAUTH\r\n$3\r\npw", ++rotations_ % 10, "\r\n"));
+    return *rotated_;
+  }
+  bool rotate_auth_ = false;
+  std::unique_ptr<std::string> rotated_;
+  int rotations_ = 0;
 
   metrics::WorkerShard shard_;
   std::vector<hygiene::Finding> findings_;
@@ -325,6 +335,18 @@ TEST_F(ConnectionTest, KeyguardsOwnUpstreamAuthGoesFirstAndItsReplyIsNotTheClien
             "-ERR keyguard: upstream refused keyguard's AUTH: WRONGPASS invalid username-password pair or user is "
             "disabled.\r\n");
   EXPECT_TRUE(conn_->stop_reading());
+}
+
+TEST_F(ConnectionTest, EachResetInABatchGetsTheSecretOfItsMomentIntact) {
+  Open(kPlain, /*connections=*/false, "*2\r\n$4\r\nAUTH\r\n$3\r\npw0\r\n");
+  EXPECT_EQ(TakeUpstream(), "*2\r\n$4\r\nAUTH\r\n$3\r\npw0\r\n");
+  rotate_auth_ = true;
+  Client("*1\r\n$5\r\nRESET\r\n*1\r\n$5\r\nRESET\r\n*1\r\n$4\r\nPING\r\n");
+  EXPECT_EQ(TakeUpstream(),
+            "*1\r\n$5\r\nRESET\r\n*2\r\n$4\r\nAUTH\r\n$3\r\npw1\r\n*1\r\n$5\r\nRESET\r\n*2\r\n$4\r\nAUTH\r\n$"
+            "3\r\npw2\r\n*1\r\n$4\r\nPING\r\n");
+  EXPECT_TRUE(Upstream("+OK\r\n+RESET\r\n+OK\r\n+RESET\r\n+OK\r\n+PONG\r\n"));
+  EXPECT_EQ(TakeClient(), "+RESET\r\n+RESET\r\n+PONG\r\n");
 }
 
 TEST_F(ConnectionTest, AnUpstreamTlsRefusalBeforeTheClientAskedIsTheAnswerToItsFirstCommand) {
