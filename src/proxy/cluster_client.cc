@@ -25,20 +25,33 @@ std::string NodeUnavailable(const SharedLink* link) {
 
 namespace {
 
-// The link to `n` (made and started on first use; "r:" for a replica's, which sends READONLY).
-SharedLink* LinkTo(Worker& worker, const cluster::Node& n, bool replica) {
+// The link to `n` (made and started on first use; "r:" for a replica's, which sends READONLY;
+// "3:" for one of RESP3 clients, which sends HELLO 3).
+SharedLink* LinkTo(Worker& worker, const cluster::Node& n, bool replica, bool resp3 = false) {
   ClusterState& c = *worker.cluster;
-  const std::string addr = n.ToString();
-  auto it = c.links.find(replica ? "r:" + addr : addr);
+  const std::string key = absl::StrCat(resp3 ? "3:" : "", replica ? "r:" : "", n.ToString());
+  auto it = c.links.find(key);
   if (it == c.links.end()) {
     error_code ec;
     const auto ip = asio::ip::make_address(n.address(), ec);
     if (ec) return nullptr;  // a name not resolved (yet: MOVED named it; the next map has its address)
-    auto link = std::make_shared<SharedLink>(worker, tcp::endpoint(ip, n.port), n.host, replica);
+    auto link = std::make_shared<SharedLink>(worker, tcp::endpoint(ip, n.port), n.host, replica, resp3);
     link->Start();
-    it = c.links.emplace(replica ? "r:" + addr : addr, std::move(link)).first;
+    it = c.links.emplace(key, std::move(link)).first;
   }
   return it->second.get();
+}
+
+// The replicas' links of each primary, of one protocol's set.
+std::vector<std::vector<SharedLink*>> ReplicaLinks(Worker& worker, bool resp3) {
+  ClusterState& c = *worker.cluster;
+  std::vector<std::vector<SharedLink*>> out(c.map->primaries.size());
+  for (size_t i = 0; i < c.map->replicas.size() && i < out.size(); ++i) {
+    for (const cluster::Node& r : c.map->replicas[i]) {
+      if (SharedLink* l = LinkTo(worker, r, /*replica=*/true, resp3); l != nullptr) out[i].push_back(l);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -50,22 +63,22 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
   for (size_t i = 0; i < c.map->primaries.size(); ++i) {
     c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
   }
+  c.node_links3.assign(c.map->primaries.size(), nullptr);  // (made as RESP3 clients come)
   // A node that is no longer a primary (failed over: hung, partitioned, demoted) answers its
   // commands in flight late or never: its link is closed (they fail, their clients go on) and
   // connects again, in case it serves again.
-  for (auto& [addr, link] : c.links) {
+  for (auto& [key, link] : c.links) {
+    const std::string_view addr = std::string_view(key).substr(key.starts_with("3:") ? 2 : 0);
     if (addr.starts_with("r:") || !link->owes()) continue;
     const bool primary = std::any_of(c.map->primaries.begin(), c.map->primaries.end(),
                                      [&](const cluster::Node& n) { return n.ToString() == addr; });
     if (!primary) link->Restart();
   }
   c.replica_links.assign(c.map->primaries.size(), {});
+  c.replica_links3.assign(c.map->primaries.size(), {});
   if (worker.config.read_from_replicas) {
-    for (size_t i = 0; i < c.map->replicas.size() && i < c.replica_links.size(); ++i) {
-      for (const cluster::Node& r : c.map->replicas[i]) {
-        if (SharedLink* l = LinkTo(worker, r, /*replica=*/true); l != nullptr) c.replica_links[i].push_back(l);
-      }
-    }
+    c.replica_links = ReplicaLinks(worker, false);
+    if (c.resp3_replicas) c.replica_links3 = ReplicaLinks(worker, true);
   }
   RetireDepartedLinks(worker);
 }
@@ -78,10 +91,10 @@ void RetireDepartedLinks(Worker& worker) {
   const auto now = std::chrono::steady_clock::now();
   for (auto it = c.links.begin(); it != c.links.end();) {
     SharedLink* l = it->second.get();
-    const bool used =
-        std::find(c.node_links.begin(), c.node_links.end(), l) != c.node_links.end() ||
-        std::any_of(c.replica_links.begin(), c.replica_links.end(),
-                    [&](const std::vector<SharedLink*>& r) { return std::find(r.begin(), r.end(), l) != r.end(); });
+    auto in = [l](const std::vector<SharedLink*>& v) { return std::find(v.begin(), v.end(), l) != v.end(); };
+    const bool used = in(c.node_links) || in(c.node_links3) ||
+                      std::any_of(c.replica_links.begin(), c.replica_links.end(), in) ||
+                      std::any_of(c.replica_links3.begin(), c.replica_links3.end(), in);
     if (used || l->owes()) {
       ++it;
       continue;
@@ -97,12 +110,17 @@ void RetireDepartedLinks(Worker& worker) {
   });
 }
 
-SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot) {
+SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot, bool resp3) {
   ClusterState& c = *worker.cluster;
   if (c.map == nullptr || slot < 0) return nullptr;
+  if (resp3 && !c.resp3_replicas) {
+    c.resp3_replicas = true;
+    c.replica_links3 = ReplicaLinks(worker, true);
+  }
   const uint16_t owner = c.map->owner[static_cast<size_t>(slot)];
-  if (owner >= c.replica_links.size()) return nullptr;
-  const std::vector<SharedLink*>& replicas = c.replica_links[owner];
+  const std::vector<std::vector<SharedLink*>>& all = resp3 ? c.replica_links3 : c.replica_links;
+  if (owner >= all.size()) return nullptr;
+  const std::vector<SharedLink*>& replicas = all[owner];
   for (size_t i = 0; i < replicas.size(); ++i) {
     SharedLink* l = replicas[c.next_replica++ % replicas.size()];
     if (l->up()) return l;
@@ -110,14 +128,15 @@ SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot) {
   return nullptr;
 }
 
-SharedLink* ClusterNodeLink(Worker& worker, uint16_t index) {
+SharedLink* ClusterNodeLink(Worker& worker, uint16_t index, bool resp3) {
   ClusterState& c = *worker.cluster;
   if (c.map == nullptr || index >= c.map->primaries.size()) return nullptr;
-  if (index < c.node_links.size() && c.node_links[index] != nullptr) return c.node_links[index];
-  SharedLink* link = LinkTo(worker, c.map->primaries[index], /*replica=*/false);
+  std::vector<SharedLink*>& links = resp3 ? c.node_links3 : c.node_links;
+  if (index < links.size() && links[index] != nullptr) return links[index];
+  SharedLink* link = LinkTo(worker, c.map->primaries[index], /*replica=*/false, resp3);
   if (link == nullptr) return nullptr;
-  if (c.node_links.size() <= index) c.node_links.resize(index + 1, nullptr);
-  c.node_links[index] = link;
+  if (links.size() <= index) links.resize(index + 1, nullptr);
+  links[index] = link;
   return link;
 }
 
@@ -207,21 +226,22 @@ void ClusterClient::DropRetiredQueues() {
 SharedLink* ClusterClient::LinkForSlot(int32_t slot) {
   ClusterState& c = *worker_.cluster;
   if (c.map == nullptr || c.map->primaries.empty()) return nullptr;
-  if (slot == kFirstNode) return ClusterNodeLink(worker_, 0);
+  if (slot == kFirstNode) return ClusterNodeLink(worker_, 0, resp3_);
   if (slot < 0) {
     // Any node: one that is up, spread over the primaries.
     for (size_t i = 0; i < c.map->primaries.size(); ++i) {
-      SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(c.next_any++ % c.map->primaries.size()));
+      SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(c.next_any++ % c.map->primaries.size()), resp3_);
       if (l != nullptr && l->up()) return l;
     }
-    return ClusterNodeLink(worker_, 0);
+    return ClusterNodeLink(worker_, 0, resp3_);
   }
   const uint16_t owner = c.map->owner[static_cast<size_t>(slot)];
   if (owner == cluster::SlotMap::kNoOwner) return nullptr;
-  if (owner < c.node_links.size() && c.node_links[owner] != nullptr) [[likely]] {
-    return c.node_links[owner];
+  const std::vector<SharedLink*>& links = resp3_ ? c.node_links3 : c.node_links;
+  if (owner < links.size() && links[owner] != nullptr) [[likely]] {
+    return links[owner];
   }
-  return ClusterNodeLink(worker_, owner);
+  return ClusterNodeLink(worker_, owner, resp3_);
 }
 
 void ClusterClient::Entry::Reset() {
@@ -355,7 +375,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
       return;
     }
     for (size_t i = 0; i < n; ++i) {
-      SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(i));
+      SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(i), resp3_);
       SendOrRetry(seq, static_cast<int>(i), l);
     }
     return;
@@ -381,7 +401,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
     std::string command;
     resp::AppendCommand(&command, args);
     e->command = std::move(command);
-    SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node));
+    SharedLink* l = ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node), resp3_);
     SendOrRetry(seq, 0, l);
     return;
   }
@@ -390,7 +410,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
     return;
   }
   SharedLink* l = nullptr;
-  if (e->read && worker_.config.read_from_replicas) l = ClusterReplicaLink(worker_, e->slot);
+  if (e->read && worker_.config.read_from_replicas) l = ClusterReplicaLink(worker_, e->slot, resp3_);
   if (l == nullptr) l = LinkForSlot(e->slot);
   if (Send(seq, 0, l, false)) return;
   // The node is down, still connecting or unknown: the command waits, and those after it for
@@ -489,7 +509,7 @@ void ClusterClient::Complete(Entry* e, int part, std::string_view reply) {
     if (e->merge == cluster::Merge::kMget) {
       size_t total = 0;
       for (const auto& p : e->positions) total += p.size();
-      e->reply = cluster::MergeMget(e->parts, e->positions, total);
+      e->reply = cluster::MergeMget(e->parts, e->positions, total, resp3_);
     } else {
       e->reply = cluster::MergeReplies(e->merge, e->parts);
     }
@@ -535,6 +555,13 @@ void ClusterClient::DeliverReady() {
   }
 }
 
+void ClusterClient::OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) {
+  LinkQueue& q = QueueOf(from_);
+  if (q.items.empty() || q.items.front().skip > 0 || q.items.front().seq != entries_.front_seq()) return;
+  OpenRun();
+  session_.OnLinkPush(frame, f);
+}
+
 void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
   LinkQueue& q = QueueOf(from_);
   if (q.items.empty()) return;  // (the link owes this client nothing: cannot happen)
@@ -559,7 +586,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
         worker_.shard->cluster_redirects[1].Add();
       }
       ClusterState& c = *worker_.cluster;
-      SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port));
+      SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port), resp3_);
       e->ask_link = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
       if (Single(*e)) {
         // In the client's order behind the earlier commands of its slot (ReleaseHeld).
@@ -646,9 +673,9 @@ void ClusterClient::RetryLater(uint64_t seq, int part) {
     Entry* e = &entries_.At(seq);
     SharedLink* l = e->ask_link != nullptr              ? e->ask_link.get()
                     : !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
-                    : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part))
-                    : e->scan                           ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node))
-                                                        : LinkForSlot(e->slot);
+                    : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part), resp3_)
+                    : e->scan ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node), resp3_)
+                              : LinkForSlot(e->slot);
     SendOrRetry(seq, part, l);
     DeliverReady();
     if (run_open_ && !in_link_run_) EndRun();

@@ -48,10 +48,14 @@ class ClusterClient final : public LinkClient {
   // Called once when the replies kept until their turn (a node answers late, the others' replies
   // wait behind it) pass 16 times limits.max_output_buffer: the session cuts the client off.
   void set_on_overflow(std::function<void()> f) { on_overflow_ = std::move(f); }
+  // The client speaks RESP3 (HELLO 3, nothing pending): its commands go to the nodes' RESP3 links.
+  void set_resp3(bool resp3) { resp3_ = resp3; }
 
   // LinkClient (called by the node links).
   void BeginLinkReplies(SharedLink* from) override;
   void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
+  // Passed on in place (its link's head command is the client's next reply), else dropped.
+  void OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) override;
   bool EndLinkReplies() override;
   std::shared_ptr<void> Hold() override { return session_.Hold(); }
   uint64_t ClientProgress() override { return session_.ClientProgress(); }
@@ -166,6 +170,7 @@ class ClusterClient final : public LinkClient {
   uint64_t retirements_seen_ = 0;    // ClusterState::retirements at the last DropRetiredQueues
   std::vector<int32_t> redirected_;  // see Redirected
   size_t buffered_ = 0;              // bytes of replies kept until their turn
+  bool resp3_ = false;               // set_resp3
   bool overflowed_ = false;
   std::function<void()> on_overflow_;
   uint32_t held_ = 0;  // entries held

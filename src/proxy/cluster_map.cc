@@ -251,9 +251,10 @@ std::string MergeReplies(Merge how, std::span<const std::string> replies) {
 }
 
 std::string MergeMget(std::span<const std::string> replies, std::span<const std::vector<uint32_t>> positions,
-                      size_t total) {
+                      size_t total, bool resp3) {
   if (const std::string* e = FirstError(replies); e != nullptr) return *e;
-  std::vector<std::string> values(total, "$-1\r\n");
+  const char* const null = resp3 ? "_\r\n" : "$-1\r\n";
+  std::vector<std::string> values(total, null);
   for (size_t i = 0; i < replies.size() && i < positions.size(); ++i) {
     const auto v = resp::ParseValue(replies[i]);
     if (!v.has_value() || v->type != '*') return "-ERR keyguard: a cluster node's MGET reply is not an array\r\n";
@@ -263,7 +264,7 @@ std::string MergeMget(std::span<const std::string> replies, std::span<const std:
       std::string& out = values[positions[i][j]];
       out.clear();
       if (e.null) {
-        out = "$-1\r\n";
+        out = null;
       } else {
         AppendBulk(&out, e.text);
       }
@@ -284,8 +285,17 @@ std::string RewriteScanReply(std::string_view reply, int node, int nodes) {
   return out;
 }
 
-std::string LocalClusterReply(std::string_view sub, std::string_view host, uint16_t port) {
+std::string LocalClusterReply(std::string_view sub, std::string_view host, uint16_t port, int protocol) {
   const std::string id = NodeId(host, port);
+  const bool resp3 = protocol == 3;
+  // NODES and INFO: a bulk string, verbatim text ("txt:") in RESP3.
+  auto text = [&](std::string* out, std::string_view body) {
+    if (resp3) {
+      absl::StrAppend(out, "=", body.size() + 4, "\r\ntxt:", absl::string_view(body.data(), body.size()), "\r\n");
+    } else {
+      AppendBulk(out, body);
+    }
+  };
   std::string out;
   if (sub == "slots") {
     out = "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n";
@@ -293,7 +303,8 @@ std::string LocalClusterReply(std::string_view sub, std::string_view host, uint1
     absl::StrAppend(&out, ":", port, "\r\n");
     AppendBulk(&out, id);
   } else if (sub == "shards") {
-    out = "*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n*12\r\n";
+    out = resp3 ? "*1\r\n%2\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n%6\r\n"
+                : "*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n*12\r\n";
     AppendBulk(&out, "id");
     AppendBulk(&out, id);
     AppendBulk(&out, "port");
@@ -307,13 +318,13 @@ std::string LocalClusterReply(std::string_view sub, std::string_view host, uint1
     AppendBulk(&out, "health");
     AppendBulk(&out, "online");
   } else if (sub == "nodes") {
-    AppendBulk(&out, absl::StrCat(id, " ", Node{std::string(host), port, ""}.ToString(), "@0 myself,master - 0 0 1 ",
-                                  "connected 0-16383\n"));
+    text(&out, absl::StrCat(id, " ", Node{std::string(host), port, ""}.ToString(), "@0 myself,master - 0 0 1 ",
+                            "connected 0-16383\n"));
   } else if (sub == "info") {
-    AppendBulk(&out,
-               "cluster_enabled:1\r\ncluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\n"
-               "cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:1\r\ncluster_size:1\r\n"
-               "cluster_current_epoch:1\r\ncluster_my_epoch:1\r\n");
+    text(&out,
+         "cluster_enabled:1\r\ncluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\n"
+         "cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:1\r\ncluster_size:1\r\n"
+         "cluster_current_epoch:1\r\ncluster_my_epoch:1\r\n");
   } else if (sub == "myid") {
     AppendBulk(&out, id);
   }

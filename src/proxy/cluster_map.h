@@ -87,14 +87,16 @@ enum class Merge : uint8_t {
 // The merged reply (each of `replies` one whole RESP2 frame, in node order). An error reply wins.
 std::string MergeReplies(Merge how, std::span<const std::string> replies);
 // MGET split by slot: `replies[i]` has the values of the keys at `positions[i]` of the client's
-// command (`total` keys); an error reply wins.
+// command (`total` keys); an error reply wins. `resp3`: a missing key is RESP3's null.
 std::string MergeMget(std::span<const std::string> replies, std::span<const std::vector<uint32_t>> positions,
-                      size_t total);
+                      size_t total, bool resp3 = false);
 // A SCAN reply from node `node`: the same with the client's cursor.
 std::string RewriteScanReply(std::string_view reply, int node, int nodes);
 
 // keyguard as a one-node cluster at `host:port` that owns every slot: the reply to CLUSTER
 // `sub` (SLOTS, SHARDS, NODES, INFO, MYID; lowercase), or "" when keyguard does not answer it.
-std::string LocalClusterReply(std::string_view sub, std::string_view host, uint16_t port);
+// `protocol` 3: as the server answers a RESP3 client (SHARDS' maps, verbatim text for NODES and
+// INFO).
+std::string LocalClusterReply(std::string_view sub, std::string_view host, uint16_t port, int protocol = 2);
 
 }  // namespace keyguard::proxy::cluster

@@ -152,8 +152,13 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
     if (!args.empty()) {
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
-      if (pin_check_ && (pin_classes_[id] != 0 || multi_deferred_) && NeedsPin(id, args)) [[unlikely]] {
-        break;
+      if (pin_check_ && (pin_classes_[id] != 0 || multi_deferred_)) [[unlikely]] {
+        if (NeedsPin(id, args)) break;
+        if (hello_answered_) {  // (NeedsPin answered a HELLO whose move failed)
+          hello_answered_ = false;
+          pos += n;
+          continue;
+        }
       }
       HandleCommand(id, args, data + pos, n, now);
     }
@@ -250,12 +255,22 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     pin_slot_ = kAnyNode;
     return true;
   }
-  if (id == commands::Known().hello && !cluster_ && shared_.stages.config.tenancy == nullptr && args.size() <= 2) {
+  if (id == commands::Known().hello && shared_.stages.config.tenancy == nullptr && args.size() <= 2) {
     // HELLO: answered by the shared connection, whose protocol is the client's. `HELLO 2|3` that
     // changes it moves the client to the other set first. (AUTH or SETNAME pin, as a bad
     // version does: the server's NOPROTO then comes from a connection of the client's own.)
     const int8_t v = args.size() == 1 ? link_protocol_ : HelloVersion(args);
-    if (v == link_protocol_) return false;
+    if (v == link_protocol_ || shared_.stages.access[id] != 0) return false;  // (denied: refused in place)
+    if (!switch_failure_.empty() && v != 0 && !pinned_) {
+      // The shared connections of that protocol are down (or the server refuses their HELLO 3):
+      // the HELLO fails, and the client stays with its protocol.
+      const ConnectionState::ReplyMode mode = state_.TakeReplyMode();
+      shard_.CountCommand(id, metrics::Outcome::kError);
+      if (!mode.silent) Reply(std::exchange(switch_failure_, std::string()), id, false);
+      switch_failure_.clear();
+      hello_answered_ = true;
+      return false;
+    }
     if (v != 0 && !pinned_) {
       protocol_wanted_ = v;
       pin_wanted_ = PinReason::kHello;
@@ -390,7 +405,11 @@ bool Connection::AnswerClientName(const CommandContext& c, std::span<const std::
   std::string reply;
   if (get) {
     if (const std::string& name = state_.client_name(); name.empty()) {
-      resp::AppendNullBulk(&reply);
+      if (ReplyProtocol() == 3) {
+        reply = "_\r\n";
+      } else {
+        resp::AppendNullBulk(&reply);
+      }
     } else {
       resp::AppendBulk(&reply, name);
     }
@@ -902,6 +921,14 @@ size_t Connection::OnUpstreamBytes(const char* data, size_t len, int64_t now, si
 void Connection::BeginUpstream() { BeginCall(); }
 
 bool Connection::OnSharedFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now) {
+  return OnFrame(frame, f, now);
+}
+
+bool Connection::OnSharedPush(std::string_view frame, const resp::ReplyFramer& f, int64_t now) {
+  // DEBUG PROTOCOL push's is the client's; any other (a CLIENT TRACKING REDIRECT someone aimed
+  // at the shared connection) is nobody's.
+  static const commands::CommandId kDebug = commands::LookupCommand("debug");
+  if (queue_.empty() || queue_.front().command != kDebug) return true;
   return OnFrame(frame, f, now);
 }
 

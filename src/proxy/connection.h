@@ -127,6 +127,9 @@ class Connection {
   // `*ok` false), EndUpstream; the output is then that of one OnUpstreamBytes call.
   void BeginUpstream();
   bool OnSharedFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now);
+  // A RESP3 push the link handed over in the run (SharedLink's OnLinkPush): the client's when its
+  // first pending command is DEBUG (PROTOCOL push), else dropped.
+  bool OnSharedPush(std::string_view frame, const resp::ReplyFramer& f, int64_t now);
   void EndUpstream();
   // Why OnUpstreamBytes said the upstream must go: its AUTH was refused, or a protocol error.
   metrics::UpstreamError read_error() const {
@@ -210,9 +213,20 @@ class Connection {
     protocol_wanted_ = 0;
     pin_wanted_ = PinReason::kNone;
   }
+  // The links of that protocol did not come up: the HELLO is answered `error` (a whole RESP
+  // error), and the client stays where it is.
+  void OnSwitchFailed(std::string error) {
+    protocol_wanted_ = 0;
+    pin_wanted_ = PinReason::kNone;
+    switch_failure_ = std::move(error);
+  }
   // The protocol of the shared connections the client is on (a connection pinned for it speaks
   // it too: keyguard's HELLO 3 goes first; such a connection is not pooled again).
   int link_protocol() const { return link_protocol_; }
+  // The protocol of keyguard's own answer to the command being handled: on a shared connection,
+  // its protocol (a HELLO pipelined before the command moved the client already, before its
+  // reply came); else the connection's, as its replies set it.
+  int ReplyProtocol() const { return multiplexed_ && !pinned_ ? link_protocol_ : state_.protocol(); }
   // The shared connection failed: every command in flight on it gets the error (returned, in order
   // with keyguard's own replies); the client stays connected.
   std::string OnSharedFailed();
@@ -488,6 +502,8 @@ class Connection {
   // the one a `HELLO 2|3` waiting unread asks for (0: none; pin_wanted_ is kHello meanwhile).
   int8_t link_protocol_ = 2;
   int8_t protocol_wanted_ = 0;
+  std::string switch_failure_;   // OnSwitchFailed's error, for the HELLO waiting unread
+  bool hello_answered_ = false;  // NeedsPin answered it: OnClientBytes goes past it
 
   // A Redis Cluster upstream.
   bool cluster_ = false;

@@ -183,7 +183,8 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   };
   if (c.id == ids.cluster && args.size() >= 2) {
     const std::string sub = Lower(args[1]);
-    if (std::string r = cluster::LocalClusterReply(sub, cluster_host_, cluster_port_); !r.empty()) return answer(r);
+    if (std::string r = cluster::LocalClusterReply(sub, cluster_host_, cluster_port_, ReplyProtocol()); !r.empty())
+      return answer(r);
     if (sub == "keyslot" && args.size() == 3) return answer(absl::StrCat(":", cluster::KeySlot(args[2]), "\r\n"));
     if ((sub == "countkeysinslot" || sub == "getkeysinslot") && args.size() >= 3) {
       uint32_t slot = 0;

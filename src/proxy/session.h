@@ -102,6 +102,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // LinkClient.
   void BeginLinkReplies(SharedLink* from) override;
   void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
+  void OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) override;
   bool EndLinkReplies() override;
   std::shared_ptr<void> Hold() override { return shared_from_this(); }
   // Bytes the client has taken: written to its socket and no longer queued there (SIOCOUTQ), so

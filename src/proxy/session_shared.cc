@@ -63,9 +63,22 @@ awaitable<void> Session::Pin() {
 
 awaitable<void> Session::SwitchLink() {
   auto self = shared_from_this();
-  link_ = conn_.protocol_wanted() == 3 ? PickResp3Link(worker_) : worker_.PickLink();
+  if (cluster_ != nullptr) {
+    // Each node's links of that protocol, made as they are needed (commands wait for a connect).
+    cluster_->set_resp3(conn_.protocol_wanted() == 3);
+    conn_.OnLinkSwitched();
+    co_return;
+  }
+  SharedLink* next = conn_.protocol_wanted() == 3 ? PickResp3Link(worker_) : worker_.PickLink();
+  if (!next->up()) co_await next->WaitForConnect();
+  if (closed_) co_return;
+  if (!next->up()) {
+    conn_.OnSwitchFailed(next->failure().empty() ? std::string("-ERR keyguard: upstream unavailable\r\n")
+                                                 : absl::StrCat("-ERR keyguard: ", next->failure(), "\r\n"));
+    co_return;
+  }
+  link_ = next;
   conn_.OnLinkSwitched();
-  if (!link_->up()) co_await link_->WaitForConnect();
 }
 
 void Session::Unpin() {
@@ -94,6 +107,10 @@ void Session::BeginLinkReplies(SharedLink* /*from*/) {
 
 void Session::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
   if (!closed_ && link_ok_) link_ok_ = conn_.OnSharedFrame(frame, f, link_now_ns_);
+}
+
+void Session::OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) {
+  if (!closed_ && link_ok_) link_ok_ = conn_.OnSharedPush(frame, f, link_now_ns_);
 }
 
 bool Session::EndLinkReplies() {

@@ -3,13 +3,15 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "keyguard/common/json_line.h"
 #include "proxy/session_pump.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
 
-awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure, const UpstreamAddress* to) {
+awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure, const UpstreamAddress* to,
+                                std::string* refused) {
   metrics::WorkerShard& shard = *worker.shard;
   const bool node = to != nullptr && to->endpoint.has_value();
   error_code ec = co_await stream.Connect(node ? *to->endpoint : worker.upstream, worker.upstream_tls.get(),
@@ -62,6 +64,15 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
       const std::string_view error = st == resp::Status::kOk && !framer.head().empty()
                                          ? framer.head()[0].text
                                          : std::string_view("protocol error");
+      if (resp3 && owed == 1) {
+        // keyguard's HELLO 3 (the last thing it asked): a server without RESP3, or one that
+        // refuses keyguard's user the command.
+        EventLine("error", "upstream_hello_failed").Str("error", error).Write(stderr);
+        if (refused != nullptr)
+          *refused = absl::StrCat("upstream refused HELLO 3: ", absl::string_view(error.data(), error.size()));
+        shard.CountUpstreamError(metrics::UpstreamError::kProtocol);
+        co_return false;
+      }
       EventLine("error", "upstream_auth_failed").Str("error", error).Write(stderr);
       shard.CountUpstreamError(metrics::UpstreamError::kAuth);
       co_return false;
@@ -144,7 +155,8 @@ SharedLink::SharedLink(Worker& worker, bool resp3)
   to_.resp3 = resp3;
 }
 
-SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly) : SharedLink(worker) {
+SharedLink::SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly, bool resp3)
+    : SharedLink(worker, resp3) {
   to_.endpoint = node;
   to_.host = std::move(host);
   to_.readonly = readonly;
@@ -199,9 +211,9 @@ void SharedLink::WakeWaiters() {
 
 awaitable<bool> SharedLink::Open() {
   conn_ = std::make_shared<Conn>(worker_.io, &worker_.shard->upstream_bytes_sent);
-  std::string tls;
-  const bool ok = co_await ConnectUpstream(worker_, conn_->stream, &tls, &to_);
-  failure_ = tls.empty() ? std::string() : "upstream TLS: " + tls;
+  std::string tls, refused;
+  const bool ok = co_await ConnectUpstream(worker_, conn_->stream, &tls, &to_, &refused);
+  failure_ = !tls.empty() ? "upstream TLS: " + tls : refused;
   if (!ok || stopped_) {
     WakeWaiters();  // (they get the error)
     co_return false;
@@ -285,10 +297,13 @@ bool SharedLink::Deliver(size_t* hint, std::vector<Slow>* slow) {
       run_client = owed_.front().client;
       if (run_client != nullptr) run_client->BeginLinkReplies(this);
     }
+    if (push) [[unlikely]] {
+      if (run_client != nullptr) run_client->OnLinkPush(std::string_view(data + pos, n), framer_);
+      pos += n;
+      continue;
+    }
     if (run_client != nullptr) run_client->OnLinkFrame(std::string_view(data + pos, n), framer_);
     pos += n;
-    if (push) [[unlikely]]
-      continue;
     if (--owed_.front().frames == 0) owed_.pop_front();
   }
   end_run();

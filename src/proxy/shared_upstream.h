@@ -39,6 +39,9 @@ class LinkClient {
   // frame's facts; the bytes are valid during the call): a run of them between Begin and End.
   virtual void BeginLinkReplies(SharedLink* from) = 0;
   virtual void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) = 0;
+  // A RESP3 push in the run (a RESP3 link), which answers no command: DEBUG PROTOCOL push's, or
+  // one aimed at the link's connection (CLIENT TRACKING REDIRECT), which is nobody's.
+  virtual void OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) = 0;
   // Returns true when the client's output is over its bound: the link reads nothing more until
   // WaitForClient() completes.
   virtual bool EndLinkReplies() = 0;
@@ -66,9 +69,10 @@ struct UpstreamAddress {
 
 // Connects `stream` to the worker's upstream (or `to`), sends keyguard's AUTH (when configured) and
 // reads its answer. false on any failure, counted (keyguard_upstream_errors_total) and logged; a
-// TLS failure's reason in `*tls_failure` ("" for any other).
+// TLS failure's reason in `*tls_failure` ("" for any other); a refused HELLO 3 (`to->resp3`) in
+// `*refused` ("upstream refused HELLO 3: <the server's error>").
 awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls_failure = nullptr,
-                                const UpstreamAddress* to = nullptr);
+                                const UpstreamAddress* to = nullptr, std::string* refused = nullptr);
 
 // Upstream connections kept connected and authenticated for clients that get pinned, up to
 // pinned_idle_connections per worker.
@@ -106,7 +110,7 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
  public:
   // To the worker's upstream, or (`node`, `host`) a cluster node.
   explicit SharedLink(Worker& worker, bool resp3 = false);
-  SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly = false);
+  SharedLink(Worker& worker, tcp::endpoint node, std::string host, bool readonly = false, bool resp3 = false);
   SharedLink(const SharedLink&) = delete;
   SharedLink& operator=(const SharedLink&) = delete;
 

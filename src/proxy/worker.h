@@ -41,9 +41,12 @@ class SizeProbe;
 struct ClusterState {
   std::shared_ptr<cluster::SlotMap> map;  // this worker's copy: MOVED updates a slot at once
   std::vector<SharedLink*> node_links;    // by index in map->primaries (nullptr: not made yet)
+  std::vector<SharedLink*> node_links3;   // the same for RESP3 clients (HELLO 3), made as they come
   // cluster.read_from: replica_preferred: the links to each primary's replicas (READONLY), by
   // index in map->primaries.
   std::vector<std::vector<SharedLink*>> replica_links;
+  std::vector<std::vector<SharedLink*>> replica_links3;  // (made once a RESP3 client reads)
+  bool resp3_replicas = false;                           // replica_links3 wanted: kept with each map
   size_t next_replica = 0;
   std::unordered_map<std::string, std::shared_ptr<SharedLink>> links;  // by "host:port", kept across maps
   // The links of nodes that left the map, retired (SharedLink::Retire) when they owed nothing:
@@ -130,13 +133,14 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
 void RetireDepartedLinks(Worker& worker);
 // The shared link of primary `index` of the worker's map (made and started on first use), or
 // nullptr.
-SharedLink* ClusterNodeLink(Worker& worker, uint16_t index);
+// `resp3`: of the set RESP3 clients use (its connections send HELLO 3).
+SharedLink* ClusterNodeLink(Worker& worker, uint16_t index, bool resp3 = false);
 // Where a client pinned for `slot` connects: its owner (kAnyNode: the first primary), or nullopt
 // while no map is known.
 std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot);
 // cluster.read_from: replica_preferred: a replica of the slot's primary whose link is up (in
 // turn), else nullptr.
-SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot);
+SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot, bool resp3 = false);
 // A MOVED: the slot's owner is the node named, and the control thread is asked for the map.
 void OnClusterMoved(Worker& worker, const cluster::Redirect& r);
 

@@ -667,6 +667,43 @@ def test_a_multi_sent_alone_goes_to_the_node_of_the_first_keyed_command(fresh):
     assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 5
 
 
+def test_resp3_clients_reach_every_node(fresh):
+    """A RESP3 client (HELLO 3: Lettuce and go-redis v9 by default) was pinned to one node, and
+    its commands for other nodes' slots were refused. Now it moves to each node's RESP3 shared
+    connections: its commands reach every primary, and every reply is RESP3, merged ones and
+    keyguard's own included (MGET's nulls, CLUSTER INFO's verbatim text, CLUSTER SHARDS' maps,
+    CLIENT GETNAME's null); HELLO 2 moves it back."""
+    c, kg = fresh
+    keys = keys_on_distinct_nodes(c)
+    conn = RespConn(kg.port)
+    hello = conn.exchange(encode("HELLO", "3"), replies=1)
+    assert hello.startswith(b"%7\r\n$6\r\nserver\r\n") and b"$5\r\nproto\r\n:3\r\n" in hello
+    for n, key in enumerate(keys):
+        assert conn.exchange(encode("HSET", key, "f", str(n)) + encode("HGETALL", key), replies=2) == (
+            b":1\r\n%%1\r\n$1\r\nf\r\n$1\r\n%d\r\n" % n)
+    pipeline = b"".join(encode("SET", "s:%d" % i, "v%d" % i) for i in range(30))
+    assert conn.exchange(pipeline, replies=30) == b"+OK\r\n" * 30
+    mget = ["s:%d" % i for i in range(30)] + ["missing"]
+    assert conn.exchange(encode("MGET", *mget), replies=1) == (
+        b"*31\r\n" + b"".join(b"$%d\r\nv%d\r\n" % (len(str(i)) + 1, i) for i in range(30)) + b"_\r\n")
+    assert conn.exchange(encode("DBSIZE"), replies=1) == b":33\r\n"
+    assert conn.exchange(encode("GET", "missing") + encode("CLIENT", "GETNAME"), replies=2) == b"_\r\n_\r\n"
+    info = conn.exchange(encode("CLUSTER", "INFO"), replies=1)
+    assert info.startswith(b"=") and b"\r\ntxt:cluster_enabled:1\r\n" in info
+    shards = conn.exchange(encode("CLUSTER", "SHARDS"), replies=1)
+    assert shards.startswith(b"*1\r\n%2\r\n$5\r\nslots\r\n") and b"*1\r\n%6\r\n$2\r\nid\r\n" in shards
+    assert kg.metric('keyguard_upstream_pins_total{reason="hello"}') == 0
+    # A transaction on the node of its key: keyguard's HELLO 3 went first on the pinned connection.
+    assert conn.exchange(encode("MULTI") + encode("HGETALL", keys[2]) + encode("EXEC"), replies=3) == (
+        b"+OK\r\n+QUEUED\r\n*1\r\n%1\r\n$1\r\nf\r\n$1\r\n2\r\n")
+    assert conn.exchange(encode("HELLO", "2"), replies=1).startswith(b"*14\r\n")
+    assert conn.exchange(encode("HGETALL", keys[1]) + encode("MGET", "missing", keys[0] + "x"), replies=2) == (
+        b"*2\r\n$1\r\nf\r\n$1\r\n1\r\n*2\r\n$-1\r\n$-1\r\n")
+    assert conn.exchange(encode("DEL", *keys), replies=1) == b":3\r\n"
+    conn.close()
+    check_stored(c, dict(("s:%d" % i, "v%d" % i) for i in range(30)))
+
+
 def test_a_tenants_key_walks_cover_every_primary(shared_cluster):
     """A tenant's DBSIZE, RANDOMKEY and FLUSHDB walk its keys on every primary in turn, and touch
     no one else's."""

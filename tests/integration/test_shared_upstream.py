@@ -235,7 +235,7 @@ def test_resp3_clients_share_a_resp3_set_of_connections():
         # (pins), then HELLO 2 and HELLO 3 with commands after each.
         groups = [[("HELLO", "3"), ("HSET", "h", "f", "1", "g", "2"), ("HGETALL", "h"), ("ZADD", "z", "1.5", "m"),
                    ("ZSCORE", "z", "m"), ("GET", "missing"), ("SADD", "s", "x"), ("SMEMBERS", "s"),
-                   ("CONFIG", "GET", "maxmemory-policy")],
+                   ("CONFIG", "GET", "maxmemory-policy"), ("CLIENT", "GETNAME")],
                   [("MULTI",), ("HGETALL", "h"), ("ZSCORE", "z", "m"), ("EXEC",)],
                   [("BLPOP", "l", "0.01")],
                   [("HGETALL", "h"), ("HELLO",), ("HELLO", "2"), ("HGETALL", "h"), ("ZSCORE", "z", "m"), ("HELLO", "3"),
@@ -267,11 +267,42 @@ def test_resp3_clients_share_a_resp3_set_of_connections():
         assert len(resp3) == 2  # the RESP3 shared connection, and the direct client
         # A second RESP3 client shares it.
         e = RespConn(kg.port)
-        assert e.exchange(encode("HELLO", "3") + encode("HGETALL", "h"), replies=2).endswith(hgetall3)
+        hello = e.exchange(encode("HELLO", "3"), replies=1)
+        assert e.exchange(encode("HGETALL", "h"), replies=1) == hgetall3
         assert kind(kg, "shared") == 2
         assert len([c for c in redis.Redis(port=server.port).client_list() if c.get("resp") == "3"]) == 2
-        for c in (a, b, d, e):
+        # Pushes aimed at the RESP3 shared connection (tracking redirected to its id, which HELLO's
+        # reply shows) reach no client.
+        link_id = re.search(rb"\$2\r\nid\r\n:(\d+)\r\n", hello).group(1).decode()
+        t = RespConn(kg.port)
+        assert t.call("CLIENT", "TRACKING", "on", "REDIRECT", link_id, "BCAST") == "OK"
+        assert b.call("SET", "x", "1") == "OK"
+        assert e.exchange(b"".join(encode("PING") for _ in range(200)), replies=200) == b"+PONG\r\n" * 200
+        for c in (a, b, d, e, t):
             c.close()
+
+
+def test_a_resp3_move_that_fails_leaves_the_client_as_it_was():
+    """A HELLO 3 that keyguard refuses (the deny list), or whose RESP3 shared connections cannot
+    come up (a server without HELLO: keyguard's own HELLO 3 is refused), fails with an error and
+    leaves the client on RESP2, answered in RESP2 as a direct connection would be."""
+    for redis_args, config, error in (
+            ((), "deny_commands: [HELLO]\n", b"-ERR keyguard: command 'HELLO' is not allowed here\r\n"),
+            (("--rename-command", "HELLO", ""), "", b"-ERR keyguard: upstream refused HELLO 3: ERR unknown command "
+                                                     b"'HELLO', with args beginning with: '3' \r\n")):
+        server = Redis(*redis_args)
+        kg = Keyguard(server.port, config=SHARED + config, threads=1)
+        try:
+            wait_until(lambda: kind(kg, "shared") == 1, "the shared connection")
+            c = RespConn(kg.port)
+            assert c.exchange(encode("HELLO", "3") + encode("HSET", "h", "f", "v") + encode("HGETALL", "h") +
+                              encode("GET", "missing"), replies=4) == (
+                error + b":1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n$-1\r\n")
+            assert kg.metric('keyguard_upstream_pins_total{reason="hello"}') == 0
+            c.close()
+        finally:
+            kg.stop()
+            server.stop()
 
 
 def test_a_client_that_comes_while_the_shared_connection_is_down_waits_for_a_connect():

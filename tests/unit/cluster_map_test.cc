@@ -148,5 +148,29 @@ TEST(LocalReplies, OneNodeOwningEverySlot) {
   EXPECT_EQ(LocalClusterReply("failover", "127.0.0.1", 7200), "");
 }
 
+TEST(LocalReplies, Resp3AsTheServerAnswersARESP3Client) {
+  // NODES and INFO: verbatim text; SHARDS: maps (the same pairs); SLOTS and MYID as in RESP2.
+  const std::string nodes = LocalClusterReply("nodes", "127.0.0.1", 7200, 3);
+  const std::string body = LocalClusterReply("nodes", "127.0.0.1", 7200).substr(5);  // past $NN\r\n
+  EXPECT_EQ(nodes, "=" + std::to_string(body.size() - 2 + 4) + "\r\ntxt:" + body);
+  const std::string info = LocalClusterReply("info", "127.0.0.1", 7200).substr(6);  // past $NNN\r\n
+  EXPECT_EQ(LocalClusterReply("info", "127.0.0.1", 7200, 3),
+            "=" + std::to_string(info.size() - 2 + 4) + "\r\ntxt:" + info);
+  const std::string shards = LocalClusterReply("shards", "127.0.0.1", 7200, 3);
+  EXPECT_TRUE(
+      shards.starts_with("*1\r\n%2\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n%6\r\n$2\r\nid\r\n"))
+      << shards;
+  const std::string shards2 = LocalClusterReply("shards", "127.0.0.1", 7200);
+  EXPECT_EQ(shards.substr(shards.find("$2\r\nid")), shards2.substr(shards2.find("$2\r\nid")));
+  EXPECT_EQ(LocalClusterReply("slots", "127.0.0.1", 7200, 3), LocalClusterReply("slots", "127.0.0.1", 7200));
+}
+
+TEST(Merge, MgetNullsInTheClientsProtocol) {
+  const std::vector<std::string> parts = {"*2\r\n$1\r\na\r\n_\r\n", "*1\r\n$-1\r\n"};
+  const std::vector<std::vector<uint32_t>> positions = {{0, 2}, {1}};
+  EXPECT_EQ(MergeMget(parts, positions, 3), "*3\r\n$1\r\na\r\n$-1\r\n$-1\r\n");
+  EXPECT_EQ(MergeMget(parts, positions, 3, /*resp3=*/true), "*3\r\n$1\r\na\r\n_\r\n_\r\n");
+}
+
 }  // namespace
 }  // namespace keyguard::proxy::cluster
