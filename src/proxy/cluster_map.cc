@@ -1,6 +1,8 @@
 #include "proxy/cluster_map.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -129,7 +131,8 @@ absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_vi
     for (int64_t s = lo; s <= hi; ++s) m.owner[static_cast<size_t>(s)] = idx;
   }
   if (m.primaries.empty()) return absl::FailedPreconditionError("CLUSTER SLOTS: no slot is served");
-  // Primaries in the order of their first slot, so that the SCAN cursor's node index is stable.
+  // Primaries in the order of their addresses, so that the SCAN cursor's node index is the same
+  // in every node's answer and across a reshard (which moves slots, not nodes).
   std::vector<uint16_t> order;
   std::vector<bool> seen(m.primaries.size(), false);
   for (uint16_t o : m.owner) {
@@ -138,6 +141,10 @@ absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_vi
       order.push_back(o);
     }
   }
+  std::sort(order.begin(), order.end(), [&](uint16_t a, uint16_t b) {
+    const Node &x = m.primaries[a], &y = m.primaries[b];
+    return std::tie(x.host, x.port) < std::tie(y.host, y.port);
+  });
   std::vector<uint16_t> rank(m.primaries.size());
   SlotMap sorted;
   for (uint16_t i : order) {

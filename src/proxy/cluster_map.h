@@ -35,7 +35,7 @@ struct Node {
 // Which primary owns each slot.
 struct SlotMap {
   static constexpr uint16_t kNoOwner = 0xFFFF;
-  std::vector<Node> primaries;              // in the order of their first slot
+  std::vector<Node> primaries;              // in the order of their addresses
   std::vector<std::vector<Node>> replicas;  // by primary
   std::array<uint16_t, kSlots> owner;       // index into primaries, or kNoOwner
   SlotMap() { owner.fill(kNoOwner); }

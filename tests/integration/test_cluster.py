@@ -296,6 +296,43 @@ def test_moved_slots_are_followed_without_an_error():
         reshard_behind_keyguard(c, kg)
 
 
+def test_a_scan_goes_on_across_a_reshard_that_gives_another_node_the_first_slots():
+    """The SCAN cursor names a node by its index among the primaries. They were in the order of
+    their first slot, so a reshard that gave slot 0 to another node mid-iteration renumbered them:
+    the iteration went on at the wrong node, skipping one and scanning another twice. In the order
+    of their addresses, a reshard (which moves slots, not nodes) changes no index: every key that
+    stays where it is is returned."""
+    with cluster() as c, keyguard_for(c) as kg:
+        r = client(kg)
+        expected = {"sc:%d" % i: "v" for i in range(600)}
+        p = r.pipeline(transaction=False)
+        for k in expected:
+            p.set(k, "v")
+        p.execute()
+        owner0 = c.slot_map()[0]
+        other = next(port for port in c.primaries() if port != owner0)
+        before = c.owners(expected)
+        # The first node's keys, page by page, until the cursor moves to the next node.
+        cursor, seen = 0, []
+        while True:
+            cursor, keys = r.scan(cursor, count=1000)
+            seen += keys
+            if cursor >> 52 != 0 or cursor == 0:
+                break
+        assert cursor != 0
+        changes = kg.metric("keyguard_cluster_map_changes_total")
+        c.reshard(owner0, other, 1000)  # `other` now has slot 0
+        wait_until(lambda: kg.metric("keyguard_cluster_map_changes_total") > changes, "keyguard to take the new map")
+        while cursor != 0:
+            cursor, keys = r.scan(cursor, count=1000)
+            seen += keys
+        after = c.owners(expected)
+        stayed = {k for k in expected if before[k] == after[k]}
+        missed = sorted(stayed - set(seen))
+        assert not missed, "%d keys that never moved were not returned, e.g. %r" % (len(missed), missed[:5])
+        assert set(seen) <= set(expected)
+
+
 def test_slots_moved_to_a_node_keyguard_never_saw():
     """The same with slots moving to a primary added after keyguard started (redis-cli --cluster
     add-node): keyguard learns of it from a MOVED and must follow that to a node it has no

@@ -37,15 +37,16 @@ TEST(SlotMap, ParsedFromClusterSlots) {
   auto m = ParseClusterSlots(kSlots, "10.0.0.9");
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->primaries.size(), 3u);
-  EXPECT_EQ(m->primaries[0].ToString(), "127.0.0.1:7101");
-  EXPECT_EQ(m->primaries[1].ToString(), "127.0.0.1:7102");
-  EXPECT_EQ(m->primaries[2].ToString(), "10.0.0.9:7103") << "an empty host is the host asked";
-  ASSERT_EQ(m->replicas[1].size(), 1u);
-  EXPECT_EQ(m->replicas[1][0].port, 7105);
-  EXPECT_EQ(m->owner[0], 0);
-  EXPECT_EQ(m->owner[5460], 0);
-  EXPECT_EQ(m->owner[5461], 1);
-  EXPECT_EQ(m->owner[16383], 2);
+  // In the order of their addresses.
+  EXPECT_EQ(m->primaries[0].ToString(), "10.0.0.9:7103") << "an empty host is the host asked";
+  EXPECT_EQ(m->primaries[1].ToString(), "127.0.0.1:7101");
+  EXPECT_EQ(m->primaries[2].ToString(), "127.0.0.1:7102");
+  ASSERT_EQ(m->replicas[2].size(), 1u);
+  EXPECT_EQ(m->replicas[2][0].port, 7105);
+  EXPECT_EQ(m->owner[0], 1);
+  EXPECT_EQ(m->owner[5460], 1);
+  EXPECT_EQ(m->owner[5461], 2);
+  EXPECT_EQ(m->owner[16383], 0);
   EXPECT_TRUE(m->complete());
   auto again = ParseClusterSlots(kSlots, "10.0.0.9");
   EXPECT_TRUE(m->SameAs(*again));
@@ -53,7 +54,7 @@ TEST(SlotMap, ParsedFromClusterSlots) {
   EXPECT_FALSE(m->SameAs(*again));
 }
 
-TEST(SlotMap, PrimariesInTheOrderOfTheirFirstSlot) {
+TEST(SlotMap, PrimariesInTheOrderOfTheirAddresses) {
   // The node of the high range listed first: still node 1 (the SCAN cursor's order is stable).
   constexpr std::string_view reordered =
       "*2\r\n*3\r\n:8192\r\n:16383\r\n*2\r\n$1\r\nb\r\n:2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$1\r\na\r\n:1\r\n";
@@ -62,6 +63,16 @@ TEST(SlotMap, PrimariesInTheOrderOfTheirFirstSlot) {
   EXPECT_EQ(m->primaries[0].host, "a");
   EXPECT_EQ(m->primaries[1].host, "b");
   EXPECT_EQ(m->owner[8192], 1);
+  // A reshard that gives b the first slots leaves the order as it was.
+  constexpr std::string_view resharded =
+      "*3\r\n*3\r\n:0\r\n:100\r\n*2\r\n$1\r\nb\r\n:2\r\n*3\r\n:101\r\n:8191\r\n*2\r\n$1\r\na\r\n:1\r\n"
+      "*3\r\n:8192\r\n:16383\r\n*2\r\n$1\r\nb\r\n:2\r\n";
+  auto r = ParseClusterSlots(resharded, "x");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->primaries[0].host, "a");
+  EXPECT_EQ(r->primaries[1].host, "b");
+  EXPECT_EQ(r->owner[0], 1);
+  EXPECT_EQ(r->owner[101], 0);
 }
 
 TEST(SlotMap, RefusesWhatIsNotAMap) {
