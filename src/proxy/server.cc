@@ -261,7 +261,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     workers.back()->upstream_credentials = credentials;
     workers.back()->upstream_host = upstream_host;
     if (sentinel != nullptr) workers.back()->upstream_failed = [s = sentinel.get()] { s->Recheck(); };
-    if (config.hygiene.enabled && config.hygiene.probe && cluster_watch == nullptr) {
+    if (config.hygiene.enabled && config.hygiene.probe) {
       workers.back()->probe = std::make_shared<SizeProbe>(*workers.back());
     }
     workers.back()->hot.Attach(&hot_keys, hot_keys.AddWorker());

@@ -2,6 +2,7 @@
 each) routes every command to the node owning its keys' slots and shows its clients one node that
 serves every slot. Every stored key is checked on direct connections to the nodes."""
 import contextlib
+import json
 import os
 import subprocess
 import threading
@@ -739,6 +740,31 @@ def test_resp3_clients_reach_every_node(fresh):
     assert conn.exchange(encode("DEL", *keys), replies=1) == b":3\r\n"
     conn.close()
     check_stored(c, dict(("s:%d" % i, "v%d" % i) for i in range(30)))
+
+
+def test_the_size_probe_asks_each_keys_node(fresh):
+    """The sizing probe (hygiene.probe) was off with a cluster: it had one connection, to the
+    upstream. It now asks each key's own node: a big hash on every primary, read with HGET (whose
+    reply does not show its size), is a big_key_access finding with its exact size."""
+    c, kg = fresh
+    keys = keys_on_distinct_nodes(c, prefix="feed:")
+    for n, key in enumerate(keys):
+        c.client_for_key(key).hset(key, mapping={"f%d" % i: i for i in range(5001 + n)})
+    probed = kg.metric("keyguard_probed_keys_total")
+    r = client(kg)
+    for key in keys:
+        assert r.hget(key, "f7") == "7"
+
+    def found():
+        status, body = kg.http("/debug/findings")
+        assert status == 200
+        return {f["key"]: f["elements"] for f in json.loads(body)["findings"]
+                if f["kind"] == "big_key_access" and f["key"] in keys}
+
+    assert wait_until(lambda: len(found()) == 3 and found(), "a finding for each node's key") == {
+        key: 5001 + n for n, key in enumerate(keys)}
+    assert kg.metric("keyguard_probed_keys_total") - probed == 3
+    c.flushall()
 
 
 def test_a_tenants_key_walks_cover_every_primary(shared_cluster):

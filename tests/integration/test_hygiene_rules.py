@@ -79,7 +79,6 @@ def test_del_of_a_big_key_is_found_and_rewritten_to_unlink(fresh, direct):
         assert kg.stop() == 0
 
 
-@pytest.mark.not_cluster(reason='the hygiene size probe is off with a cluster (docs/configuration.md)')
 def test_probe_sizes_keys_whose_replies_do_not_show_it(fresh, direct):
     direct.hset("feed:1", mapping={"f%d" % i: i for i in range(6000)})
     direct.hset("feed:2", mapping={"a": 1})
@@ -111,7 +110,6 @@ def test_probe_sizes_keys_whose_replies_do_not_show_it(fresh, direct):
         assert kg.stop() == 0
 
 
-@pytest.mark.not_cluster(reason='the hygiene size probe is off with a cluster (docs/configuration.md)')
 def test_probe_asks_about_the_name_the_server_stores(fresh, direct):
     # Under a key-policy rewrite (and a tenant prefix) the probe asked about the client's old
     # name, found nothing, and big_key_access never fired for rewritten keys.

@@ -442,6 +442,28 @@ def test_tls_over_shared_connections(pki):
         r.stop()
 
 
+def test_the_size_probe_asks_over_tls(pki):
+    """The sizing probe had a plain TCP connection of its own: in front of a TLS server it never
+    learned a size. Its connections are made as the clients' are: a big hash read with HGET is a
+    big_key_access finding with its exact size."""
+    r = tls_redis(pki, "--tls-auth-clients", "no")
+    kg = tls_keyguard(r, pki, "  ca_file: %s\n" % pki("ca.crt"))
+    try:
+        direct(r, pki).hset("feed:1", mapping={"f%d" % i: i for i in range(6000)})
+        assert redis.Redis(port=kg.port).hget("feed:1", "f7") == b"7"
+
+        def found():
+            status, body = kg.http("/debug/findings")
+            return [(f["key"], f["elements"]) for f in json.loads(body)["findings"] if f["kind"] == "big_key_access"]
+
+        assert wait_until(found, "the probe's finding") == [("feed:1", 6000)]
+        assert kg.metric("keyguard_probed_keys_total") == 1
+        assert kg.metric('keyguard_upstream_errors_total{reason="tls"}') == 0
+    finally:
+        kg.stop()
+        r.stop()
+
+
 def test_pooled_connections_the_server_closed_are_not_pinned(pki):
     """An idle connection of the pool has unread TLS records (the session tickets, then the
     server's close_notify when it closes it: a timeout, CLIENT KILL, a restart): a closed one must
