@@ -346,8 +346,9 @@ PinReason Connection::OnPinned(bool fresh) {
   CountUpstream(1);
   if (fresh) SendUpstreamAuth();
   if (shared_.stages.connections != nullptr) SendInternal(kClientId, commands::Known().client);
-  // A client on RESP3 shared connections: its own connection speaks RESP3 too.
-  if (link_protocol_ == 3) SendInternal(kHello3, commands::Known().hello);
+  // A client on RESP3 shared connections: its own connection speaks RESP3 too (one from the RESP3
+  // pool does already).
+  if (fresh && link_protocol_ == 3) SendInternal(kHello3, commands::Known().hello);
   if (multi_deferred_) {
     // The MULTI keyguard answered goes first; a refusal of the command that pinned the client
     // does not end this pin (the transaction goes on).

@@ -335,6 +335,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
           // Shared connections connect again, to the new primary (what was in flight fails).
           for (auto& link : worker->links) link->Restart();
           if (worker->pins != nullptr) worker->pins->Stop(/*for_good=*/false);
+          if (worker->pins3 != nullptr) worker->pins3->Stop(/*for_good=*/false);
         });
       }
     });
@@ -428,6 +429,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
       for (auto& [addr, link] : w->cluster->links) link->Stop();
     }
     if (w->pins != nullptr) w->pins->Stop();
+    if (w->pins3 != nullptr) w->pins3->Stop();
     w->io.restart();
     w->io.poll();
   }

@@ -25,7 +25,9 @@ awaitable<void> Session::Pin() {
     conn_.LookAheadForPin(client_buf_.data(), client_buf_.size());  // the command that waits is first there
     node = ClusterNodeAddress(worker_, conn_.pin_slot());
   }
-  std::unique_ptr<Stream> stream = cluster_ == nullptr ? worker_.pins->Take() : nullptr;
+  // (A RESP3 client's from the RESP3 pool: its connections said HELLO 3 already.)
+  std::unique_ptr<Stream> stream =
+      cluster_ != nullptr ? nullptr : conn_.link_protocol() == 3 ? Resp3Pins(worker_).Take() : worker_.pins->Take();
   const bool fresh = stream == nullptr;
   if (fresh) {
     stream = std::make_unique<Stream>(worker_.io);
@@ -84,8 +86,10 @@ awaitable<void> Session::SwitchLink() {
 void Session::Unpin() {
   ObservePin();
   conn_.OnUnpinned();
-  if (cluster_ != nullptr || conn_.link_protocol() == 3) {
-    upstream_->Close();  // (a cluster's pins are not pooled, nor those keyguard's HELLO 3 made RESP3)
+  if (cluster_ != nullptr) {
+    upstream_->Close();  // (a cluster's pins are not pooled)
+  } else if (conn_.link_protocol() == 3) {
+    Resp3Pins(worker_).Return(std::move(upstream_));
   } else {
     worker_.pins->Return(std::move(upstream_));
   }

@@ -126,7 +126,7 @@ void PinPool::Fill() {
 awaitable<void> PinPool::Connect() {
   auto stream = std::make_unique<Stream>(worker_.io);
   const uint64_t generation = generation_;
-  const bool ok = co_await ConnectUpstream(worker_, *stream);
+  const bool ok = co_await ConnectUpstream(worker_, *stream, nullptr, &to_);
   --connecting_;
   // A failed connect is not retried here: the next Take() tries again. One begun before the
   // upstream moved went to the old one.
@@ -145,6 +145,11 @@ SharedLink* PickResp3Link(Worker& worker) {
     }
   }
   return worker.links[n + worker.next_link3++ % n].get();
+}
+
+PinPool& Resp3Pins(Worker& worker) {
+  if (worker.pins3 == nullptr) worker.pins3 = std::make_unique<PinPool>(worker, /*resp3=*/true);
+  return *worker.pins3;
 }
 
 SharedLink::SharedLink(Worker& worker, bool resp3)

@@ -78,7 +78,8 @@ awaitable<bool> ConnectUpstream(Worker& worker, Stream& stream, std::string* tls
 // pinned_idle_connections per worker.
 class PinPool {
  public:
-  explicit PinPool(Worker& worker) : worker_(worker) {}
+  // `resp3`: for RESP3 clients (HELLO 3 after keyguard's AUTH).
+  explicit PinPool(Worker& worker, bool resp3 = false) : worker_(worker) { to_.resp3 = resp3; }
   ~PinPool();
   // An idle connection that is still open, or nullptr (the caller connects one). Refills.
   std::unique_ptr<Stream> Take();
@@ -93,6 +94,7 @@ class PinPool {
  private:
   awaitable<void> Connect();
   Worker& worker_;
+  UpstreamAddress to_;  // the worker's upstream (resp3 or not)
   std::vector<std::unique_ptr<Stream>> idle_;
   int connecting_ = 0;
   uint64_t generation_ = 0;  // Stop(false) counts: a connect begun before it is not kept
@@ -102,6 +104,8 @@ class PinPool {
 // A shared link of the worker's for RESP3 clients (HELLO 3), round robin; the first call makes
 // shared_connections of them (worker.links holds the RESP2 ones first, then these).
 SharedLink* PickResp3Link(Worker& worker);
+// The worker's idle connections for RESP3 clients' pins (made, and filled, on first use).
+PinPool& Resp3Pins(Worker& worker);
 
 // How long a client over its output bound may go without reading before it is cut off.
 inline constexpr std::chrono::milliseconds kSlowClientWindow(1000);

@@ -95,6 +95,7 @@ struct Worker {
   // the idle connections pinned clients take.
   std::vector<std::shared_ptr<SharedLink>> links;
   std::unique_ptr<PinPool> pins;
+  std::unique_ptr<PinPool> pins3;         // RESP3 clients' (Resp3Pins)
   std::unique_ptr<ClusterState> cluster;  // a Redis Cluster upstream
   size_t next_link = 0;
   size_t next_link3 = 0;  // PickResp3Link

@@ -259,18 +259,27 @@ def test_resp3_clients_share_a_resp3_set_of_connections():
         assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == 1
         assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') == 1
         assert kind(kg, "shared") == 2  # one RESP2 and one RESP3 shared connection
-        # The RESP3 client's pins were closed, not pooled: a RESP2 client's transaction speaks RESP2.
+        # The RESP3 client's pins went back to a pool of RESP3 connections (2 idle, as the RESP2
+        # pool): a RESP2 client's transaction speaks RESP2, and the next RESP3 one connects nothing.
         assert b.exchange(encode("MULTI") + encode("HGETALL", "h") + encode("EXEC"), replies=3) == (
             b"+OK\r\n+QUEUED\r\n*1\r\n*4\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\ng\r\n$1\r\n2\r\n")
-        wait_until(lambda: kind(kg, "pinned") == 0 and kind(kg, "idle") == 2, "the pool refilled")
-        resp3 = [c for c in redis.Redis(port=server.port).client_list() if c.get("resp") == "3"]
-        assert len(resp3) == 2  # the RESP3 shared connection, and the direct client
+        wait_until(lambda: kind(kg, "pinned") == 0 and kind(kg, "idle") == 4, "both pools filled")
+
+        def resp3_connections():
+            return len([c for c in redis.Redis(port=server.port).client_list() if c.get("resp") == "3"])
+
+        assert resp3_connections() == 4  # the RESP3 shared connection, 2 idle, and the direct client
+        total = server_clients(server.port)
+        assert a.exchange(encode("MULTI") + encode("HGETALL", "h") + encode("EXEC"), replies=3) == (
+            b"+OK\r\n+QUEUED\r\n*1\r\n" + hgetall3)
+        wait_until(lambda: kind(kg, "pinned") == 0 and kind(kg, "idle") == 4, "the pin back in its pool")
+        assert server_clients(server.port) == total and resp3_connections() == 4
         # A second RESP3 client shares it.
         e = RespConn(kg.port)
         hello = e.exchange(encode("HELLO", "3"), replies=1)
         assert e.exchange(encode("HGETALL", "h"), replies=1) == hgetall3
         assert kind(kg, "shared") == 2
-        assert len([c for c in redis.Redis(port=server.port).client_list() if c.get("resp") == "3"]) == 2
+        assert resp3_connections() == 4
         # Pushes aimed at the RESP3 shared connection (tracking redirected to its id, which HELLO's
         # reply shows) reach no client.
         link_id = re.search(rb"\$2\r\nid\r\n:(\d+)\r\n", hello).group(1).decode()
