@@ -63,7 +63,14 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
   for (size_t i = 0; i < c.map->primaries.size(); ++i) {
     c.node_links[i] = ClusterNodeLink(worker, static_cast<uint16_t>(i));
   }
-  c.node_links3.assign(c.map->primaries.size(), nullptr);  // (made as RESP3 clients come)
+  // The RESP3 links made so far stay with their primaries (RetireDepartedLinks keeps what the
+  // map uses); the others are made as RESP3 clients come.
+  c.node_links3.assign(c.map->primaries.size(), nullptr);
+  for (size_t i = 0; i < c.map->primaries.size(); ++i) {
+    if (auto it = c.links.find("3:" + c.map->primaries[i].ToString()); it != c.links.end()) {
+      c.node_links3[i] = it->second.get();
+    }
+  }
   // A node that is no longer a primary (failed over: hung, partitioned, demoted) answers its
   // commands in flight late or never: its link is closed (they fail, their clients go on) and
   // connects again, in case it serves again.

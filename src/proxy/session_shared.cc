@@ -67,7 +67,19 @@ awaitable<void> Session::SwitchLink() {
   auto self = shared_from_this();
   if (cluster_ != nullptr) {
     // Each node's links of that protocol, made as they are needed (commands wait for a connect).
-    cluster_->set_resp3(conn_.protocol_wanted() == 3);
+    // The first primary's (where the HELLO may go) must come up: else the HELLO fails, and the
+    // client stays where it is.
+    const bool resp3 = conn_.protocol_wanted() == 3;
+    SharedLink* first = ClusterNodeLink(worker_, 0, resp3);
+    if (first != nullptr && !first->up()) co_await first->WaitForConnect();
+    if (closed_) co_return;
+    if (first == nullptr || !first->up()) {
+      conn_.OnSwitchFailed(first == nullptr || first->failure().empty()
+                               ? std::string("-ERR keyguard: upstream unavailable\r\n")
+                               : absl::StrCat("-ERR keyguard: ", first->failure(), "\r\n"));
+      co_return;
+    }
+    cluster_->set_resp3(resp3);
     conn_.OnLinkSwitched();
     co_return;
   }

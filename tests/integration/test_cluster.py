@@ -13,7 +13,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from cluster import SLOTS, cluster, seed_url
-from conftest import ROOT, SANITIZED, Keyguard, wait_until
+from conftest import ROOT, SANITIZED, Keyguard, Redis, wait_until
 from resp import PATIENCE, RespConn, encode
 
 CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
@@ -740,6 +740,63 @@ def test_resp3_clients_reach_every_node(fresh):
     assert conn.exchange(encode("DEL", *keys), replies=1) == b":3\r\n"
     conn.close()
     check_stored(c, dict(("s:%d" % i, "v%d" % i) for i in range(30)))
+
+
+def test_a_new_map_keeps_the_resp3_connections():
+    """A new slot map (a slot moved) retired every RESP3 shared connection that owed nothing at
+    that moment, and logged its node as gone: RESP3 clients' next commands waited for connects.
+    The RESP3 links of nodes that are still primaries stay."""
+    with cluster() as c, keyguard_for(c) as kg:
+        conn = RespConn(kg.port)
+        assert conn.exchange(encode("HELLO", "3") + encode("DBSIZE"), replies=2).endswith(b":0\r\n")
+
+        def resp3_ids():
+            return {p: sorted(x["id"] for x in c.node(p).client.client_list() if x.get("resp") == "3")
+                    for p in c.primaries()}
+
+        before = resp3_ids()
+        assert all(before.values()), before
+        changes = kg.metric("keyguard_cluster_map_changes_total")
+        primaries = c.primaries()
+        c.reshard(primaries[0], primaries[1], 1)
+        wait_until(lambda: kg.metric("keyguard_cluster_map_changes_total") > changes, "keyguard to take the new map")
+        assert conn.exchange(encode("DBSIZE"), replies=1) == b":0\r\n"
+        assert resp3_ids() == before
+        assert kg.events("cluster_node_left") == []
+        conn.close()
+
+
+def test_a_resp3_move_that_fails_leaves_a_cluster_client_as_it_was(tmp_path):
+    """A cluster whose nodes refuse HELLO (renamed here; a server without RESP3): a client's HELLO 3
+    gets why, at once, and the client stays on RESP2, keyguard's own answers included. (It was
+    switched anyway: every command waited for RESP3 connections that never came, then failed.)"""
+    node = Redis("--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf"),
+                 "--rename-command", "HELLO", "")
+    direct = redis.Redis(port=node.port, decode_responses=True)
+    try:
+        direct.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+    except redis.ResponseError:
+        pass  # (KEYGUARD_UPSTREAM=cluster: the fixture assigned them)
+
+    def ok():
+        info = direct.execute_command("CLUSTER", "INFO")  # a dict (redis-py parses it) or the text
+        return info.get("cluster_state") == "ok" if isinstance(info, dict) else "cluster_state:ok" in info
+
+    wait_until(ok, "the one-node cluster")
+    kg = Keyguard(0, upstream="redis-cluster://127.0.0.1:%d" % node.port)
+    try:
+        conn = RespConn(kg.port)
+        started = time.monotonic()
+        assert conn.exchange(encode("HELLO", "3"), replies=1) == (
+            b"-ERR keyguard: upstream refused HELLO 3: ERR unknown command 'HELLO', with args beginning with: '3' \r\n")
+        assert time.monotonic() - started < 2
+        assert conn.exchange(encode("SET", "a", "v") + encode("GET", "a") + encode("GET", "missing") +
+                             encode("CLIENT", "GETNAME"), replies=4) == b"+OK\r\n$1\r\nv\r\n$-1\r\n$-1\r\n"
+        assert conn.exchange(encode("CLUSTER", "INFO"), replies=1).startswith(b"$")
+        conn.close()
+    finally:
+        assert kg.stop() == 0
+        node.stop()
 
 
 def test_the_size_probe_asks_each_keys_node(fresh):
