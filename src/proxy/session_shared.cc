@@ -26,8 +26,9 @@ awaitable<void> Session::Pin() {
     node = ClusterNodeAddress(worker_, conn_.pin_slot());
   }
   // (A RESP3 client's from the RESP3 pool: its connections said HELLO 3 already.)
-  std::unique_ptr<Stream> stream =
-      cluster_ != nullptr ? nullptr : conn_.link_protocol() == 3 ? Resp3Pins(worker_).Take() : worker_.pins->Take();
+  std::unique_ptr<Stream> stream = cluster_ != nullptr          ? nullptr
+                                   : conn_.link_protocol() == 3 ? Resp3Pins(worker_).Take()
+                                                                : worker_.pins->Take();
   const bool fresh = stream == nullptr;
   if (fresh) {
     stream = std::make_unique<Stream>(worker_.io);
