@@ -362,6 +362,13 @@ void ClusterClient::Dispatch(uint64_t seq) {
   ClusterState& c = *worker_.cluster;
   Entry* e = &entries_.At(seq);
   if (!e->split_commands.empty()) {
+    if (!redirected_.empty() && SplitMustWait(seq, *e)) [[unlikely]] {
+      // Behind an earlier command of one of its slots that is being redirected (a SET of a key
+      // this MGET reads): it must not overtake it.
+      e->held = true;
+      ++held_;
+      return;
+    }
     // One part per slot; the client gets their merge.
     const size_t n = e->split_commands.size();
     e->parts.assign(n, std::string());
@@ -435,7 +442,31 @@ bool ClusterClient::Redirected(int32_t slot) const {
 bool ClusterClient::EarlierPending(uint64_t seq, int32_t slot) {
   for (uint64_t q = entries_.front_seq(); q != seq; ++q) {
     const Entry& x = entries_.At(q);
-    if (!x.done && x.slot == slot) return true;
+    if (!x.done && Covers(x, slot)) return true;
+  }
+  return false;
+}
+
+void ClusterClient::SendPartInOrder(uint64_t seq, int part, SharedLink* link) {
+  const Entry& e = entries_.At(seq);
+  if (EarlierPending(seq, e.split_slots[static_cast<size_t>(part)])) {
+    held_parts_.push_back(HeldPart{seq, part, link != nullptr ? link->shared_from_this() : nullptr});
+    return;
+  }
+  SendOrRetry(seq, part, link);
+}
+
+void ClusterClient::MarkPartRedirected(const Entry& e, int part) {
+  // A part of a split command sent again (MOVED, ASK, TRYAGAIN: a multi-key part in a slot being
+  // migrated): later commands of its slot wait behind it (ReleaseHeld), as behind a single one.
+  if (part < 0 || static_cast<size_t>(part) >= e.split_slots.size()) return;
+  const int32_t slot = e.split_slots[static_cast<size_t>(part)];
+  if (!Redirected(slot)) redirected_.push_back(slot);
+}
+
+bool ClusterClient::SplitMustWait(uint64_t seq, const Entry& e) {
+  for (int32_t s : e.split_slots) {
+    if (Redirected(s) && EarlierPending(seq, s)) return true;
   }
   return false;
 }
@@ -451,12 +482,32 @@ void ClusterClient::Hold(uint64_t seq) {
 
 void ClusterClient::ReleaseHeld() {
   if (redirected_.empty()) return;
+  // Parts of split commands sent again once their slot's earlier commands are answered.
+  for (size_t i = 0; i < held_parts_.size();) {
+    const uint64_t seq = held_parts_[i].seq;
+    const int part = held_parts_[i].part;
+    if (EarlierPending(seq, entries_.At(seq).split_slots[static_cast<size_t>(part)])) {
+      ++i;
+      continue;
+    }
+    const std::shared_ptr<SharedLink> link = std::move(held_parts_[i].link);
+    held_parts_.erase(held_parts_.begin() + static_cast<std::ptrdiff_t>(i));
+    SendOrRetry(seq, part, link.get());
+  }
   // Each held command goes once every earlier command of its slot is answered: a slot's
   // commands reach its new node in the client's order, one after the other while it moves.
   std::vector<int32_t> given_up;  // slots whose node did not come back in time: their held commands fail
   for (uint64_t q = entries_.front_seq(); held_ != 0 && q != entries_.tail_seq(); ++q) {
     Entry& e = entries_.At(q);
-    if (!e.held || EarlierPending(q, e.slot)) continue;
+    if (!e.held) continue;
+    if (!e.split_commands.empty()) {
+      if (SplitMustWait(q, e)) continue;
+      e.held = false;
+      --held_;
+      Dispatch(q);  // (every part, none of which went before)
+      continue;
+    }
+    if (EarlierPending(q, e.slot)) continue;
     e.held = false;
     --held_;
     SharedLink* l = e.ask_link != nullptr ? e.ask_link.get() : LinkForSlot(e.slot);
@@ -477,7 +528,7 @@ void ClusterClient::ReleaseHeld() {
   std::erase_if(redirected_, [&](int32_t slot) {
     for (uint64_t q = entries_.front_seq(); q != entries_.tail_seq(); ++q) {
       const Entry& x = entries_.At(q);
-      if (!x.done && x.slot == slot) return false;
+      if (!x.done && Covers(x, slot)) return false;
     }
     return true;
   });
@@ -603,7 +654,12 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
         return;
       }
       // (A node keyguard had no link to yet is still connecting: the command waits for it.)
-      SendOrRetry(seq, part, target);
+      if (!e->split_slots.empty()) {
+        MarkPartRedirected(*e, part);
+        SendPartInOrder(seq, part, target);
+      } else {
+        SendOrRetry(seq, part, target);
+      }
       return;
     } else if (text.starts_with("TRYAGAIN") && e->tries < kMaxTryAgain) {
       ++e->tries;
@@ -613,6 +669,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
         ArmHoldTimer(e->tries);
         return;
       }
+      MarkPartRedirected(*e, part);
       RetryLater(seq, part);
       return;
     }
@@ -683,7 +740,11 @@ void ClusterClient::RetryLater(uint64_t seq, int part) {
                     : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part), resp3_)
                     : e->scan ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node), resp3_)
                               : LinkForSlot(e->slot);
-    SendOrRetry(seq, part, l);
+    if (!e->split_slots.empty()) {
+      SendPartInOrder(seq, part, l);
+    } else {
+      SendOrRetry(seq, part, l);
+    }
     DeliverReady();
     if (run_open_ && !in_link_run_) EndRun();
   });

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
@@ -157,6 +158,24 @@ class ClusterClient final : public LinkClient {
   // on the way to the slot's new node.
   bool Redirected(int32_t slot) const;
   bool EarlierPending(uint64_t seq, int32_t slot);
+  // Whether `e` goes to `slot`: its own, or one of its parts' (a command split by slot).
+  static bool Covers(const Entry& e, int32_t slot) {
+    return e.slot == slot || std::find(e.split_slots.begin(), e.split_slots.end(), slot) != e.split_slots.end();
+  }
+  // A split command one of whose slots has an earlier command being redirected: the whole
+  // command waits (ReleaseHeld sends its parts once none of its slots has one).
+  bool SplitMustWait(uint64_t seq, const Entry& e);
+  void MarkPartRedirected(const Entry& e, int part);
+  // Sends part `part` of split command `seq` again (to `link`) once no earlier command of its slot
+  // is pending: at once, or from ReleaseHeld (held_parts_).
+  void SendPartInOrder(uint64_t seq, int part, SharedLink* link);
+  // Parts waiting in SendPartInOrder, with the link each goes to (the redirection's target).
+  struct HeldPart {
+    uint64_t seq;
+    int part;
+    std::shared_ptr<SharedLink> link;
+  };
+  std::vector<HeldPart> held_parts_;
   void Hold(uint64_t seq);
   void ReleaseHeld();
   // ReleaseHeld again in 10 ms x `tries` (one timer for the client).
