@@ -482,17 +482,37 @@ void ClusterClient::Hold(uint64_t seq) {
 
 void ClusterClient::ReleaseHeld() {
   if (redirected_.empty()) return;
-  // Parts of split commands sent again once their slot's earlier commands are answered.
-  for (size_t i = 0; i < held_parts_.size();) {
-    const uint64_t seq = held_parts_[i].seq;
-    const int part = held_parts_[i].part;
-    if (EarlierPending(seq, entries_.At(seq).split_slots[static_cast<size_t>(part)])) {
-      ++i;
-      continue;
+  // Parts of split commands sent again once their slot's earlier commands are answered: one
+  // pass finds each such slot's oldest unanswered command (few slots move at once), and a part
+  // goes when its own command is that one.
+  if (!held_parts_.empty()) {
+    std::vector<std::pair<int32_t, uint64_t>> oldest;  // (slot, seq of its oldest unanswered command)
+    for (const HeldPart& h : held_parts_) {
+      const int32_t slot = entries_.At(h.seq).split_slots[static_cast<size_t>(h.part)];
+      if (std::none_of(oldest.begin(), oldest.end(), [&](const auto& o) { return o.first == slot; })) {
+        oldest.emplace_back(slot, UINT64_MAX);
+      }
     }
-    const std::shared_ptr<SharedLink> link = std::move(held_parts_[i].link);
-    held_parts_.erase(held_parts_.begin() + static_cast<std::ptrdiff_t>(i));
-    SendOrRetry(seq, part, link.get());
+    size_t unknown = oldest.size();
+    for (uint64_t q = entries_.front_seq(); unknown != 0 && q != entries_.tail_seq(); ++q) {
+      const Entry& x = entries_.At(q);
+      if (x.done) continue;
+      for (auto& [slot, seq] : oldest) {
+        if (seq == UINT64_MAX && Covers(x, slot)) {
+          seq = q;
+          --unknown;
+        }
+      }
+    }
+    std::vector<HeldPart> go;
+    std::erase_if(held_parts_, [&](HeldPart& h) {
+      const int32_t slot = entries_.At(h.seq).split_slots[static_cast<size_t>(h.part)];
+      const auto o = std::find_if(oldest.begin(), oldest.end(), [&](const auto& x) { return x.first == slot; });
+      if (o->second != h.seq) return false;
+      go.push_back(std::move(h));
+      return true;
+    });
+    for (HeldPart& h : go) SendOrRetry(h.seq, h.part, h.link.get());
   }
   // Each held command goes once every earlier command of its slot is answered: a slot's
   // commands reach its new node in the client's order, one after the other while it moves.
