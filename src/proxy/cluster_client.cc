@@ -439,17 +439,29 @@ bool ClusterClient::Redirected(int32_t slot) const {
   return std::find(redirected_.begin(), redirected_.end(), slot) != redirected_.end();
 }
 
-bool ClusterClient::EarlierPending(uint64_t seq, int32_t slot) {
-  for (uint64_t q = entries_.front_seq(); q != seq; ++q) {
+uint64_t ClusterClient::OldestPending(int32_t slot) {
+  // Entries before a slot's cursor are answered or not of the slot, for good (an answered entry
+  // stays so until it leaves the front; a command's slots never change): the cursor only moves
+  // on, so each entry is looked at about once per slot while the slot is redirected.
+  auto it = std::find_if(cursors_.begin(), cursors_.end(), [&](const auto& c) { return c.first == slot; });
+  if (it == cursors_.end()) it = cursors_.insert(cursors_.end(), {slot, entries_.front_seq()});
+  uint64_t q = std::max(it->second, entries_.front_seq());
+  while (q != entries_.tail_seq()) {
     const Entry& x = entries_.At(q);
-    if (!x.done && Covers(x, slot)) return true;
+    if (!x.done && Covers(x, slot)) break;
+    ++q;
   }
-  return false;
+  it->second = q;
+  return q;
 }
+
+bool ClusterClient::EarlierPending(uint64_t seq, int32_t slot) { return OldestPending(slot) < seq; }
 
 void ClusterClient::SendPartInOrder(uint64_t seq, int part, SharedLink* link) {
   const Entry& e = entries_.At(seq);
   if (EarlierPending(seq, e.split_slots[static_cast<size_t>(part)])) {
+    // (Its slot counts as redirected while it waits: ReleaseHeld runs after each reply.)
+    MarkPartRedirected(e, part);
     held_parts_.push_back(HeldPart{seq, part, link != nullptr ? link->shared_from_this() : nullptr});
     return;
   }
@@ -481,39 +493,7 @@ void ClusterClient::Hold(uint64_t seq) {
 }
 
 void ClusterClient::ReleaseHeld() {
-  if (redirected_.empty()) return;
-  // Parts of split commands sent again once their slot's earlier commands are answered: one
-  // pass finds each such slot's oldest unanswered command (few slots move at once), and a part
-  // goes when its own command is that one.
-  if (!held_parts_.empty()) {
-    std::vector<std::pair<int32_t, uint64_t>> oldest;  // (slot, seq of its oldest unanswered command)
-    for (const HeldPart& h : held_parts_) {
-      const int32_t slot = entries_.At(h.seq).split_slots[static_cast<size_t>(h.part)];
-      if (std::none_of(oldest.begin(), oldest.end(), [&](const auto& o) { return o.first == slot; })) {
-        oldest.emplace_back(slot, UINT64_MAX);
-      }
-    }
-    size_t unknown = oldest.size();
-    for (uint64_t q = entries_.front_seq(); unknown != 0 && q != entries_.tail_seq(); ++q) {
-      const Entry& x = entries_.At(q);
-      if (x.done) continue;
-      for (auto& [slot, seq] : oldest) {
-        if (seq == UINT64_MAX && Covers(x, slot)) {
-          seq = q;
-          --unknown;
-        }
-      }
-    }
-    std::vector<HeldPart> go;
-    std::erase_if(held_parts_, [&](HeldPart& h) {
-      const int32_t slot = entries_.At(h.seq).split_slots[static_cast<size_t>(h.part)];
-      const auto o = std::find_if(oldest.begin(), oldest.end(), [&](const auto& x) { return x.first == slot; });
-      if (o->second != h.seq) return false;
-      go.push_back(std::move(h));
-      return true;
-    });
-    for (HeldPart& h : go) SendOrRetry(h.seq, h.part, h.link.get());
-  }
+  if (redirected_.empty() && held_parts_.empty()) return;
   // Each held command goes once every earlier command of its slot is answered: a slot's
   // commands reach its new node in the client's order, one after the other while it moves.
   std::vector<int32_t> given_up;  // slots whose node did not come back in time: their held commands fail
@@ -544,14 +524,22 @@ void ClusterClient::ReleaseHeld() {
       given_up.push_back(e.slot);
     }
   }
-  // A slot none of whose commands is pending any more is an ordinary one again.
-  std::erase_if(redirected_, [&](int32_t slot) {
-    for (uint64_t q = entries_.front_seq(); q != entries_.tail_seq(); ++q) {
-      const Entry& x = entries_.At(q);
-      if (!x.done && Covers(x, slot)) return false;
+  // Parts of split commands sent again once their slot's earlier commands are answered (after
+  // the commands above: one that failed there lets a part go now).
+  for (size_t i = 0; i < held_parts_.size();) {
+    const uint64_t seq = held_parts_[i].seq;
+    const int part = held_parts_[i].part;
+    if (EarlierPending(seq, entries_.At(seq).split_slots[static_cast<size_t>(part)])) {
+      ++i;
+      continue;
     }
-    return true;
-  });
+    const std::shared_ptr<SharedLink> link = std::move(held_parts_[i].link);
+    held_parts_.erase(held_parts_.begin() + static_cast<std::ptrdiff_t>(i));
+    SendOrRetry(seq, part, link.get());
+  }
+  // A slot none of whose commands is pending any more is an ordinary one again.
+  std::erase_if(redirected_, [&](int32_t slot) { return OldestPending(slot) == entries_.tail_seq(); });
+  std::erase_if(cursors_, [&](const auto& c) { return !Redirected(c.first); });
 }
 
 void ClusterClient::ArmHoldTimer(int tries) {
@@ -765,6 +753,7 @@ void ClusterClient::RetryLater(uint64_t seq, int part) {
     } else {
       SendOrRetry(seq, part, l);
     }
+    ReleaseHeld();  // (a command that failed here lets those held behind it go)
     DeliverReady();
     if (run_open_ && !in_link_run_) EndRun();
   });

@@ -158,6 +158,10 @@ class ClusterClient final : public LinkClient {
   // on the way to the slot's new node.
   bool Redirected(int32_t slot) const;
   bool EarlierPending(uint64_t seq, int32_t slot);
+  // The oldest unanswered command of `slot` (tail_seq() when none), found from a cursor kept per
+  // slot (cursors_) while the slot is redirected: amortized O(1), not a scan from the front.
+  uint64_t OldestPending(int32_t slot);
+  std::vector<std::pair<int32_t, uint64_t>> cursors_;
   // Whether `e` goes to `slot`: its own, or one of its parts' (a command split by slot).
   static bool Covers(const Entry& e, int32_t slot) {
     return e.slot == slot || std::find(e.split_slots.begin(), e.split_slots.end(), slot) != e.split_slots.end();

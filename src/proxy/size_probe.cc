@@ -46,6 +46,9 @@ awaitable<SizeProbe::Conn*> SizeProbe::ConnFor(const std::string& key, const Ups
 
 awaitable<bool> SizeProbe::RoundTrip(Conn& c, const std::string& commands, size_t n) {
   replies_.clear();
+  // A node that holds the connection and answers nothing (stopped, hung) must not stop the probe
+  // for the others: the round trip ends within the connect timeout, and the connection with it.
+  const StreamDeadline deadline(c.stream, std::chrono::milliseconds(worker_.config.upstream_connect_timeout_ms));
   error_code ec;
   for (size_t sent = 0; sent < commands.size();) {
     sent += co_await c.stream.WriteSome(asio::buffer(commands.data() + sent, commands.size() - sent), ec);

@@ -4,6 +4,7 @@ serves every slot. Every stored key is checked on direct connections to the node
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -832,6 +833,39 @@ def test_the_size_probe_asks_each_keys_node(fresh):
     c.flushall()
 
 
+def test_a_stopped_node_does_not_stop_the_size_probe_for_the_others():
+    """The probe asks each node in turn: a node that holds its connection and answers nothing
+    (stopped here) held the probe, and no key of any other node was sized again. Each round trip
+    now ends within upstream_connect_timeout_ms."""
+    with cluster(primaries=3, replicas=0, node_timeout_ms=60000) as c:
+        kg = Keyguard(0, upstream=seed_url(c), threads=1, config="upstream_connect_timeout_ms: 500\n")
+        stopped = None
+        try:
+            keys = keys_on_distinct_nodes(c, prefix="feed:")
+            for k in keys + ["{%s}2" % keys[1]]:
+                c.client_for_key(k).hset(k, mapping={"f%d" % i: i for i in range(5001)})
+            r = client(kg)
+
+            def found():
+                return {f["key"] for f in json.loads(kg.http("/debug/findings")[1])["findings"]
+                        if f["kind"] == "big_key_access"}
+
+            assert r.hget(keys[1], "f7") == "7"
+            wait_until(lambda: keys[1] in found(), "the first node's key sized")
+            stopped = c.node(c.node_for_key(keys[1]))
+            os.kill(stopped.proc.pid, signal.SIGSTOP)
+            # A command on the stopped node queues its key for the probe (the command itself waits).
+            waiting = RespConn(kg.port)
+            waiting.send("HGET", "{%s}2" % keys[1], "f7")
+            time.sleep(0.2)
+            assert r.hget(keys[2], "f7") == "7"
+            wait_until(lambda: keys[2] in found(), "another node's key sized while one node is stopped")
+        finally:
+            if stopped is not None:
+                os.kill(stopped.proc.pid, signal.SIGCONT)
+            kg.stop()
+
+
 def test_a_tenants_key_walks_cover_every_primary(shared_cluster):
     """A tenant's DBSIZE, RANDOMKEY and FLUSHDB walk its keys on every primary in turn, and touch
     no one else's."""
@@ -1112,6 +1146,28 @@ def test_a_pipeline_keeps_its_order_while_its_slot_moves(fresh):
         assert r.get(key) == str(n - 1)
         assert r.lrange("{ro}l", 0, -1) == [str(i) for i in range(n)]
         assert c.slot_map()[slot] == target
+
+
+def test_split_commands_on_a_node_still_connecting_are_answered():
+    """Two pipelined split commands with a part each on a node whose link was still connecting
+    (a RESP3 client's first commands there): with the first cut of the split commands' order,
+    the second part waited behind the first and nothing ever sent it, so the client got one reply
+    and then nothing."""
+    with cluster(primaries=3, replicas=0) as c, keyguard_for(c) as kg:
+        keys = keys_on_distinct_nodes(c)
+        conn = RespConn(kg.port)
+        assert conn.exchange(encode("HELLO", "3"), replies=1).startswith(b"%")
+        data = b"".join(encode("MGET", "{%s}%s" % (t, x), "{%s}%s" % (keys[0], y))
+                        for t in (keys[1], keys[2]) for x, y in (("a", "b"), ("c", "d")))
+        assert conn.exchange(data + encode("PING"), replies=5) == b"*2\r\n_\r\n_\r\n" * 4 + b"+PONG\r\n"
+        # The same over RESP2 right after keyguard's connections to a node were killed.
+        r2 = RespConn(kg.port)
+        for _ in range(5):
+            c.node(c.node_for_key(keys[1])).client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            assert r2.exchange(encode("DEL", "{%s}a" % keys[1], "{%s}b" % keys[0]) +
+                               encode("DEL", "{%s}c" % keys[1], "{%s}d" % keys[0]), replies=2) == b":0\r\n:0\r\n"
+        conn.close()
+        r2.close()
 
 
 def test_a_cluster_that_announces_hostnames():
