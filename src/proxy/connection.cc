@@ -266,8 +266,8 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
       // the HELLO fails, and the client stays with its protocol.
       const ConnectionState::ReplyMode mode = state_.TakeReplyMode();
       shard_.CountCommand(id, metrics::Outcome::kError);
-      if (!mode.silent) Reply(std::exchange(switch_failure_, std::string()), id, false);
-      switch_failure_.clear();
+      std::string error = std::exchange(switch_failure_, std::string());
+      if (!mode.silent) Reply(std::move(error), id, false);
       hello_answered_ = true;
       return false;
     }

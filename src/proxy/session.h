@@ -77,6 +77,8 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // worker's links of that protocol (RESP3's made at the first such HELLO) and waits for it to be
   // up, as a new client does.
   awaitable<void> SwitchLink();
+  // The idle pool of the client's protocol (a RESP3 client's connections said HELLO 3 already).
+  PinPool& Pins() { return conn_.link_protocol() == 3 ? Resp3Pins(worker_) : *worker_.pins; }
   // The pinned time, observed by reason (at Unpin, or when the client closes pinned).
   void ObservePin();
   // Closes a client that does not read its replies from a shared link (slow_client_closed).

@@ -25,10 +25,7 @@ awaitable<void> Session::Pin() {
     conn_.LookAheadForPin(client_buf_.data(), client_buf_.size());  // the command that waits is first there
     node = ClusterNodeAddress(worker_, conn_.pin_slot());
   }
-  // (A RESP3 client's from the RESP3 pool: its connections said HELLO 3 already.)
-  std::unique_ptr<Stream> stream = cluster_ != nullptr          ? nullptr
-                                   : conn_.link_protocol() == 3 ? Resp3Pins(worker_).Take()
-                                                                : worker_.pins->Take();
+  std::unique_ptr<Stream> stream = cluster_ == nullptr ? Pins().Take() : nullptr;
   const bool fresh = stream == nullptr;
   if (fresh) {
     stream = std::make_unique<Stream>(worker_.io);
@@ -66,33 +63,26 @@ awaitable<void> Session::Pin() {
 
 awaitable<void> Session::SwitchLink() {
   auto self = shared_from_this();
-  if (cluster_ != nullptr) {
-    // Each node's links of that protocol, made as they are needed (commands wait for a connect).
-    // The first primary's (where the HELLO may go) must come up: else the HELLO fails, and the
-    // client stays where it is.
-    const bool resp3 = conn_.protocol_wanted() == 3;
-    SharedLink* first = ClusterNodeLink(worker_, 0, resp3);
-    if (first != nullptr && !first->up()) co_await first->WaitForConnect();
-    if (closed_) co_return;
-    if (first == nullptr || !first->up()) {
-      conn_.OnSwitchFailed(first == nullptr || first->failure().empty()
-                               ? std::string("-ERR keyguard: upstream unavailable\r\n")
-                               : absl::StrCat("-ERR keyguard: ", first->failure(), "\r\n"));
-      co_return;
-    }
-    cluster_->set_resp3(resp3);
-    conn_.OnLinkSwitched();
-    co_return;
-  }
-  SharedLink* next = conn_.protocol_wanted() == 3 ? PickResp3Link(worker_) : worker_.PickLink();
-  if (!next->up()) co_await next->WaitForConnect();
+  const bool resp3 = conn_.protocol_wanted() == 3;
+  // The link of that protocol the HELLO goes to: one of the worker's, or a cluster's first
+  // primary's (each node's are made as they are needed; commands wait for a connect). It must come
+  // up: else the HELLO fails, and the client stays where it is.
+  SharedLink* next = cluster_ != nullptr ? ClusterNodeLink(worker_, 0, resp3)
+                     : resp3             ? PickResp3Link(worker_)
+                                         : worker_.PickLink();
+  if (next != nullptr && !next->up()) co_await next->WaitForConnect();
   if (closed_) co_return;
-  if (!next->up()) {
-    conn_.OnSwitchFailed(next->failure().empty() ? std::string("-ERR keyguard: upstream unavailable\r\n")
-                                                 : absl::StrCat("-ERR keyguard: ", next->failure(), "\r\n"));
+  if (next == nullptr || !next->up()) {
+    conn_.OnSwitchFailed(next == nullptr || next->failure().empty()
+                             ? std::string("-ERR keyguard: upstream unavailable\r\n")
+                             : absl::StrCat("-ERR keyguard: ", next->failure(), "\r\n"));
     co_return;
   }
-  link_ = next;
+  if (cluster_ != nullptr) {
+    cluster_->set_resp3(resp3);
+  } else {
+    link_ = next;
+  }
   conn_.OnLinkSwitched();
 }
 
@@ -101,10 +91,8 @@ void Session::Unpin() {
   conn_.OnUnpinned();
   if (cluster_ != nullptr) {
     upstream_->Close();  // (a cluster's pins are not pooled)
-  } else if (conn_.link_protocol() == 3) {
-    Resp3Pins(worker_).Return(std::move(upstream_));
   } else {
-    worker_.pins->Return(std::move(upstream_));
+    Pins().Return(std::move(upstream_));
   }
   upstream_ = std::make_unique<Stream>(worker_.io);  // not connected: written to only once pinned again
   upstream_out_.Bind(*upstream_);
