@@ -110,9 +110,9 @@ int RunAudit(const std::vector<std::string>& argv) {
   if (!upstream.ok()) return Fail(std::string(upstream.status().message()));
   size_t node = 0;
   if (cluster) {
-    auto primaries = upstream->ClusterPrimaries();
-    if (!primaries.ok()) return Fail(std::string(primaries.status().message()));
-    for (const config::HostPort& p : *primaries) {
+    auto layout = upstream->ClusterSlots();
+    if (!layout.ok()) return Fail(std::string(layout.status().message()));
+    for (const config::HostPort& p : layout->primaries) {
       auto l = upstream->ConnectNode(p, 0);
       if (!l.ok()) return Fail(std::string(l.status().message()));
       links.push_back(*std::move(l));

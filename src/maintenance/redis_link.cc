@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <tuple>
 #include <utility>  // before Asio (proxy/tls.h): GCC 12 + Boost 1.74
 
 #include <hiredis/hiredis.h>
@@ -354,24 +355,34 @@ std::optional<config::HostPort> PrimaryFromSentinel(const Reply& reply) {
   return config::HostPort{host.str, static_cast<uint16_t>(number)};
 }
 
-std::vector<config::HostPort> PrimariesFromSlots(const Reply& slots, const std::string& seed_host) {
-  // (first slot, primary) of each range; a primary once, at its first slot.
-  std::vector<std::pair<int64_t, config::HostPort>> ranges;
+ClusterLayout LayoutFromSlots(const Reply& slots, const std::string& seed_host) {
+  ClusterLayout layout;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::vector<config::HostPort> owners;
   for (const Reply& r : slots.elements) {
     if (r.elements.size() < 3 || r.elements[2].elements.size() < 2) continue;
     const Reply& node = r.elements[2];
-    config::HostPort hp{node.elements[0].str.empty() ? seed_host : node.elements[0].str,
-                        static_cast<uint16_t>(node.elements[1].integer)};
-    ranges.emplace_back(r.elements[0].integer, hp);
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<config::HostPort> primaries;
-  for (const auto& [first, hp] : ranges) {
-    const bool known = std::any_of(primaries.begin(), primaries.end(),
+    owners.push_back(config::HostPort{node.elements[0].str.empty() ? seed_host : node.elements[0].str,
+                                      static_cast<uint16_t>(node.elements[1].integer)});
+    ranges.emplace_back(r.elements[0].integer, r.elements[1].integer);
+    const config::HostPort& hp = owners.back();
+    const bool known = std::any_of(layout.primaries.begin(), layout.primaries.end(),
                                    [&](const config::HostPort& p) { return p.host == hp.host && p.port == hp.port; });
-    if (!known) primaries.push_back(hp);
+    if (!known) layout.primaries.push_back(hp);
   }
-  return primaries;
+  std::sort(layout.primaries.begin(), layout.primaries.end(), [](const config::HostPort& a, const config::HostPort& b) {
+    return std::tie(a.host, a.port) < std::tie(b.host, b.port);
+  });
+  for (size_t i = 0; i < owners.size(); ++i) {
+    const auto at = std::find_if(layout.primaries.begin(), layout.primaries.end(), [&](const config::HostPort& p) {
+      return p.host == owners[i].host && p.port == owners[i].port;
+    });
+    const auto index = static_cast<uint16_t>(at - layout.primaries.begin());
+    for (int64_t slot = std::max<int64_t>(ranges[i].first, 0); slot <= ranges[i].second && slot < 16384; ++slot) {
+      layout.owner[static_cast<size_t>(slot)] = index;
+    }
+  }
+  return layout;
 }
 
 absl::StatusOr<UpstreamLinks> UpstreamLinks::Create(const config::ProxyConfig& config) {
@@ -460,7 +471,7 @@ absl::StatusOr<std::unique_ptr<RedisLink>> UpstreamLinks::SentinelPrimary(int db
                                              ": no Sentinel gave a verified master: ", absl::StrJoin(errors, "; ")));
 }
 
-absl::StatusOr<std::vector<config::HostPort>> UpstreamLinks::ClusterPrimaries() {
+absl::StatusOr<ClusterLayout> UpstreamLinks::ClusterSlots() {
   std::vector<std::string> errors;
   for (const config::HostPort& seed : upstream_.seeds) {
     auto link = RedisLink::Connect(seed, server_, 0);
@@ -477,8 +488,8 @@ absl::StatusOr<std::vector<config::HostPort>> UpstreamLinks::ClusterPrimaries() 
       errors.push_back(absl::StrCat(seed.ToString(), ": CLUSTER SLOTS: ", slots->is_error() ? slots->str : "no map"));
       continue;
     }
-    std::vector<config::HostPort> primaries = PrimariesFromSlots(*slots, seed.host);
-    if (!primaries.empty()) return primaries;
+    ClusterLayout layout = LayoutFromSlots(*slots, seed.host);
+    if (!layout.primaries.empty()) return layout;
     errors.push_back(absl::StrCat(seed.ToString(), ": no slot is served"));
   }
   return absl::UnavailableError(absl::StrCat("upstream ", upstream_.ToString(), ": ", absl::StrJoin(errors, "; ")));

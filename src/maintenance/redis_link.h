@@ -50,6 +50,13 @@ struct LinkOptions {
   std::chrono::milliseconds io_timeout{60000};      // one read or write; longer is a stuck server
 };
 
+// A Redis Cluster's primaries and which one owns each slot.
+struct ClusterLayout {
+  static constexpr uint16_t kNoOwner = 0xFFFF;
+  std::vector<config::HostPort> primaries;
+  std::vector<uint16_t> owner = std::vector<uint16_t>(16384, kNoOwner);  // index into primaries
+};
+
 class RedisLink {
  public:
   // Connects to `where` (TLS when options.tls: the name verified is tls->NameFor(host)), AUTHs
@@ -111,10 +118,9 @@ class UpstreamLinks {
   absl::StatusOr<std::unique_ptr<RedisLink>> Connect(int db);
   // One node of the upstream (a cluster primary), with its TLS and AUTH.
   absl::StatusOr<std::unique_ptr<RedisLink>> ConnectNode(const config::HostPort& node, int db);
-  // A Redis Cluster upstream (redis-cluster://, rediss-cluster://): its primaries, in the order of
-  // their first slot (as keyguard's SCAN cursor numbers them), from the first seed that answers
-  // CLUSTER SLOTS.
-  absl::StatusOr<std::vector<config::HostPort>> ClusterPrimaries();
+  // A Redis Cluster upstream (redis-cluster://, rediss-cluster://): its primaries and which owns
+  // each slot, from the first seed that answers CLUSTER SLOTS.
+  absl::StatusOr<ClusterLayout> ClusterSlots();
 
  private:
   absl::StatusOr<std::unique_ptr<RedisLink>> SentinelPrimary(int db);
@@ -127,9 +133,10 @@ class UpstreamLinks {
 // The primary in a Sentinel's answer to SENTINEL GET-MASTER-ADDR-BY-NAME ([host, port]), or
 // nullopt for anything else (nil: the Sentinel does not know the master).
 std::optional<config::HostPort> PrimaryFromSentinel(const Reply& reply);
-// The primaries in a CLUSTER SLOTS reply, each once, in the order of their first slot; an empty
-// host is `seed_host` (the node answered with its own address unknown).
-std::vector<config::HostPort> PrimariesFromSlots(const Reply& slots, const std::string& seed_host);
+// The primaries in a CLUSTER SLOTS reply, each once, in the order of their addresses (host, then
+// port: as keyguard's SCAN cursor numbers them, and stable across a reshard), and each slot's
+// owner; an empty host is `seed_host` (the node answered with its own address unknown).
+ClusterLayout LayoutFromSlots(const Reply& slots, const std::string& seed_host);
 
 // Spaces out commands so that on average at most `per_second` are sent per second (0: no cap).
 class Pacer {

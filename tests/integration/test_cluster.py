@@ -1257,3 +1257,236 @@ def test_a_hung_primary_fails_its_commands_once_the_cluster_fails_it_over():
             wait_until(lambda: r.get(a) == "A", "the promoted replica to serve the slot", timeout=20)
         finally:
             stopped.proc.send_signal(signal.SIGCONT)
+
+
+MIGRATE_CONFIG = r"""
+migrations:
+  - {name: profiles, match: 'User_*_Profile', pattern: '^User_(\d+)_Profile$', rewrite: 'user:$1:profile',
+     reshape: json_to_hash, nested: separate_key, batch: 7, max_ops_per_second: 0}
+  - {name: profiles-flat, match: 'User_*_Profile', pattern: '^User_(\d+)_Profile$', rewrite: 'user:$1:profile',
+     reshape: json_to_hash, batch: 50, max_ops_per_second: 0}
+  - {name: renames, match: 'Old-*', pattern: '^Old-(.+)$', rewrite: 'new:$1', batch: 5, max_ops_per_second: 0}
+  - {name: slow, match: 'Slow_*', pattern: '^Slow_(\d+)$', rewrite: 'slow:$1', reshape: json_to_hash, batch: 1,
+     max_ops_per_second: 4}
+  - {name: slow-now, match: 'Slow_*', pattern: '^Slow_(\d+)$', rewrite: 'slow:$1', reshape: json_to_hash,
+     max_ops_per_second: 0}
+"""
+
+
+def cluster_migrate(c, config, name, step, *args, check=0):
+    from conftest import KEYGUARD
+    p = subprocess.run([KEYGUARD, "migrate", "--config", config, "--upstream", seed_url(c), "--migration", name,
+                        step, "--no-progress", *args], capture_output=True, text=True, timeout=600)
+    if check is not None:
+        assert p.returncode == check, p.stdout[-3000:] + p.stderr[-3000:]
+    line = [l for l in p.stdout.strip().splitlines() if " scanned=" in l]
+    p.summary = dict(kv.split("=", 1) for kv in line[-1].split() if "=" in kv) if line else {}
+    return p
+
+
+def all_keys(c):
+    """Every key on every primary, read directly: {key: port}."""
+    return {k: p for p in c.primaries() for k in c.node(p).client.keys("*")}
+
+
+@pytest.fixture
+def migrate_config(tmp_path):
+    path = tmp_path / "migrate.yaml"
+    path.write_text(MIGRATE_CONFIG)
+    return str(path)
+
+
+def test_migrate_walks_every_primary_and_moves_keys_between_nodes(fresh, migrate_config):
+    """keyguard migrate with a cluster upstream: each primary's old keys, their new keys written on
+    the nodes owning the new names (most in another slot), compared by content (a Hash of 600
+    fields, a Set, a sorted set: DUMP's bytes differ between nodes for those), expiries kept, and
+    cleanup deleting only old keys whose new keys match. The same steps for a hash-tagged pair in
+    one slot go through the single atomic script."""
+    c, kg = fresh
+    direct = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in c.ports[:2]], decode_responses=True)
+    try:
+        profiles = {}
+        for i in range(40):
+            doc = {"name": "u%d" % i, "age": i, "address": {"city": "c%d" % i, "zip": "%05d" % i}, "tags": ["a", str(i)]}
+            profiles[i] = doc
+            direct.set("User_%d_Profile" % i, json.dumps(doc), px=100000000 if i % 4 == 0 else None)
+        direct.hset("Old-big", mapping={"f%d" % i: "v%d" % i for i in range(600)})
+        direct.pexpire("Old-big", 50000000)
+        direct.sadd("Old-set", *["m%d" % i for i in range(300)])
+        direct.zadd("Old-z", {"z%d" % i: i / 3 for i in range(200)})
+        direct.rpush("Old-list", *["l%d" % i for i in range(50)])
+        direct.set("Old-str", "text", px=70000000)
+        direct.set("Old-{t}x", "tagged")  # new:{t}x: the same slot, the atomic script
+        old_expiry = {k: direct.execute_command("PEXPIRETIME", k) for k in ["Old-big", "Old-str"]}
+        owners = c.owners(["User_%d_Profile" % i for i in range(40)] + ["user:%d:profile" % i for i in range(40)])
+        assert sum(owners["User_%d_Profile" % i] != owners["user:%d:profile" % i] for i in range(40)) >= 15
+        before = all_keys(c)
+        assert len(set(before.values())) == 3, "the old keys are spread over the 3 primaries"
+
+        dry = cluster_migrate(c, migrate_config, "profiles", "copy", "--dry-run")
+        assert (dry.summary["scanned"], dry.summary["matched"], dry.summary["would_copy"]) == ("40", "40", "40"), dry.stdout
+        assert all_keys(c) == before
+
+        copy = cluster_migrate(c, migrate_config, "profiles", "copy")
+        assert (copy.summary["copied"], copy.summary["complete"]) == ("40", "true"), copy.stdout
+        assert cluster_migrate(c, migrate_config, "profiles", "verify").summary["same"] == "40"
+        assert cluster_migrate(c, migrate_config, "profiles", "copy").summary["up_to_date"] == "40"
+        for i, doc in profiles.items():
+            key = "user:%d:profile" % i
+            assert direct.hgetall(key) == {"name": doc["name"], "age": str(doc["age"])}, key
+            assert direct.hgetall(key + ":address") == doc["address"]
+            assert direct.get(key + ":tags") == json.dumps(doc["tags"], separators=(",", ":"))
+            want = direct.execute_command("PEXPIRETIME", "User_%d_Profile" % i)
+            for k in (key, key + ":address", key + ":tags"):
+                assert direct.execute_command("PEXPIRETIME", k) == want, (k, want)
+
+        # The app changes one new key before cleanup: its old key is kept (exit 1), the rest go.
+        direct.hset("user:7:profile:address", "city", "elsewhere")
+        cleanup = cluster_migrate(c, migrate_config, "profiles", "cleanup", check=1)
+        assert (cleanup.summary["unlinked"], cleanup.summary["kept.differs"]) == ("39", "1"), cleanup.stdout
+        assert ("kept User_7_Profile: user:7:profile differs: user:7:profile:address: field 'city' differs"
+                in cleanup.stdout), cleanup.stdout
+        assert sorted(k for k in all_keys(c) if k.startswith("User_")) == ["User_7_Profile"]
+        win = cluster_migrate(c, migrate_config, "profiles", "cleanup", "--new-keys-win")
+        assert win.summary["superseded"] == "1" and direct.exists("User_7_Profile") == 0, win.stdout
+
+        # Plain renames: DUMP and RESTORE across nodes, compared by content.
+        copy = cluster_migrate(c, migrate_config, "renames", "copy")
+        assert copy.summary["copied"] == "6", copy.stdout
+        verify = cluster_migrate(c, migrate_config, "renames", "verify")
+        assert verify.summary["same"] == "6", verify.stdout
+        assert direct.hgetall("new:big") == {"f%d" % i: "v%d" % i for i in range(600)}
+        assert direct.smembers("new:set") == {"m%d" % i for i in range(300)}
+        assert direct.zrange("new:z", 0, -1, withscores=True) == [("z%d" % i, i / 3) for i in range(200)]
+        assert direct.lrange("new:list", 0, -1) == ["l%d" % i for i in range(50)]
+        assert direct.get("new:{t}x") == "tagged" and c.keyslot("new:{t}x") == c.keyslot("Old-{t}x")
+        for k, at in old_expiry.items():
+            assert direct.execute_command("PEXPIRETIME", "new:" + k[4:]) == at, k
+        # A Set member the app adds to the old key: verify and cleanup see the difference.
+        direct.sadd("Old-set", "late")
+        verify = cluster_migrate(c, migrate_config, "renames", "verify", check=1)
+        assert verify.summary["differ"] == "1" and "differs Old-set -> new:set: value differs" in verify.stdout
+        cleanup = cluster_migrate(c, migrate_config, "renames", "cleanup", check=1)
+        assert (cleanup.summary["unlinked"], cleanup.summary["kept.differs"]) == ("5", "1"), cleanup.stdout
+        stale = cluster_migrate(c, migrate_config, "renames", "copy", check=1)
+        assert stale.summary["stale"] == "1"
+        assert cluster_migrate(c, migrate_config, "renames", "copy", "--refresh").summary["refreshed"] == "1"
+        assert "late" in direct.smembers("new:set")
+        assert cluster_migrate(c, migrate_config, "renames", "cleanup").summary["unlinked"] == "1"
+        assert sorted(k for k in all_keys(c) if k.startswith("Old-")) == []
+    finally:
+        direct.close()
+
+
+def test_migrate_on_a_cluster_resumes_across_primaries(fresh, migrate_config):
+    """Stopped part-way (--max-keys), the printed cursor names the primary; resumed, the run ends
+    with every key done once."""
+    c, kg = fresh
+    direct = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in c.ports[:2]], decode_responses=True)
+    try:
+        for i in range(150):
+            direct.set("User_%d_Profile" % i, json.dumps({"n": i}))
+    finally:
+        direct.close()
+    first = cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--max-keys", "60", check=3)
+    cursor = first.stderr.strip().rsplit("--cursor ", 1)[1]
+    assert first.summary["complete"] == "false" and first.summary["cursor"] == cursor
+    assert 0 < int(first.summary["copied"]) < 150
+    rest = cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--cursor", cursor)
+    assert int(first.summary["copied"]) + int(rest.summary["copied"]) == 150, (first.stdout, rest.stdout)
+    assert rest.summary.get("up_to_date", "0") == "0"
+    assert cluster_migrate(c, migrate_config, "profiles-flat", "verify").summary["same"] == "150"
+    bad = cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--db", "1", check=2)
+    assert "--db: a Redis Cluster has database 0 only" in bad.stderr
+
+
+def test_migrate_on_a_cluster_with_an_app_writing_through_keyguard(fresh, migrate_config):
+    """The app keeps rewriting old keys through keyguard while copy, copy --refresh and cleanup run
+    across the nodes. Cleanup may delete an old key only when its new key holds the same value: at
+    the end every new key holds the last value the app wrote, and no old key is left."""
+    from test_migrate import check_profiles_at_last_version, profile_text
+    c, kg = fresh
+    n = 1500 if SANITIZED else 4000
+    app = client(kg)
+    pipe = app.pipeline(transaction=False)
+    for i in range(n):
+        pipe.set("User_%d_Profile" % i, profile_text(i, 0), **({"ex": 100000} if i % 10 == 0 else {}))
+    pipe.execute()
+    last = {}
+    stop = threading.Event()
+    errors = []
+
+    def writer():
+        w = client(kg)
+        version = 0
+        hot = list(range(0, n, 10))
+        try:
+            while not stop.is_set():
+                version += 1
+                batch = w.pipeline(transaction=False)
+                for i in hot[version % 10::10]:
+                    batch.set("User_%d_Profile" % i, profile_text(i, version),
+                              **({"ex": 100000 + version} if i % 20 == 0 else {}))
+                batch.execute()
+                for i in hot[version % 10::10]:
+                    last[i] = version
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        copy = cluster_migrate(c, migrate_config, "profiles-flat", "copy", check=None)
+        assert copy.returncode in (0, 1) and int(copy.summary.get("copied", 0)) > 0, copy.stdout[-2000:] + copy.stderr
+        for _ in range(2):
+            refresh = cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--refresh", check=None)
+            assert refresh.returncode in (0, 1), refresh.stdout[-2000:] + refresh.stderr
+        cleanup = cluster_migrate(c, migrate_config, "profiles-flat", "cleanup", check=None)
+        assert cleanup.returncode in (0, 1) and int(cleanup.summary.get("unlinked", 0)) > 0, cleanup.stderr
+    finally:
+        stop.set()
+        t.join()
+    assert not errors and last, errors
+    for _ in range(3):
+        cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--refresh")
+        if cluster_migrate(c, migrate_config, "profiles-flat", "cleanup", check=None).returncode == 0:
+            break
+    keys = all_keys(c)
+    assert sorted(k for k in keys if k.startswith("User_")) == []
+    assert len(keys) == n
+    check_profiles_at_last_version(app, n, last)
+
+
+@pytest.mark.parametrize("step", ["copy", "cleanup"])
+def test_migrate_acts_across_nodes_only_on_what_it_checked(fresh, migrate_config, step):
+    """One old key, its new key on another node, and four commands a second (max_ops_per_second:
+    4): after keyguard reads the old key (seen on the node's MONITOR), the app rewrites it, and
+    keyguard's next commands come 0.25 s apart. Copy must not leave a new key made from the first
+    value (it is undone and copied again), and cleanup must not delete the old key that now holds
+    a value its new key lacks."""
+    c, kg = fresh
+    owners = c.owners(["Slow_%d" % i for i in range(20)] + ["slow:%d" % i for i in range(20)])
+    n = next(i for i in range(20) if owners["Slow_%d" % i] != owners["slow:%d" % i])
+    old, new = "Slow_%d" % n, "slow:%d" % n
+    app = client(kg)
+    app.set(old, json.dumps({"v": 0}))
+    if step == "cleanup":
+        assert cluster_migrate(c, migrate_config, "slow-now", "copy").summary["copied"] == "1"
+    from conftest import KEYGUARD
+    with redis.Redis(port=owners[old], socket_timeout=PATIENCE).monitor() as monitor:
+        run = subprocess.Popen([KEYGUARD, "migrate", "--config", migrate_config, "--upstream", seed_url(c),
+                                "--migration", "slow", step, "--no-progress"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while " %s read" % old not in monitor.next_command()["command"]:
+            pass
+        app.set(old, json.dumps({"v": 1}))
+    out, err = run.communicate(timeout=PATIENCE)
+    line = [l for l in out.splitlines() if " scanned=" in l][-1]
+    if step == "copy":
+        assert run.returncode == 0, out + err
+        assert "copied=1" in line and "retried=1" in line, line
+        assert app.hgetall(new) == {"v": "1"}
+    else:
+        assert run.returncode == 1, out + err
+        assert "kept.differs=1" in line and "retried=1" in line and "unlinked" not in line, line
+        assert app.get(old) == json.dumps({"v": 1}) and app.hgetall(new) == {"v": "0"}

@@ -162,7 +162,7 @@ TEST(RedisLinkTest, PrimaryFromASentinelsAnswer) {
   EXPECT_FALSE(PrimaryFromSentinel(Array({Bulk("10.0.0.7")})).has_value());
 }
 
-TEST(RedisLinkTest, PrimariesInTheOrderOfTheirFirstSlot) {
+TEST(RedisLinkTest, PrimariesInTheOrderOfTheirAddressesAndEachSlotsOwner) {
   // CLUSTER SLOTS: [first, last, [host, port, id], replicas...], in no particular order.
   auto range = [](int64_t first, int64_t last, std::string host, int64_t port) {
     return Array({Int(first), Int(last), Array({Bulk(std::move(host)), Int(port), Bulk("id")}),
@@ -172,9 +172,19 @@ TEST(RedisLinkTest, PrimariesInTheOrderOfTheirFirstSlot) {
       Array({range(10923, 16383, "10.0.0.3", 7002), range(0, 100, "10.0.0.2", 7001), range(5461, 10922, "", 7003),
              range(101, 5460, "10.0.0.1", 7000), range(200, 100, "10.0.0.2", 7001)});
   std::vector<std::string> got;
-  for (const config::HostPort& p : PrimariesFromSlots(slots, "seed.example")) got.push_back(p.ToString());
-  EXPECT_EQ(got, (std::vector<std::string>{"10.0.0.2:7001", "10.0.0.1:7000", "seed.example:7003", "10.0.0.3:7002"}));
-  EXPECT_TRUE(PrimariesFromSlots(Array({}), "seed").empty());
+  const ClusterLayout layout = LayoutFromSlots(slots, "seed.example");
+  for (const config::HostPort& p : layout.primaries) got.push_back(p.ToString());
+  // In the order of their addresses, as the proxy numbers them for SCAN.
+  EXPECT_EQ(got, (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7001", "10.0.0.3:7002", "seed.example:7003"}));
+  EXPECT_EQ(layout.owner[0], 1);
+  EXPECT_EQ(layout.owner[100], 1);
+  EXPECT_EQ(layout.owner[101], 0);
+  EXPECT_EQ(layout.owner[5460], 0);
+  EXPECT_EQ(layout.owner[5461], 3);
+  EXPECT_EQ(layout.owner[10923], 2);
+  EXPECT_EQ(layout.owner[16383], 2);
+  EXPECT_TRUE(LayoutFromSlots(Array({}), "seed").primaries.empty());
+  EXPECT_EQ(LayoutFromSlots(Array({}), "seed").owner[0], ClusterLayout::kNoOwner);
 }
 
 std::string CreateError(const std::string& yaml, const std::string& upstream) {
