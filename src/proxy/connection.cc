@@ -286,6 +286,12 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     }
   }
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
+  if (cluster_ && !pinned_ && r == PinReason::kClient && shared_.stages.config.tenancy == nullptr && ClientQuery(args))
+      [[unlikely]] {
+    // Answered by the first primary's shared connection: keyguard's (RouteCluster). (A tenant's
+    // is pinned: a shared connection's CLIENT INFO names the last command another tenant ran.)
+    return false;
+  }
   if (r == PinReason::kNone) {
     if (pinned_ && id == client_id_ && args.size() >= 2 && !commands::EqualsIgnoreCase(args[1], "getname"))
         [[unlikely]] {

@@ -312,6 +312,9 @@ class Connection {
   // CLIENT SETNAME/GETNAME/SETINFO, READONLY, READWRITE: keyguard answers them (a shared
   // connection per node cannot carry the client's name or mode); WAIT, WAITAOF: refused.
   bool ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const;
+  // CLIENT ID, INFO, LIST, TRACKINGINFO, GETREDIR: a cluster client without a connection of its
+  // own gets keyguard's shared connection's answer rather than a pin to one node.
+  static bool ClientQuery(std::span<const std::string_view> args);
   // CLIENT SETNAME/GETNAME of a client on a shared connection: answered (true), or not (false:
   // forwarded).
   bool AnswerClientName(const CommandContext& c, std::span<const std::string_view> args);

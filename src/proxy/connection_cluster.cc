@@ -102,6 +102,19 @@ void Connection::ClearRoutes() {
   if (!split_keys_.empty()) split_keys_.clear();  // (a deque's clear walks its map even when empty)
 }
 
+bool Connection::ClientQuery(std::span<const std::string_view> args) {
+  // CLIENT ID, INFO and LIST describe a connection (LIST: the node's) and set nothing. Pinned for
+  // them, a cluster client would be on one node's connection for good, and every key of another
+  // node refused: StackExchange.Redis sends CLIENT ID as it connects. Without a connection of its
+  // own, what they describe is keyguard's shared connection (docs/cluster.md says so); so do
+  // TRACKINGINFO and GETREDIR, whose answer (no tracking) is the client's too: tracking pins.
+  if (args.size() < 2) return false;
+  for (std::string_view sub : {"id", "info", "list", "trackinginfo", "getredir"}) {
+    if (commands::EqualsIgnoreCase(args[1], sub)) return sub == "list" || args.size() == 2;
+  }
+  return false;
+}
+
 bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
   const ClusterIds& ids = Ids();
   if (id == commands::kUnknownCommand) return false;  // (WAITAOF is unknown to a 7.0 table: its id is 0)
@@ -229,6 +242,24 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   }
   if (c.id == ids.scan) {
     route_.scan = true;
+    return true;
+  }
+  if (c.id == client_id_ && args.size() >= 3 && commands::EqualsIgnoreCase(args[1], "tracking") &&
+      std::any_of(args.begin() + 3, args.end(),
+                  [](std::string_view a) { return commands::EqualsIgnoreCase(a, "redirect"); })) {
+    // The id a client without a connection of its own gets from CLIENT ID is keyguard's shared
+    // connection's (ClientQuery), and an id names one node's connection: the invalidations would
+    // go to keyguard, and the client's cache would never hear of a change. Refused.
+    Refuse(c, Refusal::kCluster,
+           "ERR keyguard: CLIENT TRACKING REDIRECT is not served through a Redis Cluster upstream (a client id "
+           "names one node's connection, and CLIENT ID answers keyguard's); use RESP3 tracking (HELLO 3, then "
+           "CLIENT TRACKING ON)");
+    return false;
+  }
+  if (c.id == client_id_ && !pinned_) {
+    // A CLIENT query or SETINFO (the rest pin): keyguard's connection to the first primary, the
+    // same one each time.
+    route_.slot = kFirstNode;
     return true;
   }
   if (c.id == ids.publish || c.id == ids.pubsub) {

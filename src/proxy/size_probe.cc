@@ -127,6 +127,7 @@ awaitable<void> SizeProbe::Run() {
   hygiene::ProbeQueue& queue = worker_.hygiene.probe_queue;
   bool failed = false;
   while (!stopped_) {
+    if (worker_.cluster != nullptr) DropDepartedNodes();
     if (failed || queue.empty() || (batch_.clear(), queue.Take(hygiene::UnixMs(), kBatch, &batch_)) == 0) {
       // Nothing to ask (or the rate says wait, or the upstream was away): sleep until woken, at
       // most 200 ms (a second after a failure).
@@ -170,6 +171,18 @@ awaitable<void> SizeProbe::Run() {
       worker_.shard->probed_keys.Add(groups[n].second.size());
     }
   }
+}
+
+void SizeProbe::DropDepartedNodes() {
+  const std::shared_ptr<cluster::SlotMap>& map = worker_.cluster->map;
+  if (map == nullptr) return;
+  std::erase_if(conns_, [&](const auto& entry) {
+    const bool primary = std::any_of(map->primaries.begin(), map->primaries.end(), [&](const cluster::Node& n) {
+      return config::HostPort{n.host, n.port}.ToString() == entry.first;
+    });
+    if (!primary) entry.second->stream.Close();
+    return !primary;
+  });
 }
 
 void SizeProbe::Learn(hygiene::ProbeRequest& r, std::string_view type, int64_t size, int64_t memory) {

@@ -47,6 +47,9 @@ class SizeProbe : public std::enable_shared_from_this<SizeProbe> {
   // Sends `commands` (encoded) and reads `n` replies into replies_ (frames as strings).
   awaitable<bool> RoundTrip(Conn& c, const std::string& commands, size_t n);
   void Learn(hygiene::ProbeRequest& r, std::string_view type, int64_t size, int64_t memory);
+  // A cluster: closes the connections to nodes that are no longer primaries of the map (a node
+  // removed, or emptied of slots), each time round the loop (at least once a second).
+  void DropDepartedNodes();
 
   Worker& worker_;
   std::unordered_map<std::string, std::unique_ptr<Conn>> conns_;

@@ -1490,3 +1490,72 @@ def test_migrate_acts_across_nodes_only_on_what_it_checked(fresh, migrate_config
         assert run.returncode == 1, out + err
         assert "kept.differs=1" in line and "retried=1" in line and "unlinked" not in line, line
         assert app.get(old) == json.dumps({"v": 1}) and app.hgetall(new) == {"v": "0"}
+
+
+def test_client_id_and_info_leave_a_cluster_client_on_every_node(fresh):
+    """StackExchange.Redis sends CLIENT ID as it connects, and tools ask CLIENT INFO: pinned for
+    them, the client was on one node's connection for good and its keys on the others were
+    refused. Without a connection of its own it gets the answer of keyguard's shared connection to
+    the first primary (the same id each time), and keeps reaching every node."""
+    c, kg = fresh
+    r = client(kg)
+    pins = kg.metric('keyguard_upstream_pins_total{reason="client"}')
+    ident = r.client_id()
+    assert r.client_id() == ident
+    info = r.execute_command("CLIENT", "INFO")
+    assert info.startswith("id=%d " % ident), info
+    assert r.execute_command("CLIENT", "TRACKINGINFO")[1] == ["off"]
+    assert r.execute_command("CLIENT", "GETREDIR") == -1
+    listed = r.execute_command("CLIENT", "LIST")
+    assert "id=%d " % ident in listed
+    first = min(c.primaries())
+    assert "id=%d " % ident in c.node(first).client.execute_command("CLIENT", "LIST")
+    expected = {"cid:%d" % i: str(i) for i in range(60)}
+    for k, v in expected.items():
+        assert r.set(k, v) is True, k
+    assert {k: r.get(k) for k in expected} == expected
+    check_stored(c, expected)
+    assert kg.metric('keyguard_upstream_pins_total{reason="client"}') == pins
+    # With a connection of its own (a transaction's), CLIENT ID is that connection's.
+    p = r.pipeline(transaction=True)
+    p.set("{cid}a", "1")
+    p.client_id()
+    own = p.execute()[1]
+    assert own != ident
+
+
+def test_the_size_probe_lets_go_of_a_node_that_left_the_map():
+    """A node that served slots and lost them all (resharded away, as before removing it) is no
+    longer in the map: keyguard's shared connections to it retire, and the size probe closes its
+    own (it kept it for as long as keyguard ran)."""
+    with cluster(primaries=3, replicas=0) as c:
+        kg = Keyguard(0, upstream=seed_url(c), threads=1)
+        try:
+            new = c.add_primary()
+            donor = c.primaries()[0]
+            c.reshard(donor, new, 20)
+            key = next("feed:%d" % i for i in range(100000) if c.node_for_key("feed:%d" % i) == new)
+            c.node(new).client.hset(key, mapping={"f%d" % i: i for i in range(5001)})
+            r = client(kg)
+            assert r.hget(key, "f7") == "7"
+
+            def found():
+                return {f["key"] for f in json.loads(kg.http("/debug/findings")[1])["findings"]
+                        if f["kind"] == "big_key_access"}
+
+            # (The first HGET's probe may ask the old owner, before keyguard's map knows the move.)
+            wait_until(lambda: r.hget(key, "f7") == "7" and key in found(), "the new node's key sized by the probe")
+
+            def others():
+                """The connections on the new node other than this test's own (and, once the
+                node is emptied, its link to the primary it became a replica of: flag M)."""
+                listed = c.node(new).client.execute_command("CLIENT", "LIST")
+                return [l for l in listed.splitlines() if "cmd=client|list" not in l and " flags=M " not in l]
+
+            assert others(), "keyguard is connected to the new node"
+            c.node(new).client.delete(key)
+            c.reshard(new, donor, 20)
+            assert r.get("feed:x") is None  # keyguard goes on; it learns the map within 5 s
+            wait_until(lambda: not others(), "no connection of keyguard's left on the emptied node", timeout=20)
+        finally:
+            kg.stop()
