@@ -194,10 +194,25 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     if (!c.mode.silent) Reply(std::move(reply), c.id, false);
     return false;
   };
+  if (state_.in_multi() && (c.id == ids.readonly || c.id == ids.readwrite)) [[unlikely]] {
+    // Inside a transaction the server queues what it gets and answers in EXEC's array: keyguard's
+    // +OK would come at once, out of it. The transaction's node queues it (a primary ignores it).
+    return RouteByKeys(c, args);
+  }
   if (c.id == ids.cluster && args.size() >= 2) {
     const std::string sub = Lower(args[1]);
-    if (std::string r = cluster::LocalClusterReply(sub, cluster_host_, cluster_port_, ReplyProtocol()); !r.empty())
+    if (std::string r = cluster::LocalClusterReply(sub, cluster_host_, cluster_port_, ReplyProtocol()); !r.empty()) {
+      if (state_.in_multi()) [[unlikely]] {
+        // Keyguard's one-node answer cannot take its place in EXEC's array, and the node's own
+        // would describe the real cluster: refused, so EXEC aborts (as for any command refused
+        // while queued).
+        Refuse(c, Refusal::kCluster,
+               absl::StrCat("ERR keyguard: CLUSTER ", absl::AsciiStrToUpper(sub),
+                            " is not served inside MULTI through keyguard (ask outside the transaction)"));
+        return false;
+      }
       return answer(r);
+    }
     if (sub == "keyslot" && args.size() == 3) return answer(absl::StrCat(":", cluster::KeySlot(args[2]), "\r\n"));
     if ((sub == "countkeysinslot" || sub == "getkeysinslot") && args.size() >= 3) {
       uint32_t slot = 0;

@@ -1559,3 +1559,24 @@ def test_the_size_probe_lets_go_of_a_node_that_left_the_map():
             wait_until(lambda: not others(), "no connection of keyguard's left on the emptied node", timeout=20)
         finally:
             kg.stop()
+
+
+def test_commands_keyguard_answers_are_queued_inside_a_transaction(fresh):
+    """READONLY and READWRITE inside MULTI were answered +OK at once, and missing from EXEC's
+    array; CLUSTER MYID got keyguard's answer in place of +QUEUED. Now the transaction's node
+    queues READONLY/READWRITE, and a CLUSTER query keyguard answers as a one-node cluster is
+    refused while queued, so EXEC aborts as Redis does for a command refused at queue time."""
+    c, kg = fresh
+    r = RespConn(kg.port)
+    assert r.exchange(encode("MULTI") + encode("SET", "{q}a", "1") + encode("READONLY") + encode("READWRITE") +
+                      encode("GET", "{q}a") + encode("EXEC"), replies=6) == (
+        b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*4\r\n+OK\r\n+OK\r\n+OK\r\n$1\r\n1\r\n")
+    assert r.exchange(encode("MULTI") + encode("READONLY") + encode("SET", "{q}b", "2") + encode("EXEC"), replies=4) == (
+        b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n+OK\r\n")
+    assert r.exchange(encode("MULTI") + encode("SET", "{q}c", "3") + encode("CLUSTER", "MYID") + encode("EXEC"),
+                      replies=4) == (
+        b"+OK\r\n+QUEUED\r\n-ERR keyguard: CLUSTER MYID is not served inside MULTI through keyguard (ask outside "
+        b"the transaction)\r\n-EXECABORT Transaction discarded because of previous errors.\r\n")
+    # Outside a transaction they are keyguard's answers, as before.
+    assert r.exchange(encode("READONLY") + encode("CLUSTER", "MYID"), replies=2).startswith(b"+OK\r\n$40\r\n")
+    assert c.client_for_key("{q}b").get("{q}b") == "2" and c.client_for_key("{q}c").get("{q}c") is None
