@@ -97,7 +97,7 @@ int RunAudit(const std::vector<std::string>& argv) {
     if (!f) return Fail("--fail-on: expected info, warning, critical or never");
     s.fail_on = *f;
   }
-  std::string cursor = args.Str("--cursor", "0");
+  auto [cursor, cursor_tag] = SplitCursor(args.Str("--cursor", "0"));  // a cluster's: NUMBER-TAG
   if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit))
     return Fail("--cursor: expected a SCAN cursor");
 
@@ -109,10 +109,12 @@ int RunAudit(const std::vector<std::string>& argv) {
   auto upstream = UpstreamLinks::Create(cfg.proxy);
   if (!upstream.ok()) return Fail(std::string(upstream.status().message()));
   size_t node = 0;
+  std::vector<config::HostPort> primaries;  // a cluster's, as walked
   if (cluster) {
     auto layout = upstream->ClusterSlots();
     if (!layout.ok()) return Fail(std::string(layout.status().message()));
-    for (const config::HostPort& p : layout->primaries) {
+    primaries = layout->primaries;
+    for (const config::HostPort& p : primaries) {
       auto l = upstream->ConnectNode(p, 0);
       if (!l.ok()) return Fail(std::string(l.status().message()));
       links.push_back(*std::move(l));
@@ -120,8 +122,11 @@ int RunAudit(const std::vector<std::string>& argv) {
     auto c = proxy::cluster::DecodeScanCursor(cursor);
     if (!c.has_value() || c->node >= static_cast<int>(links.size()))
       return Fail("--cursor: not a cursor of this cluster");
+    if (std::string stale = StaleCursor(cursor, cursor_tag, primaries); !stale.empty()) return Fail(stale);
     node = static_cast<size_t>(c->node);
     cursor = c->node_cursor;
+  } else if (!cursor_tag.empty()) {
+    return Fail("--cursor: expected a SCAN cursor");
   } else {
     auto link_or = upstream->Connect(static_cast<int>(*db));
     if (!link_or.ok()) return Fail(std::string(link_or.status().message()));
@@ -255,6 +260,7 @@ int RunAudit(const std::vector<std::string>& argv) {
     cursor = cursor != "0" ? proxy::cluster::EncodeScanCursor(cursor, static_cast<int>(node), n)
              : node == 0   ? std::string("0")
                            : proxy::cluster::EncodeScanCursor("0", static_cast<int>(node) - 1, n);
+    if (cursor != "0") absl::StrAppend(&cursor, "-", LayoutTag(primaries));
   }
   info.cursor = cursor;
   info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

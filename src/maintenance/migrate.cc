@@ -53,28 +53,63 @@ namespace {
 int Fail(const std::string& message) { return UsageError("keyguard migrate", message); }
 
 // Lua shared by both scripts. digest: SHA1 of a key's content (Hash fields and Set members
-// sorted; lists and sorted sets in order; other types by DUMP), not of DUMP's bytes: a hash-table
-// encoded value serializes in its table's order, which a COPY or a RESTORE on another node may
-// not keep. differs: the first way key (of type t) differs from the kind and items at ARGV[a]
-// (`hash` or `string`, the number of items, then field, value, ... or the text), or nil. write:
-// writes them (after the caller removed any old value), and the expiry `at` when there is one.
+// sorted; lists and sorted sets in order; other types by DUMP), not of DUMP's bytes, for a key
+// compared with one on another node: a hash-table encoded value serializes in its table's order,
+// which a RESTORE on another node does not keep. False for a collection of more than 50,000
+// items: sorting it in Lua would hold the server for seconds. same: whether keys a and b of type t
+// on one node hold the same content: DUMP's bytes, else (a COPY of a hash table) a Set by
+// SINTERCARD, a Hash field by field over HSCAN, in O(n) without materializing it. differs: the
+// first way key (of type t) differs from the kind and items at ARGV[a] (`hash` or `string`, the
+// number of items, then field, value, ... or the text), or nil. write: writes them (after the
+// caller removed any old value), and the expiry `at` when there is one.
 constexpr char kLuaHelpers[] = R"lua(
 local function digest(key, t)
   local items
   if t == 'string' then return redis.sha1hex(redis.call('GET', key))
-  elseif t == 'list' then items = redis.call('LRANGE', key, 0, -1)
-  elseif t == 'set' then items = redis.call('SMEMBERS', key) table.sort(items)
-  elseif t == 'zset' then items = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  elseif t == 'list' then
+    if redis.call('LLEN', key) > 50000 then return false end
+    items = redis.call('LRANGE', key, 0, -1)
+  elseif t == 'set' then
+    if redis.call('SCARD', key) > 50000 then return false end
+    items = redis.call('SMEMBERS', key)
+    table.sort(items)
+  elseif t == 'zset' then
+    if redis.call('ZCARD', key) > 50000 then return false end
+    items = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
   elseif t == 'hash' then
-    local all, pairs = redis.call('HGETALL', key), {}
-    for i = 1, #all, 2 do pairs[#pairs + 1] = {all[i], all[i + 1]} end
-    table.sort(pairs, function(x, y) return x[1] < y[1] end)
+    if redis.call('HLEN', key) > 50000 then return false end
+    local all, value, names = redis.call('HGETALL', key), {}, {}
+    for i = 1, #all, 2 do
+      names[#names + 1] = all[i]
+      value[all[i]] = all[i + 1]
+    end
+    table.sort(names)
     items = {}
-    for _, p in ipairs(pairs) do items[#items + 1] = p[1] items[#items + 1] = p[2] end
+    for _, f in ipairs(names) do
+      items[#items + 1] = f
+      items[#items + 1] = value[f]
+    end
   else return redis.sha1hex(redis.call('DUMP', key)) end
   local parts = {}
   for i, v in ipairs(items) do parts[i] = #v .. ':' .. v end
   return redis.sha1hex(t .. '|' .. table.concat(parts, ','))
+end
+local function same(a, b, t)
+  if redis.call('DUMP', a) == redis.call('DUMP', b) then return true end
+  if t == 'set' then
+    local n = redis.call('SCARD', a)
+    return n == redis.call('SCARD', b) and redis.call('SINTERCARD', 2, a, b) == n
+  end
+  if t ~= 'hash' or redis.call('HLEN', a) ~= redis.call('HLEN', b) then return false end
+  local cursor = '0'
+  repeat
+    local page = redis.call('HSCAN', a, cursor, 'COUNT', 1000)
+    cursor = page[1]
+    for i = 1, #page[2], 2 do
+      if redis.call('HGET', b, page[2][i]) ~= page[2][i + 1] then return false end
+    end
+  until cursor == '0'
+  return true
 end
 local function differs(key, t, a)
   local kind, n = ARGV[a], tonumber(ARGV[a + 1])
@@ -113,7 +148,7 @@ end
 // ARGV[1]: mode: verify (read only), copy (write when no new key exists), refresh (also rewrite
 // new keys that differ), cleanup (UNLINK the old key when its new keys match it), supersede (also
 // when its new key exists but differs: after the switch-over the new keys are the truth).
-// ARGV[2]: how old and new compare: `dump` (same type, content digest and expiry; COPY to write) or `json`
+// ARGV[2]: how old and new compare: `dump` (same type, content and expiry; COPY to write) or `json`
 // (ARGV[3] is the old key's JSON text as keyguard read it; then per new key its kind, `hash` or
 // `string`, the number of items and the items: field, value, ... or the text).
 // The new keys match when each has the kind and exactly the items, and the old key's expiry
@@ -135,7 +170,7 @@ if how == 'dump' then
   local dtype = redis.call('TYPE', dst).ok
   if exists == 0 then status = 'missing'
   elseif dtype ~= stype then status, detail = 'differs', 'a ' .. dtype .. ', not a ' .. stype
-  elseif digest(src, stype) ~= digest(dst, dtype) then status, detail = 'differs', 'value differs'
+  elseif not same(src, dst, stype) then status, detail = 'differs', 'value differs'
   elseif redis.call('PEXPIRETIME', dst) ~= at then status, detail = 'differs', 'expiry differs' end
 else
   if stype ~= 'string' or redis.call('GET', src) ~= ARGV[3] then return {'changed', ''} end
@@ -181,7 +216,8 @@ return {status == 'missing' and 'copied' or 'refreshed', detail}
 
 // One step of a decision whose keys are on different nodes (a cluster, keys in different slots).
 // ARGV[1] is the step:
-// `read` KEYS[1] the old key: {type, PEXPIRETIME, digest, DUMP, its text when a string}.
+// `read` KEYS[1] the old key: {type, PEXPIRETIME, digest ('' past 50,000 items), DUMP (when ARGV[2]
+//   is '1': copy writes it), its text when a string}.
 // `check` KEYS[1] the old key; ARGV[2] the digest read, ARGV[3] the expiry read, ARGV[4] '1' to
 //   UNLINK it: {gone|changed|same|unlinked, ''}.
 // `compare`, `create`, `replace`, `undo` KEYS[1] one new key; ARGV[2] the expiry it should have;
@@ -195,7 +231,7 @@ local op, key = ARGV[1], KEYS[1]
 local t = redis.call('TYPE', key).ok
 if op == 'read' then
   if t == 'none' then return {t, -2, '', '', ''} end
-  return {t, redis.call('PEXPIRETIME', key), digest(key, t), redis.call('DUMP', key),
+  return {t, redis.call('PEXPIRETIME', key), digest(key, t) or '', ARGV[2] == '1' and redis.call('DUMP', key) or '',
           t == 'string' and redis.call('GET', key) or ''}
 end
 if op == 'check' then
@@ -373,6 +409,12 @@ class Servers {
     return replies;
   }
   RedisLink& link(size_t node) { return *links_[node]; }
+  // The primaries the walk numbers (a cluster), in the order it walks them.
+  std::vector<config::HostPort> walked() const {
+    std::vector<config::HostPort> out;
+    for (size_t i : walk_) out.push_back(hosts_[i]);
+    return out;
+  }
 
  private:
   Servers(UpstreamLinks& upstream, bool cluster) : upstream_(upstream), cluster_(cluster) {}
@@ -471,6 +513,18 @@ bool Apart(const Step& st, const Item& item) {
   return false;
 }
 
+// A value moved to another node whose content read could not digest (a collection past 50,000
+// items): listed, and left where it is.
+bool TooBig(Step& st, const Item& item) {
+  if (!item.apart || !item.digest.empty()) return false;
+  st.Record("too_big",
+            absl::StrCat("too big ", Arrow(*item.pair),
+                         ": a collection of more than 50000 items, to be compared with its copy on another node (move "
+                         "it yourself, or give both names one hash tag: one slot)"),
+            Step::kAttention);
+  return true;
+}
+
 // Reads the old values (json_to_hash; every key of a cluster, with kPartScript's `read`) and turns
 // each key into an Item, or records why it has none. `moved`: keys whose read was redirected.
 absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair*>& pairs,
@@ -484,7 +538,7 @@ absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair
   std::vector<Routed> reads;
   for (const Pair* p : pairs) {
     if (cluster) {
-      reads.push_back(st.Part("read", p->old_key));
+      reads.push_back(st.Part("read", p->old_key, {st.kind == StepKind::kCopy && !st.dry_run ? "1" : "0"}));
     } else {
       reads.push_back(Routed{0, {"TYPE", p->old_key}});
       reads.push_back(Routed{0, {"GET", p->old_key}});
@@ -531,6 +585,7 @@ absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair
     if (item.dump) {
       item.source.clear();
       item.apart = Apart(st, item);
+      if (TooBig(st, item)) continue;
       items.push_back(std::move(item));
       continue;
     }
@@ -550,6 +605,7 @@ absl::StatusOr<std::vector<Item>> Prepare(Step& st, const std::vector<const Pair
         item.dump = true;
         item.source.clear();
         item.apart = Apart(st, item);
+        if (TooBig(st, item)) break;
         items.push_back(std::move(item));
         break;
       case Migration::Unconvertible::kSkip:
@@ -683,7 +739,8 @@ absl::Status RunApart(Step& st, const std::vector<Item*>& items, std::string_vie
     bool main_exists = false;
     bool done = false;
     bool write = false, unlink = false, supersede = false;
-    std::vector<size_t> written{};  // new keys this run wrote (undone if the old key changed)
+    std::vector<size_t> written{};  // new keys this run wrote (undone unless the check says the old key is unchanged)
+    bool checked = false;           // the check found the old key unchanged
     bool undo = false;
   };
   std::vector<State> states;
@@ -801,16 +858,39 @@ absl::Status RunApart(Step& st, const std::vector<Item*>& items, std::string_vie
       [&](State& s, size_t k, const std::string& verdict, const std::string&) {
         if (verdict == "written") {
           s.written.push_back(k - 1);
-        } else if (verdict == "raced") {  // created by someone else since compare: decide again
-          s.undo = true;
+        } else if (verdict == "raced" && !s.done) {  // created by someone else since compare: decide again
           again->push_back(s.item->pair);
           s.done = true;
         }
       });
-  if (!status.ok()) return status;
-  for (State& s : states) s.undo |= s.done && !s.written.empty();
+  // Keys written for an item that failed part-way are undone (below), even when a node failed.
+  auto undo = [&]() -> absl::Status {
+    for (State& s : states) {
+      s.undo = s.write && !s.checked && !s.written.empty();
+      s.done = !s.undo;
+    }
+    return round(
+        [&](State& s, size_t k) -> std::optional<Routed> {
+          if (k == 0 || std::find(s.written.begin(), s.written.end(), k - 1) == s.written.end()) return std::nullopt;
+          return st.Part("undo", s.keys[k - 1], Expected(*s.item, k - 1, false));
+        },
+        [&](State& s, size_t k, const std::string& verdict, const std::string& detail) {
+          if (verdict == "kept" && detail != "missing") {  // (missing: it expired, or the app deleted it)
+            st.Record("kept.changed",
+                      absl::StrCat("kept ", Printable(s.keys[k - 1]), ": copied from ",
+                                   Printable(s.item->pair->old_key), ", which then changed; the new key changed too (",
+                                   Printable(detail), "), so it was not undone"),
+                      Step::kAttention);
+          }
+        });
+  };
+  if (!status.ok()) {
+    (void)undo();
+    return status;
+  }
 
-  // 4. The old key still holds what was read (and cleanup UNLINKs it in the same script).
+  // 4. The old key still holds what was read (and cleanup UNLINKs it in the same script). A raced,
+  // redirected or failed item is done: not checked, its writes undone.
   status = round(
       [&](State& s, size_t k) -> std::optional<Routed> {
         if (k != 0 || !(s.write || s.unlink)) return std::nullopt;
@@ -820,44 +900,27 @@ absl::Status RunApart(Step& st, const std::vector<Item*>& items, std::string_vie
       [&](State& s, size_t, const std::string& verdict, const std::string&) {
         s.done = true;
         if (verdict == "same" && s.write) {
+          s.checked = true;
           Judge(st, *s.item, s.status == "missing" ? "copied" : "refreshed", s.detail);
         } else if (verdict == "unlinked" && s.unlink) {
           Judge(st, *s.item, s.supersede ? "superseded" : "unlinked", s.detail);
         } else if (verdict == "changed") {
-          s.undo = true;
           again->push_back(s.item->pair);
         } else if (verdict == "gone") {
-          s.undo = true;
+          // The app deleted (or let expire) the old key since the read: the new keys stay, they may
+          // be the only copy now (an app that moves a key itself deletes the old one).
+          s.checked = true;
           Judge(st, *s.item, "gone", "");
         } else {
           failed(s, Reply{.kind = Reply::Kind::kError,
                           .str = absl::StrCat("unexpected result '", verdict, "'"),
                           .elements = {}});
-          s.undo = true;
         }
       });
-  if (!status.ok()) return status;
-
-  // 5. A copy whose old key changed (or went) since the read, or failed part-way: delete each key
-  // it wrote, where that key still holds what was written.
-  for (State& s : states) {
-    s.undo = s.undo && !s.written.empty() && s.write;
-    s.done = !s.undo;
-  }
-  return round(
-      [&](State& s, size_t k) -> std::optional<Routed> {
-        if (k == 0 || std::find(s.written.begin(), s.written.end(), k - 1) == s.written.end()) return std::nullopt;
-        return st.Part("undo", s.keys[k - 1], Expected(*s.item, k - 1, false));
-      },
-      [&](State& s, size_t k, const std::string& verdict, const std::string& detail) {
-        if (verdict == "kept") {
-          st.Record("kept.changed",
-                    absl::StrCat("kept ", Printable(s.keys[k - 1]), ": copied from ", Printable(s.item->pair->old_key),
-                                 ", which then changed; the new key changed too (", Printable(detail),
-                                 "), so it was not undone"),
-                    Step::kAttention);
-        }
-      });
+  // 5. A copy whose old key changed since the read, or that failed part-way: each key it wrote is
+  // deleted where it still holds what was written.
+  absl::Status undone = undo();
+  return status.ok() ? undone : status;
 }
 
 // Runs one batch of keys through kKeyScript (or, for keys on different nodes, kPartScript's
@@ -1015,10 +1078,10 @@ int RunMigrate(const std::vector<std::string>& argv) {
   for (const absl::Status& s : {db.status(), max_keys.status(), rate.status(), progress_seconds.status()}) {
     if (!s.ok()) return Fail(std::string(s.message()));
   }
-  std::string cursor = args.Str("--cursor", "0");
+  const std::string start_cursor = args.Str("--cursor", "0");
+  auto [cursor, cursor_tag] = SplitCursor(start_cursor);  // a cluster's: NUMBER-TAG (LayoutTag)
   if (cursor.empty() || !std::all_of(cursor.begin(), cursor.end(), absl::ascii_isdigit))
     return Fail("--cursor: expected a SCAN cursor");
-  const std::string start_cursor = cursor;
   const bool cluster = cfg.proxy.upstream.kind == config::Upstream::Kind::kCluster;
   if (cluster && *db != 0) return Fail("--db: a Redis Cluster has database 0 only");
   auto upstream = UpstreamLinks::Create(cfg.proxy);
@@ -1032,16 +1095,23 @@ int RunMigrate(const std::vector<std::string>& argv) {
     auto c = proxy::cluster::DecodeScanCursor(cursor);
     if (!c.has_value() || c->node >= static_cast<int>(servers->walk_size()))
       return Fail("--cursor: not a cursor of this cluster");
+    if (std::string stale = StaleCursor(cursor, cursor_tag, servers->walked()); !stale.empty()) {
+      return Fail(absl::StrCat(stale, " (every step is idempotent)"));
+    }
     node = static_cast<size_t>(c->node);
     cursor = c->node_cursor;
+  } else if (!cursor_tag.empty()) {
+    return Fail("--cursor: expected a SCAN cursor");
   }
   // The cursor to print: the node's own, with the node in it for a cluster ("0" of a node: the
   // next node from its start).
   auto resume_cursor = [&]() -> std::string {
     if (!cluster) return cursor;
     const int n = static_cast<int>(servers->walk_size());
-    if (cursor != "0") return proxy::cluster::EncodeScanCursor(cursor, static_cast<int>(node), n);
-    return node == 0 ? std::string("0") : proxy::cluster::EncodeScanCursor("0", static_cast<int>(node) - 1, n);
+    if (cursor == "0" && node == 0) return std::string("0");
+    return absl::StrCat(cursor != "0" ? proxy::cluster::EncodeScanCursor(cursor, static_cast<int>(node), n)
+                                      : proxy::cluster::EncodeScanCursor("0", static_cast<int>(node) - 1, n),
+                        "-", LayoutTag(servers->walked()));
   };
 
   CatchStopSignals();

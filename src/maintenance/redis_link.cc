@@ -23,6 +23,7 @@
 #include <openssl/ssl.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "keyguard/resp/encoder.h"
@@ -493,6 +494,31 @@ absl::StatusOr<ClusterLayout> UpstreamLinks::ClusterSlots() {
     errors.push_back(absl::StrCat(seed.ToString(), ": no slot is served"));
   }
   return absl::UnavailableError(absl::StrCat("upstream ", upstream_.ToString(), ": ", absl::StrJoin(errors, "; ")));
+}
+
+std::string LayoutTag(const std::vector<config::HostPort>& primaries) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (const config::HostPort& p : primaries) {
+    for (char ch : absl::StrCat(p.ToString(), ",")) h = (h ^ static_cast<uint8_t>(ch)) * 16777619u;
+  }
+  return absl::StrFormat("%08x", h);
+}
+
+std::pair<std::string, std::string> SplitCursor(const std::string& cursor) {
+  const size_t dash = cursor.find('-');
+  if (dash == std::string::npos) return {cursor, ""};
+  return {cursor.substr(0, dash), cursor.substr(dash + 1)};
+}
+
+std::string StaleCursor(const std::string& number, const std::string& tag,
+                        const std::vector<config::HostPort>& primaries) {
+  if (number == "0") return "";
+  if (tag.empty()) return "--cursor: not a cursor of this cluster (no NUMBER-TAG)";
+  if (tag != LayoutTag(primaries)) {
+    return "--cursor: the cluster's primaries changed since this cursor was printed (a failover, or a node added or "
+           "removed): resuming could skip keys; run again without --cursor";
+  }
+  return "";
 }
 
 void Pacer::Before(size_t n) {

@@ -138,6 +138,18 @@ std::optional<config::HostPort> PrimaryFromSentinel(const Reply& reply);
 // owner; an empty host is `seed_host` (the node answered with its own address unknown).
 ClusterLayout LayoutFromSlots(const Reply& slots, const std::string& seed_host);
 
+// A cluster's resume cursor is NUMBER-TAG: NUMBER numbers the node as keyguard's SCAN does (an
+// index into the primaries in address order), TAG is 8 hex digits of a hash of those primaries'
+// addresses, so that a cursor printed before a failover or a node added or removed is refused
+// rather than resumed at another node (skipping keys).
+std::string LayoutTag(const std::vector<config::HostPort>& primaries);
+// `cursor` split into the number and the tag ("" without one).
+std::pair<std::string, std::string> SplitCursor(const std::string& cursor);
+// Why a cluster resume cursor (tag `tag`, node `node`) cannot be resumed against `primaries`;
+// "" when it can. "0" (from the start) always can.
+std::string StaleCursor(const std::string& number, const std::string& tag,
+                        const std::vector<config::HostPort>& primaries);
+
 // Spaces out commands so that on average at most `per_second` are sent per second (0: no cap).
 class Pacer {
  public:

@@ -991,6 +991,10 @@ def test_audit_walks_every_primary_and_resumes_across_them(fresh):
     cursor = err.strip().rsplit("--cursor ", 1)[1]
     rest, _ = audit("--cursor", cursor)
     assert rest["complete"] and first["scanned"] + rest["scanned"] == 300
+    # The cursor names its primaries: one of other primaries (after a failover) is refused.
+    stale = subprocess.run([KEYGUARD, "audit", "--upstream", seed_url(c), "--no-progress", "--cursor",
+                            cursor.split("-")[0] + "-00000000"], capture_output=True, text=True, timeout=60)
+    assert stale.returncode == 2 and "the cluster's primaries changed since this cursor was printed" in stale.stderr
 
 
 def test_a_tls_cluster_through_rediss_cluster(tmp_path):
@@ -1398,6 +1402,14 @@ def test_migrate_on_a_cluster_resumes_across_primaries(fresh, migrate_config):
     assert cluster_migrate(c, migrate_config, "profiles-flat", "verify").summary["same"] == "150"
     bad = cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--db", "1", check=2)
     assert "--db: a Redis Cluster has database 0 only" in bad.stderr
+    # The cursor names its primaries (a hash of their addresses after the dash): a cursor of other
+    # primaries (a failover, a node added) would resume at the wrong node and skip keys.
+    number, layout = cursor.split("-")
+    other = "%08x" % (int(layout, 16) ^ 1)
+    stale = cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--cursor", number + "-" + other, check=2)
+    assert "--cursor: the cluster's primaries changed since this cursor was printed" in stale.stderr
+    assert "not a cursor of this cluster" in cluster_migrate(c, migrate_config, "profiles-flat", "copy", "--cursor",
+                                                             number, check=2).stderr
 
 
 def test_migrate_on_a_cluster_with_an_app_writing_through_keyguard(fresh, migrate_config):
@@ -1457,13 +1469,14 @@ def test_migrate_on_a_cluster_with_an_app_writing_through_keyguard(fresh, migrat
     check_profiles_at_last_version(app, n, last)
 
 
-@pytest.mark.parametrize("step", ["copy", "cleanup"])
+@pytest.mark.parametrize("step", ["copy", "cleanup", "copy-then-app-deletes"])
 def test_migrate_acts_across_nodes_only_on_what_it_checked(fresh, migrate_config, step):
     """One old key, its new key on another node, and four commands a second (max_ops_per_second:
     4): after keyguard reads the old key (seen on the node's MONITOR), the app rewrites it, and
     keyguard's next commands come 0.25 s apart. Copy must not leave a new key made from the first
     value (it is undone and copied again), and cleanup must not delete the old key that now holds
-    a value its new key lacks."""
+    a value its new key lacks. And an app that moves the key itself right after keyguard wrote the
+    new one (it deletes the old key): the new key is then the only copy, and stays."""
     c, kg = fresh
     owners = c.owners(["Slow_%d" % i for i in range(20)] + ["slow:%d" % i for i in range(20)])
     n = next(i for i in range(20) if owners["Slow_%d" % i] != owners["slow:%d" % i])
@@ -1473,19 +1486,27 @@ def test_migrate_acts_across_nodes_only_on_what_it_checked(fresh, migrate_config
     if step == "cleanup":
         assert cluster_migrate(c, migrate_config, "slow-now", "copy").summary["copied"] == "1"
     from conftest import KEYGUARD
-    with redis.Redis(port=owners[old], socket_timeout=PATIENCE).monitor() as monitor:
+    watch, seen = (owners[new], " %s create" % new) if step == "copy-then-app-deletes" else (owners[old], " %s read" % old)
+    with redis.Redis(port=watch, socket_timeout=PATIENCE).monitor() as monitor:
         run = subprocess.Popen([KEYGUARD, "migrate", "--config", migrate_config, "--upstream", seed_url(c),
-                                "--migration", "slow", step, "--no-progress"],
+                                "--migration", "slow", step.split("-")[0], "--no-progress"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        while " %s read" % old not in monitor.next_command()["command"]:
+        while seen not in monitor.next_command()["command"]:
             pass
-        app.set(old, json.dumps({"v": 1}))
+        if step == "copy-then-app-deletes":
+            app.delete(old)
+        else:
+            app.set(old, json.dumps({"v": 1}))
     out, err = run.communicate(timeout=PATIENCE)
     line = [l for l in out.splitlines() if " scanned=" in l][-1]
     if step == "copy":
         assert run.returncode == 0, out + err
         assert "copied=1" in line and "retried=1" in line, line
         assert app.hgetall(new) == {"v": "1"}
+    elif step == "copy-then-app-deletes":
+        assert run.returncode == 0, out + err
+        assert "gone=1" in line and "copied" not in line, line
+        assert app.exists(old) == 0 and app.hgetall(new) == {"v": "0"}
     else:
         assert run.returncode == 1, out + err
         assert "kept.differs=1" in line and "retried=1" in line and "unlinked" not in line, line
@@ -1580,3 +1601,26 @@ def test_commands_keyguard_answers_are_queued_inside_a_transaction(fresh):
     # Outside a transaction they are keyguard's answers, as before.
     assert r.exchange(encode("READONLY") + encode("CLUSTER", "MYID"), replies=2).startswith(b"+OK\r\n$40\r\n")
     assert c.client_for_key("{q}b").get("{q}b") == "2" and c.client_for_key("{q}c").get("{q}c") is None
+
+
+def test_migrate_leaves_a_collection_too_big_to_compare_across_nodes(fresh, migrate_config):
+    """A Set of 60,000 members whose new name is on another node: comparing it with its copy there
+    takes a digest of its sorted members, which would hold the node for seconds past 50,000. It is
+    listed (exit 1) and left; a smaller one moves."""
+    c, kg = fresh
+    owners = c.owners(["Old-huge%d" % i for i in range(20)] + ["new:huge%d" % i for i in range(20)])
+    n = [i for i in range(20) if owners["Old-huge%d" % i] != owners["new:huge%d" % i]][:2]
+    big, small = "huge%d" % n[0], "huge%d" % n[1]
+    direct = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in c.ports[:2]], decode_responses=True)
+    try:
+        for start in range(0, 60000, 10000):
+            direct.sadd("Old-" + big, *["m%d" % i for i in range(start, start + 10000)])
+        direct.sadd("Old-" + small, *["m%d" % i for i in range(20000)])
+        copy = cluster_migrate(c, migrate_config, "renames", "copy", check=1)
+        assert (copy.summary["copied"], copy.summary["too_big"]) == ("1", "1"), copy.stdout
+        assert ("too big Old-%s -> new:%s: a collection of more than 50000 items" % (big, big)) in copy.stdout
+        assert direct.exists("new:" + big) == 0 and direct.scard("new:" + small) == 20000
+        assert cluster_migrate(c, migrate_config, "renames", "cleanup", check=1).summary["unlinked"] == "1"
+        assert direct.scard("Old-" + big) == 60000 and direct.exists("Old-" + small) == 0
+    finally:
+        direct.close()

@@ -187,6 +187,22 @@ TEST(RedisLinkTest, PrimariesInTheOrderOfTheirAddressesAndEachSlotsOwner) {
   EXPECT_EQ(LayoutFromSlots(Array({}), "seed").owner[0], ClusterLayout::kNoOwner);
 }
 
+TEST(RedisLinkTest, AClusterCursorNamesItsPrimaries) {
+  const std::vector<config::HostPort> three = {{"10.0.0.1", 7000}, {"10.0.0.2", 7001}, {"10.0.0.3", 7002}};
+  std::vector<config::HostPort> failed_over = three;
+  failed_over[1].port = 7004;
+  const std::string tag = LayoutTag(three);
+  EXPECT_EQ(tag.size(), 8u);
+  EXPECT_EQ(LayoutTag(three), tag);
+  EXPECT_NE(LayoutTag(failed_over), tag);
+  EXPECT_EQ(SplitCursor("4503599627370569-" + tag), (std::pair<std::string, std::string>{"4503599627370569", tag}));
+  EXPECT_EQ(SplitCursor("17"), (std::pair<std::string, std::string>{"17", ""}));
+  EXPECT_EQ(StaleCursor("4503599627370569", tag, three), "");
+  EXPECT_EQ(StaleCursor("0", "", failed_over), "");
+  EXPECT_NE(StaleCursor("4503599627370569", tag, failed_over).find("primaries changed"), std::string::npos);
+  EXPECT_NE(StaleCursor("4503599627370569", "", three).find("not a cursor of this cluster"), std::string::npos);
+}
+
 std::string CreateError(const std::string& yaml, const std::string& upstream) {
   auto c = ParseMaintenanceConfig(yaml);
   if (!c.ok()) return std::string(c.status().message());
