@@ -983,6 +983,7 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
                                                 "); the connection is closed\r\n")));
       stop_reading_ = true;
       upstream_failure_ = "upstream refused MULTI";
+      upstream_refused_ = true;  // (not a protocol error: counted as refused)
       return false;
     }
   } else if (front.command == commands::Known().hello) {
@@ -991,6 +992,7 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
     if (type == '-' || type == '!') {
       EventLine("error", "upstream_hello_failed").Str("error", kind).Write(stderr);
       upstream_failure_ = absl::StrCat("upstream refused HELLO 3: ", absl::string_view(kind.data(), kind.size()));
+      upstream_refused_ = true;
       return false;
     }
   } else if (front.command == PingId()) {

@@ -133,7 +133,9 @@ class Connection {
   void EndUpstream();
   // Why OnUpstreamBytes said the upstream must go: its AUTH was refused, or a protocol error.
   metrics::UpstreamError read_error() const {
-    return upstream_auth_failed_ ? metrics::UpstreamError::kAuth : metrics::UpstreamError::kProtocol;
+    return upstream_auth_failed_ ? metrics::UpstreamError::kAuth
+           : upstream_refused_   ? metrics::UpstreamError::kRefused
+                                 : metrics::UpstreamError::kProtocol;
   }
 
   // What becomes of the client when the upstream fails.
@@ -463,7 +465,8 @@ class Connection {
   metrics::Counter* tenant_sent_ = nullptr;
   std::array<metrics::Counter*, kRefusalCount> tenant_rejected_{};  // by Refusal, resolved on first use
   bool upstream_auth_failed_ = false;
-  bool desynced_ = false;  // a reply showed the server's transaction state differs from keyguard's
+  bool upstream_refused_ = false;  // the server refused keyguard's MULTI or HELLO 3 for the client
+  bool desynced_ = false;          // a reply showed the server's transaction state differs from keyguard's
   // The server's CLIENT ID of the upstream connection, once known (0 before, and after it closed);
   // registered in the connection registry with tenant_.
   int64_t upstream_client_id_ = 0;

@@ -227,6 +227,9 @@ def test_a_transaction_state_keyguard_did_not_foresee_closes_the_connection(serv
             assert out == (b"+OK\r\n-ERR keyguard: the upstream refused the transaction's MULTI (NOPERM this user "
                            b"has no permissions to run the 'multi' command); the connection is closed\r\n<closed>"), out
             assert '"event":"upstream_multi_failed"' in k.output()
+            # A refusal, not a protocol error (the server spoke RESP all along).
+            assert k.metric('keyguard_upstream_errors_total{reason="refused"}') == 1
+            assert k.metric('keyguard_upstream_errors_total{reason="protocol"}') == 0
             return
         desync = b"-ERR keyguard: the server's transaction state differs from keyguard's; the connection is closed\r\n"
         assert out == desync * 3 + b"<closed>", out
