@@ -14,7 +14,6 @@ namespace keyguard::proxy {
 namespace {
 
 constexpr auto kPollEvery = std::chrono::seconds(5);
-constexpr auto kPokeCheck = std::chrono::milliseconds(50);
 constexpr auto kRefreshGap = std::chrono::milliseconds(100);
 
 }  // namespace
@@ -89,13 +88,14 @@ void ClusterWatch::Start(std::shared_ptr<const cluster::SlotMap> first, OnChange
 
 awaitable<void> ClusterWatch::Poll() {
   for (;;) {
-    // Every kPollEvery, or soon after Refresh().
-    const auto due = std::chrono::steady_clock::now() + kPollEvery;
-    while (!poke_.exchange(false) && std::chrono::steady_clock::now() < due) {
-      Timer t(io_, kPokeCheck);
+    // Every kPollEvery, or as soon as Refresh() asks (its post cancels the wait; a poke that came
+    // while the last refresh ran is seen here, and no wait starts).
+    if (!poke_.load()) {
+      wake_.expires_after(kPollEvery);
       error_code ignored;
-      co_await t.async_wait(AwaitEc(ignored));
+      co_await wake_.async_wait(AwaitEc(ignored));
     }
+    poke_.store(false);
     refresh_.store(false);
     auto m = co_await Resolve();
     refreshes_.fetch_add(1, std::memory_order_relaxed);

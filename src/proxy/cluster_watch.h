@@ -30,10 +30,10 @@ class ClusterWatch {
   awaitable<absl::StatusOr<std::shared_ptr<const cluster::SlotMap>>> Resolve();
   // Keeps the map fresh from `first` on; `on_change` runs on the io_context's thread.
   void Start(std::shared_ptr<const cluster::SlotMap> first, OnChange on_change);
-  // Asks for a refresh soon; any thread.
+  // Asks for a refresh soon; any thread. The first poke of a wait wakes it (a post to io_).
   void Refresh() {
     refresh_.store(true);
-    poke_.store(true);
+    if (!poke_.exchange(true)) asio::post(io_, [this] { wake_.cancel(); });
   }
   std::shared_ptr<const cluster::SlotMap> current() const;
   uint64_t refreshes() const { return refreshes_.load(std::memory_order_relaxed); }
@@ -51,7 +51,8 @@ class ClusterWatch {
   mutable std::mutex mu_;
   std::shared_ptr<const cluster::SlotMap> current_;
   std::atomic<bool> refresh_{false};
-  std::atomic<bool> poke_{false};
+  std::atomic<bool> poke_{false};  // a refresh is asked for (Poll clears it when it starts one)
+  Timer wake_{io_};                // Poll's wait for kPollEvery, cancelled by Refresh
   std::atomic<uint64_t> refreshes_{0};
   std::atomic<uint64_t> changes_{0};
 };

@@ -286,11 +286,15 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     }
   }
   const PinReason r = PinFor(id, args, shared_.stages.config.tenancy != nullptr);
-  if (cluster_ && !pinned_ && r == PinReason::kClient && shared_.stages.config.tenancy == nullptr && ClientQuery(args))
-      [[unlikely]] {
-    // Answered by the first primary's shared connection: keyguard's (RouteCluster). (A tenant's
-    // is pinned: a shared connection's CLIENT INFO names the last command another tenant ran.)
-    return false;
+  if (cluster_ && r == PinReason::kClient) [[unlikely]] {
+    // A query (CLIENT ID, INFO, ...) sets nothing: unpinned, the first primary's shared connection
+    // answers it, keyguard's (RouteCluster); pinned, its own connection, and the pin ends as it
+    // would have. (A tenant's is pinned: a shared connection's CLIENT INFO names the last command
+    // another tenant ran.) A TRACKING REDIRECT is refused (RouteCluster), with no pin made; a
+    // tenant's names its own connections (pinned by their CLIENT ID), which tenancy checks.
+    const bool tenancy = shared_.stages.config.tenancy != nullptr;
+    if (ClientQuery(args) && (pinned_ || !tenancy)) return false;
+    if (TrackingRedirect(args) && !tenancy) return false;
   }
   if (r == PinReason::kNone) {
     if (pinned_ && id == client_id_ && args.size() >= 2 && !commands::EqualsIgnoreCase(args[1], "getname"))

@@ -317,6 +317,8 @@ class Connection {
   // CLIENT ID, INFO, LIST, TRACKINGINFO, GETREDIR: a cluster client without a connection of its
   // own gets keyguard's shared connection's answer rather than a pin to one node.
   static bool ClientQuery(std::span<const std::string_view> args);
+  // CLIENT TRACKING with a REDIRECT option (refused with a cluster: RouteCluster).
+  static bool TrackingRedirect(std::span<const std::string_view> args);
   // CLIENT SETNAME/GETNAME of a client on a shared connection: answered (true), or not (false:
   // forwarded).
   bool AnswerClientName(const CommandContext& c, std::span<const std::string_view> args);

@@ -106,11 +106,23 @@ bool Connection::ClientQuery(std::span<const std::string_view> args) {
   // CLIENT ID, INFO and LIST describe a connection (LIST: the node's) and set nothing. Pinned for
   // them, a cluster client would be on one node's connection for good, and every key of another
   // node refused: StackExchange.Redis sends CLIENT ID as it connects. Without a connection of its
-  // own, what they describe is keyguard's shared connection (docs/cluster.md says so); so do
-  // TRACKINGINFO and GETREDIR, whose answer (no tracking) is the client's too: tracking pins.
-  if (args.size() < 2) return false;
+  // own, what they describe is keyguard's shared connection (docs/configuration.md says so); so
+  // do TRACKINGINFO and GETREDIR, whose answer (no tracking) is the client's too: tracking pins.
+  // Any arity (the server's arity error sets nothing either), and a bare CLIENT.
+  if (args.size() < 2) return true;
   for (std::string_view sub : {"id", "info", "list", "trackinginfo", "getredir"}) {
-    if (commands::EqualsIgnoreCase(args[1], sub)) return sub == "list" || args.size() == 2;
+    if (commands::EqualsIgnoreCase(args[1], sub)) return true;
+  }
+  return false;
+}
+
+bool Connection::TrackingRedirect(std::span<const std::string_view> args) {
+  // CLIENT TRACKING ON|OFF [REDIRECT id] [PREFIX p]... [BCAST] [OPTIN] [OPTOUT] [NOLOOP]: the
+  // options from the third argument, PREFIX's and REDIRECT's values skipped.
+  if (args.size() < 4 || !commands::EqualsIgnoreCase(args[1], "tracking")) return false;
+  for (size_t i = 3; i < args.size(); ++i) {
+    if (commands::EqualsIgnoreCase(args[i], "redirect")) return true;
+    if (commands::EqualsIgnoreCase(args[i], "prefix")) ++i;
   }
   return false;
 }
@@ -201,18 +213,22 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   }
   if (c.id == ids.cluster && args.size() >= 2) {
     const std::string sub = Lower(args[1]);
-    if (std::string r = cluster::LocalClusterReply(sub, cluster_host_, cluster_port_, ReplyProtocol()); !r.empty()) {
-      if (state_.in_multi()) [[unlikely]] {
-        // Keyguard's one-node answer cannot take its place in EXEC's array, and the node's own
-        // would describe the real cluster: refused, so EXEC aborts (as for any command refused
-        // while queued).
-        Refuse(c, Refusal::kCluster,
-               absl::StrCat("ERR keyguard: CLUSTER ", absl::AsciiStrToUpper(sub),
-                            " is not served inside MULTI through keyguard (ask outside the transaction)"));
-        return false;
+    if (state_.in_multi()) [[unlikely]] {
+      // Inside a transaction every answer must come in EXEC's array. KEYSLOT and the slot
+      // queries are the transaction node's to queue (a bad slot is its error, in the array);
+      // keyguard's one-node answers cannot take their place there, and the node's own would
+      // describe the real cluster: refused, so EXEC aborts (as for any command refused while
+      // queued).
+      if (sub == "keyslot" || sub == "countkeysinslot" || sub == "getkeysinslot" || sub == "help") {
+        return RouteByKeys(c, args);
       }
-      return answer(r);
+      Refuse(c, Refusal::kCluster,
+             absl::StrCat("ERR keyguard: CLUSTER ", absl::AsciiStrToUpper(sub),
+                          " is not served inside MULTI through keyguard (ask outside the transaction)"));
+      return false;
     }
+    if (std::string r = cluster::LocalClusterReply(sub, cluster_host_, cluster_port_, ReplyProtocol()); !r.empty())
+      return answer(r);
     if (sub == "keyslot" && args.size() == 3) return answer(absl::StrCat(":", cluster::KeySlot(args[2]), "\r\n"));
     if ((sub == "countkeysinslot" || sub == "getkeysinslot") && args.size() >= 3) {
       uint32_t slot = 0;
@@ -259,9 +275,7 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     route_.scan = true;
     return true;
   }
-  if (c.id == client_id_ && args.size() >= 3 && commands::EqualsIgnoreCase(args[1], "tracking") &&
-      std::any_of(args.begin() + 3, args.end(),
-                  [](std::string_view a) { return commands::EqualsIgnoreCase(a, "redirect"); })) {
+  if (c.id == client_id_ && shared_.stages.config.tenancy == nullptr && TrackingRedirect(args)) {
     // The id a client without a connection of its own gets from CLIENT ID is keyguard's shared
     // connection's (ClientQuery), and an id names one node's connection: the invalidations would
     // go to keyguard, and the client's cache would never hear of a change. Refused.

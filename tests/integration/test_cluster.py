@@ -1537,12 +1537,30 @@ def test_client_id_and_info_leave_a_cluster_client_on_every_node(fresh):
     assert {k: r.get(k) for k in expected} == expected
     check_stored(c, expected)
     assert kg.metric('keyguard_upstream_pins_total{reason="client"}') == pins
-    # With a connection of its own (a transaction's), CLIENT ID is that connection's.
+    # With a connection of its own (a transaction's), CLIENT ID is that connection's, and the pin
+    # ends with the transaction all the same.
     p = r.pipeline(transaction=True)
     p.set("{cid}a", "1")
     p.client_id()
     own = p.execute()[1]
     assert own != ident
+    for k, v in expected.items():
+        assert r.set(k, v + "b") is True, k
+    # Their wrong forms get the server's arity error, and pin nothing either.
+    raw = RespConn(kg.port)
+    assert raw.exchange(encode("CLIENT", "INFO", "extra") + encode("CLIENT", "ID", "x") + encode("CLIENT") +
+                        encode("GET", "cid:1") + encode("GET", "cid:2") + encode("GET", "cid:3"), replies=6) == (
+        b"-ERR wrong number of arguments for 'client|info' command\r\n"
+        b"-ERR wrong number of arguments for 'client|id' command\r\n"
+        b"-ERR wrong number of arguments for 'client' command\r\n$2\r\n1b\r\n$2\r\n2b\r\n$2\r\n3b\r\n")
+    # A redirect is refused, and pins nothing; PREFIX's value may be the word "redirect".
+    assert raw.exchange(encode("CLIENT", "TRACKING", "ON", "BCAST", "REDIRECT", "5", "PREFIX", "a") +
+                        encode("MGET", *expected), replies=2) == (
+        b"-ERR keyguard: CLIENT TRACKING REDIRECT is not served through a Redis Cluster upstream (a client id names "
+        b"one node's connection, and CLIENT ID answers keyguard's); use RESP3 tracking (HELLO 3, then CLIENT "
+        b"TRACKING ON)\r\n" + encode_reply([v + "b" for v in expected.values()]))
+    assert kg.metric('keyguard_upstream_pins_total{reason="client"}') == pins
+    assert RespConn(kg.port).call("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "redirect") == "OK"
 
 
 def test_the_size_probe_lets_go_of_a_node_that_left_the_map():
@@ -1598,6 +1616,10 @@ def test_commands_keyguard_answers_are_queued_inside_a_transaction(fresh):
                       replies=4) == (
         b"+OK\r\n+QUEUED\r\n-ERR keyguard: CLUSTER MYID is not served inside MULTI through keyguard (ask outside "
         b"the transaction)\r\n-EXECABORT Transaction discarded because of previous errors.\r\n")
+    # KEYSLOT, and a slot query's error, are the transaction node's, in EXEC's array.
+    assert r.exchange(encode("MULTI") + encode("CLUSTER", "KEYSLOT", "foo") + encode("SET", "{q}d", "4") +
+                      encode("CLUSTER", "COUNTKEYSINSLOT", "99999") + encode("EXEC"), replies=5) == (
+        b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n:12182\r\n+OK\r\n-ERR Invalid slot\r\n")
     # Outside a transaction they are keyguard's answers, as before.
     assert r.exchange(encode("READONLY") + encode("CLUSTER", "MYID"), replies=2).startswith(b"+OK\r\n$40\r\n")
     assert c.client_for_key("{q}b").get("{q}b") == "2" and c.client_for_key("{q}c").get("{q}c") is None
@@ -1624,3 +1646,44 @@ def test_migrate_leaves_a_collection_too_big_to_compare_across_nodes(fresh, migr
         assert direct.scard("Old-" + big) == 60000 and direct.exists("Old-" + small) == 0
     finally:
         direct.close()
+
+
+def test_an_idle_keyguard_does_not_poll_for_map_refreshes(shared_cluster):
+    """The map watcher slept in 50 ms steps to notice a worker's refresh request (20 wake-ups a
+    second, idle or not); a request now wakes it directly. An idle keyguard with one worker wakes
+    about once a second (the liveness tick)."""
+    import glob
+
+    def switches(pid):
+        total = 0
+        for f in glob.glob("/proc/%d/task/*/status" % pid):
+            with open(f) as status:
+                total += sum(int(l.split()[1]) for l in status if l.startswith("voluntary_ctxt_switches"))
+        return total
+
+    with keyguard_for(shared_cluster) as kg:
+        assert client(kg).set("idle:x", "1") is True
+        time.sleep(1)
+        before = switches(kg.proc.pid)
+        time.sleep(4)
+        per_second = (switches(kg.proc.pid) - before) / 4
+        assert per_second < 5, per_second
+        # A MOVED still brings the new map at once (the watcher is woken, not polled).
+        refreshes = kg.metric("keyguard_cluster_map_refreshes_total")
+        slot = shared_cluster.keyslot("idle:x")
+        owner = shared_cluster.node_for_key("idle:x")
+        other = next(p for p in shared_cluster.primaries() if p != owner)
+        shared_cluster.node(owner).client.delete("idle:x")  # (a slot moves by SETSLOT NODE only empty)
+        primaries = shared_cluster.primaries()
+        for p in primaries:
+            shared_cluster.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE",
+                                                          shared_cluster.node_id(other))
+        try:
+            r = client(kg)
+            assert r.get("idle:y{idle:x}") is None  # MOVED: retried on the new owner
+            wait_until(lambda: kg.metric("keyguard_cluster_map_refreshes_total") > refreshes, "a refresh", timeout=2)
+        finally:
+            for p in primaries:
+                shared_cluster.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE",
+                                                              shared_cluster.node_id(owner))
+            shared_cluster.wait_agreed()
