@@ -209,7 +209,9 @@ def test_a_killed_dedicated_connection_answers_its_client():
 
 def test_non_reading_clients_do_not_stall_the_link():
     """N connections that ask for a 2 MB value and never read must not stall the other clients of
-    the link (a wait of a second each was linear in N); each is cut off within about a second."""
+    the link (a wait of a second each was linear in N: 10 s here); each is cut off within about a
+    second. The bound leaves the watchdog's one-second tick room: a PING that arrives just after a
+    tick waits for the next (2.6 s was seen in a CI run under load, 1.5 s alone)."""
     with shared(threads=1) as (server, kg):
         redis.Redis(port=server.port).set("big", b"x" * (2 << 20))
         atts = []
@@ -224,7 +226,7 @@ def test_non_reading_clients_do_not_stall_the_link():
         t = time.time()
         assert v.call("PING") == "PONG"
         took = time.time() - t
-        assert took < 1.5, "a PING waited %.1f s behind clients that do not read" % took
+        assert took < 4, "a PING waited %.1f s behind clients that do not read" % took
         wait_until(lambda: len([e for e in kg.log_lines() if e.get("event") == "slow_client_closed"]) == 10,
                    "the ten clients that do not read cut off")
         for s in atts:
