@@ -152,7 +152,7 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
     if (!args.empty()) {
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
-      if (pin_check_ && (pin_classes_[id] != 0 || multi_deferred_)) [[unlikely]] {
+      if (pin_check_ && (pin_classes_[id] != 0 || multi_deferred_ || (cluster_ && pinned_))) [[unlikely]] {
         if (NeedsPin(id, args)) break;
         if (hello_answered_) {  // (NeedsPin answered a HELLO whose move failed)
           hello_answered_ = false;
@@ -254,6 +254,17 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     pin_wanted_ = PinReason::kTransaction;
     pin_slot_ = kAnyNode;
     return true;
+  }
+  if (cluster_ && pinned_ && !sticky_ && !state_.in_multi() && !state_.watching() && !queue_.empty() &&
+      shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr) [[unlikely]] {
+    // The pin ends once what is pending is answered (the transaction's EXEC, a blocking
+    // command's reply): a command for another node's slot, pipelined behind it, waits for that
+    // (unread) rather than be refused on this node's connection.
+    const int32_t slot = StoredSlotOf(id, args);
+    if (slot == kCrossSlot || (slot >= 0 && (*shared_.cluster_map)->owner[static_cast<size_t>(slot)] != pinned_node_)) {
+      unpin_wait_ = true;  // (keys in several slots: split, which only an unpinned client is)
+      return true;
+    }
   }
   if (id == commands::Known().hello && shared_.stages.config.tenancy == nullptr && args.size() <= 2) {
     // HELLO: answered by the shared connection, whose protocol is the client's. `HELLO 2|3` that

@@ -41,6 +41,7 @@ namespace keyguard::proxy {
 // Redis Cluster upstream: where one command of Connection::Output goes.
 inline constexpr int32_t kAnyNode = -1;    // no key: any primary
 inline constexpr int32_t kEveryNode = -2;  // every primary, the replies merged
+inline constexpr int32_t kCrossSlot = -3;  // keys in different slots (Connection::SlotOf)
 inline constexpr int32_t kFirstNode = -4;  // the first primary (where keyless pins go: PUBLISH)
 struct Route {
   uint32_t bytes = 0;                            // the command's bytes in Output::upstream (after the previous route's)
@@ -238,6 +239,10 @@ class Connection {
   void StopReading() { stop_reading_ = true; }
   // A walk runs: later commands wait unread in the client's buffer.
   bool holding() const { return holding_; }
+  // A cluster client's command for another node's slot waits, unread, for the end of a pin that
+  // ends once its pending replies are in (NeedsPin); the transport reads on after them.
+  bool unpin_wait() const { return unpin_wait_; }
+  void EndUnpinWait() { unpin_wait_ = false; }
   // A walk ended: the commands read meanwhile are next (the next OnClientBytes).
   bool resume() const { return resume_; }
   // Nothing is pending and no command waits behind a walk.
@@ -479,6 +484,7 @@ class Connection {
   int64_t walk_wait_ns_ = 0;
   bool holding_ = false;
   bool resume_ = false;
+  bool unpin_wait_ = false;  // see unpin_wait()
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;

@@ -14,7 +14,6 @@
 namespace keyguard::proxy {
 namespace {
 
-constexpr int32_t kCrossSlot = -3;
 constexpr std::string_view kCrossSlotError = "CROSSSLOT Keys in request don't hash to the same slot";
 
 struct ClusterIds {

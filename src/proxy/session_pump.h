@@ -47,8 +47,9 @@ awaitable<void> Session::ClientPump() {
       }
     }
     // A command that pins waits until every earlier one is answered.
-    while (!closed_ && (conn_.pending() >= max_pending || conn_.holding() ||
-                        (kShared && conn_.pin_wanted() != PinReason::kNone && conn_.pending() != 0))) {
+    while (!closed_ &&
+           (conn_.pending() >= max_pending || conn_.holding() ||
+            (kShared && (conn_.pin_wanted() != PinReason::kNone || conn_.unpin_wait()) && conn_.pending() != 0))) {
       WaitingForUpstream();
       queue_waiter_ = true;
       queue_event_.expires_at(Timer::time_point::max());
@@ -65,6 +66,13 @@ awaitable<void> Session::ClientPump() {
       }
       if (closed_ || closing_) co_return;
       ProcessClientBytes<kShared>(&hint);  // the command that waited, and those after it
+      continue;
+    }
+    if (kShared && conn_.unpin_wait()) {
+      // The pin ended with the last pending reply (UpstreamPump unpinned), or lasts after all:
+      // the command that waited, and those after it (refused on a pin that lasts, as before).
+      conn_.EndUnpinWait();
+      ProcessClientBytes<kShared>(&hint);
       continue;
     }
     if (conn_.resume()) {

@@ -1687,3 +1687,21 @@ def test_an_idle_keyguard_does_not_poll_for_map_refreshes(shared_cluster):
                 shared_cluster.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE",
                                                               shared_cluster.node_id(owner))
             shared_cluster.wait_agreed()
+
+
+def test_commands_pipelined_behind_a_transaction_reach_every_node(fresh):
+    """A transaction pins the client to its node until EXEC is answered; commands for other nodes
+    pipelined right behind EXEC (or behind a blocking pop) were refused as keys of another node.
+    They now wait for the pin to end, and go where their keys are."""
+    c, kg = fresh
+    keys = keys_on_distinct_nodes(c, prefix="tx:")
+    r = RespConn(kg.port)
+    out = r.exchange(encode("MULTI") + encode("SET", keys[0], "a") + encode("EXEC") + encode("SET", keys[1], "b") +
+                     encode("GET", keys[2]) + encode("MULTI") + encode("SET", keys[2], "c") + encode("EXEC") +
+                     encode("MGET", *keys), replies=9)
+    assert out == (b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n+OK\r\n$-1\r\n+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n" +
+                   encode_reply(["a", "b", "c"])), out
+    out = r.exchange(encode("BLPOP", "{%s}l" % keys[0], "0.2") + encode("GET", keys[1]) + encode("GET", keys[0]),
+                     replies=3)
+    assert out == b"*-1\r\n$1\r\nb\r\n$1\r\na\r\n", out
+    check_stored(c, {keys[0]: "a", keys[1]: "b", keys[2]: "c"})
