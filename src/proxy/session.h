@@ -125,10 +125,6 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   int64_t waiting_since_ns_ = 0;  // since when ClientPump has not read the client (0: it reads)
   bool link_ok_ = true;           // no frame from the link broke the connection (else it closes)
   bool watchdog_armed_ = false;   // a client over its output bound gets a window to read in
-  // The client's progress (ClientProgress) when last looked at, and when it last changed (0: not
-  // seen to change yet).
-  uint64_t progress_seen_ = UINT64_MAX;
-  int64_t progress_changed_ns_ = 0;
   PinReason pin_reason_ = PinReason::kNone;
   Outbox client_out_;
   Outbox upstream_out_;

@@ -137,24 +137,18 @@ bool Session::EndLinkReplies() {
   if (client_out_.backlog() <= bound) [[likely]] {
     return false;
   }
-  // Over its bound. A client that reads is waited for: the link reads on once it is below (as
-  // its own connection would, behind a big reply). One not seen reading is not waited for (any
-  // number of them would stall the link a window each): a watchdog cuts it off if it reads
-  // nothing within a window.
-  const uint64_t progress = ClientProgress();
-  const int64_t now = NowNs();
-  if (progress_seen_ != UINT64_MAX && progress != progress_seen_) progress_changed_ns_ = now;
-  progress_seen_ = progress;
-  const bool reading =
-      progress_changed_ns_ != 0 &&
-      now - progress_changed_ns_ < std::chrono::duration_cast<std::chrono::nanoseconds>(kSlowClientWindow).count();
-  if (reading) return true;
-  // Past 16 times its bound, its replies are not buffered further: the link waits for it, and
-  // cuts it off if it reads nothing within a window.
+  // Over its bound: a watchdog cuts the client off if it takes nothing from its socket within a
+  // window, and looks again after each window in which it took something. The link does not wait
+  // for it meanwhile, whether it reads or not: which of the two it is cannot be told at once (the
+  // kernel takes a first receive window's worth, and acknowledges it late, from a client that
+  // never reads), and a wait of a window for each client misjudged as reading was linear in their
+  // number (10 s for ten). Past 16 times its bound its replies are not buffered further: the link
+  // waits for it (a client that reads, however slowly, is waited for; one that took nothing in a
+  // window is cut off).
   if (client_out_.backlog() > 16 * bound) return true;
   if (!watchdog_armed_) {
     watchdog_armed_ = true;
-    ArmWatchdog(progress);
+    ArmWatchdog(ClientProgress());
   }
   return false;
 }
@@ -195,9 +189,10 @@ void Session::CutOff() {
 
 awaitable<void> Session::WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) {
   auto self = shared_from_this();
-  const size_t low = static_cast<size_t>(worker_.config.max_output_buffer) / 2;
-  // The other clients of the link wait meanwhile: one that writes nothing in a window is cut off;
-  // one that reads, however slowly, is waited for.
+  // Until it is at half the 16 times its bound that made the link wait. The other clients of the
+  // link wait meanwhile: one that takes nothing in a window is cut off; one that reads, however
+  // slowly, is waited for.
+  const size_t low = 8 * static_cast<size_t>(worker_.config.max_output_buffer);
   while (!closed_ && !client_out_.failed() && client_out_.backlog() > low) {
     if (std::chrono::steady_clock::now() >= deadline) {
       if (ClientProgress() == progress) {
