@@ -362,12 +362,14 @@ void ClusterClient::Dispatch(uint64_t seq) {
   ClusterState& c = *worker_.cluster;
   Entry* e = &entries_.At(seq);
   if (!e->split_commands.empty()) {
-    if (!redirected_.empty() && SplitMustWait(seq, *e)) [[unlikely]] {
-      // Behind an earlier command of one of its slots that is being redirected (a SET of a key
-      // this MGET reads): it must not overtake it.
-      e->held = true;
-      ++held_;
-      return;
+    if (!redirected_.empty()) [[unlikely]] {
+      if (const int32_t s = BlockingSlot(seq, *e); s != kAnyNode) {
+        // Behind an earlier command of one of its slots that is being redirected (a SET of a key
+        // this MGET reads): it must not overtake it.
+        e->held = true;
+        Wait(s, Waiter{seq, -1, nullptr});
+        return;
+      }
     }
     // One part per slot; the client gets their merge.
     const size_t n = e->split_commands.size();
@@ -459,10 +461,11 @@ bool ClusterClient::EarlierPending(uint64_t seq, int32_t slot) { return OldestPe
 
 void ClusterClient::SendPartInOrder(uint64_t seq, int part, SharedLink* link) {
   const Entry& e = entries_.At(seq);
-  if (EarlierPending(seq, e.split_slots[static_cast<size_t>(part)])) {
+  const int32_t slot = e.split_slots[static_cast<size_t>(part)];
+  if (EarlierPending(seq, slot)) {
     // (Its slot counts as redirected while it waits: ReleaseHeld runs after each reply.)
     MarkPartRedirected(e, part);
-    held_parts_.push_back(HeldPart{seq, part, link != nullptr ? link->shared_from_this() : nullptr});
+    Wait(slot, Waiter{seq, part, link != nullptr ? link->shared_from_this() : nullptr});
     return;
   }
   SendOrRetry(seq, part, link);
@@ -476,70 +479,94 @@ void ClusterClient::MarkPartRedirected(const Entry& e, int part) {
   if (!Redirected(slot)) redirected_.push_back(slot);
 }
 
-bool ClusterClient::SplitMustWait(uint64_t seq, const Entry& e) {
+int32_t ClusterClient::BlockingSlot(uint64_t seq, const Entry& e) {
   for (int32_t s : e.split_slots) {
-    if (Redirected(s) && EarlierPending(seq, s)) return true;
+    if (Redirected(s) && EarlierPending(seq, s)) return s;
   }
-  return false;
+  return kAnyNode;
+}
+
+void ClusterClient::Wait(int32_t slot, Waiter w) {
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const SlotWaiters& x) { return x.slot == slot; });
+  if (it == waiting_.end()) it = waiting_.insert(waiting_.end(), SlotWaiters{slot, {}});
+  std::deque<Waiter>& q = it->q;
+  // Mostly at the back (a new command); a command redirected while those after it wait goes in
+  // front of them.
+  auto pos = q.end();
+  while (pos != q.begin() && std::prev(pos)->seq > w.seq) --pos;
+  q.insert(pos, std::move(w));
 }
 
 void ClusterClient::Hold(uint64_t seq) {
   Entry& e = entries_.At(seq);
   if (!e.held) {
     e.held = true;
-    ++held_;
+    Wait(e.slot, Waiter{seq, -1, nullptr});
   }
   if (!Redirected(e.slot)) redirected_.push_back(e.slot);
 }
 
 void ClusterClient::ReleaseHeld() {
-  if (redirected_.empty() && held_parts_.empty()) return;
-  // Each held command goes once every earlier command of its slot is answered: a slot's
-  // commands reach its new node in the client's order, one after the other while it moves.
+  if (redirected_.empty() && waiting_.empty()) return;
+  // Each waiting command goes once every earlier command of its slot is answered: a slot's
+  // commands reach its new node in the client's order, one after the other while it moves. Passes
+  // over the queues' heads until none moves (a command failed or sent in one queue can let
+  // another's head go); a head held again (its node still down) is not looked at again here.
+  std::vector<int32_t> stalled;   // slots whose head was held again in this call
   std::vector<int32_t> given_up;  // slots whose node did not come back in time: their held commands fail
-  for (uint64_t q = entries_.front_seq(); held_ != 0 && q != entries_.tail_seq(); ++q) {
-    Entry& e = entries_.At(q);
-    if (!e.held) continue;
-    if (!e.split_commands.empty()) {
-      if (SplitMustWait(q, e)) continue;
-      e.held = false;
-      --held_;
-      Dispatch(q);  // (every part, none of which went before)
-      continue;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < waiting_.size(); ++i) {
+      const int32_t slot = waiting_[i].slot;
+      if (std::find(stalled.begin(), stalled.end(), slot) != stalled.end()) continue;
+      // (waiting_[i] is looked up again after each call below: Wait may grow waiting_.)
+      while (!waiting_[i].q.empty() && !EarlierPending(waiting_[i].q.front().seq, slot)) {
+        Waiter w = std::move(waiting_[i].q.front());
+        waiting_[i].q.pop_front();
+        moved = true;
+        Entry& e = entries_.At(w.seq);
+        if (w.part >= 0) {
+          SendOrRetry(w.seq, w.part, w.link.get());
+          continue;
+        }
+        if (!e.split_commands.empty()) {
+          if (const int32_t s = BlockingSlot(w.seq, e); s != kAnyNode) {
+            Wait(s, std::move(w));  // behind the next of its slots
+          } else {
+            e.held = false;
+            Dispatch(w.seq);  // (every part, none of which went before)
+          }
+          continue;
+        }
+        e.held = false;
+        SharedLink* l = e.ask_link != nullptr ? e.ask_link.get() : LinkForSlot(e.slot);
+        if (std::find(given_up.begin(), given_up.end(), slot) != given_up.end()) {
+          Fail(&e, 0, NodeUnavailable(l));
+        } else if (Send(w.seq, 0, l, e.ask_link != nullptr)) {
+          continue;
+        } else if (e.tries < kMaxTryAgain) {
+          Hold(w.seq);  // (at the head again)
+          ++e.tries;
+          ArmHoldTimer(e.tries);
+          stalled.push_back(slot);
+          break;
+        } else {
+          Fail(&e, 0, NodeUnavailable(l));
+          given_up.push_back(slot);
+        }
+      }
     }
-    if (EarlierPending(q, e.slot)) continue;
-    e.held = false;
-    --held_;
-    SharedLink* l = e.ask_link != nullptr ? e.ask_link.get() : LinkForSlot(e.slot);
-    if (std::find(given_up.begin(), given_up.end(), e.slot) != given_up.end()) {
-      Fail(&e, 0, NodeUnavailable(l));
-    } else if (Send(q, 0, l, e.ask_link != nullptr)) {
-      continue;
-    } else if (e.tries < kMaxTryAgain) {
-      Hold(q);
-      ++e.tries;
-      ArmHoldTimer(e.tries);
-    } else {
-      Fail(&e, 0, NodeUnavailable(l));
-      given_up.push_back(e.slot);
-    }
+    std::erase_if(waiting_, [](const SlotWaiters& x) { return x.q.empty(); });
   }
-  // Parts of split commands sent again once their slot's earlier commands are answered (after
-  // the commands above: one that failed there lets a part go now).
-  for (size_t i = 0; i < held_parts_.size();) {
-    const uint64_t seq = held_parts_[i].seq;
-    const int part = held_parts_[i].part;
-    if (EarlierPending(seq, entries_.At(seq).split_slots[static_cast<size_t>(part)])) {
-      ++i;
-      continue;
-    }
-    const std::shared_ptr<SharedLink> link = std::move(held_parts_[i].link);
-    held_parts_.erase(held_parts_.begin() + static_cast<std::ptrdiff_t>(i));
-    SendOrRetry(seq, part, link.get());
-  }
-  // A slot none of whose commands is pending any more is an ordinary one again.
+  // A slot none of whose commands is pending any more is an ordinary one again. (Its cursor is
+  // kept while commands are in flight: it is still right, and a slot redirected again would
+  // otherwise be looked for from the front.)
   std::erase_if(redirected_, [&](int32_t slot) { return OldestPending(slot) == entries_.tail_seq(); });
-  std::erase_if(cursors_, [&](const auto& c) { return !Redirected(c.first); });
+  if (entries_.empty()) {
+    cursors_.clear();
+  } else if (cursors_.size() > 64) {
+    std::erase_if(cursors_, [&](const auto& c) { return !Redirected(c.first); });
+  }
 }
 
 void ClusterClient::ArmHoldTimer(int tries) {

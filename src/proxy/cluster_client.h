@@ -77,7 +77,7 @@ class ClusterClient final : public LinkClient {
     cluster::Merge merge = cluster::Merge::kNone;
     bool scan = false;
     bool read = false;    // read-only: a replica may serve it (cluster.read_from)
-    bool held = false;    // waits (ReleaseHeld) behind earlier commands of its slot being redirected
+    bool held = false;    // in waiting_ (ReleaseHeld), behind earlier commands of a redirected slot
     size_t buffered = 0;  // reply bytes kept for it (buffered_)
     int scan_node = 0;
     uint32_t redirects = 0;
@@ -159,27 +159,35 @@ class ClusterClient final : public LinkClient {
   bool Redirected(int32_t slot) const;
   bool EarlierPending(uint64_t seq, int32_t slot);
   // The oldest unanswered command of `slot` (tail_seq() when none), found from a cursor kept per
-  // slot (cursors_) while the slot is redirected: amortized O(1), not a scan from the front.
+  // slot (cursors_): amortized O(1), not a scan from the front.
   uint64_t OldestPending(int32_t slot);
   std::vector<std::pair<int32_t, uint64_t>> cursors_;
   // Whether `e` goes to `slot`: its own, or one of its parts' (a command split by slot).
   static bool Covers(const Entry& e, int32_t slot) {
     return e.slot == slot || std::find(e.split_slots.begin(), e.split_slots.end(), slot) != e.split_slots.end();
   }
-  // A split command one of whose slots has an earlier command being redirected: the whole
-  // command waits (ReleaseHeld sends its parts once none of its slots has one).
-  bool SplitMustWait(uint64_t seq, const Entry& e);
+  // The first of a split command's slots that has an earlier command being redirected
+  // (kAnyNode: none): the whole command waits behind it, then behind the next such slot.
+  int32_t BlockingSlot(uint64_t seq, const Entry& e);
   void MarkPartRedirected(const Entry& e, int part);
   // Sends part `part` of split command `seq` again (to `link`) once no earlier command of its slot
-  // is pending: at once, or from ReleaseHeld (held_parts_).
+  // is pending: at once, or from ReleaseHeld.
   void SendPartInOrder(uint64_t seq, int part, SharedLink* link);
-  // Parts waiting in SendPartInOrder, with the link each goes to (the redirection's target).
-  struct HeldPart {
+  // What waits behind an earlier command of a redirected slot, per slot in the client's order: a
+  // held command, or a part of a split command sent again (`part`, to `link`). Only a queue's head
+  // can be next (the head is itself pending), so ReleaseHeld looks at the heads alone: a client
+  // with many commands in flight while their slot moves costs O(1) per reply, not a walk of all.
+  struct Waiter {
     uint64_t seq;
-    int part;
+    int part;  // -1: the whole command
     std::shared_ptr<SharedLink> link;
   };
-  std::vector<HeldPart> held_parts_;
+  struct SlotWaiters {
+    int32_t slot;
+    std::deque<Waiter> q;  // by seq
+  };
+  std::vector<SlotWaiters> waiting_;
+  void Wait(int32_t slot, Waiter w);
   void Hold(uint64_t seq);
   void ReleaseHeld();
   // ReleaseHeld again in 10 ms x `tries` (one timer for the client).
@@ -196,7 +204,6 @@ class ClusterClient final : public LinkClient {
   bool resp3_ = false;               // set_resp3
   bool overflowed_ = false;
   std::function<void()> on_overflow_;
-  uint32_t held_ = 0;  // entries held
   bool hold_timer_armed_ = false;
   SharedLink* from_ = nullptr;  // the link whose replies are being handed over
   bool run_open_ = false;       // the session's Begin was called, its End is due
