@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds keyguard. usage: scripts/build.sh [release|asan|fuzz]   (default release, into build/)
+# Builds keyguard. usage: scripts/build.sh [release|asan|fuzz] [TARGET...]   (default release, into
+# build/; release builds every target unless TARGETs are named)
 # asan is GCC with ASan+UBSan (clang 14 + Boost 1.74 Asio lack C++20 coroutine support together);
 # fuzz is clang with libFuzzer: the framers (framer_fuzz) and the config load path (config_fuzz);
 # no Asio in either.
@@ -8,9 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-release}
+shift || true
 case "$kind" in
   release) cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEYGUARD_TESTS="${KEYGUARD_TESTS:-ON}" \
-            >/dev/null && ninja -C build ;;
+            >/dev/null && ninja -C build "$@" ;;
   # -O1 -g1: sanitizer reports keep file:line, and the build takes a fraction of -O2 -g; only what
   # the sanitizer pass runs (the binary, the gtest suites, the key-spec differential helper).
   asan) cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh run
-bash scripts/build.sh release >/dev/null
+bash scripts/build.sh release keyguard >/dev/null
 args=("$@")
 
 # The value of a flag given as `--flag VALUE` or `--flag=VALUE` (the last one wins, as in keyguard).
