@@ -137,24 +137,24 @@ bool Session::EndLinkReplies() {
   if (client_out_.backlog() <= bound) [[likely]] {
     return false;
   }
-  // Over its bound: a watchdog cuts the client off if it takes nothing from its socket within a
-  // window, and looks again after each window in which it took something. The link does not wait
-  // for it meanwhile, whether it reads or not: which of the two it is cannot be told at once (the
-  // kernel takes a first receive window's worth, and acknowledges it late, from a client that
-  // never reads), and a wait of a window for each client misjudged as reading was linear in their
-  // number (10 s for ten). Past 16 times its bound its replies are not buffered further: the link
-  // waits for it (a client that reads, however slowly, is waited for; one that took nothing in a
-  // window is cut off).
-  if (client_out_.backlog() > 16 * bound) return true;
+  // Over its bound: a watchdog cuts the client off if it takes nothing from its socket within
+  // kSlowClientGrace, and looks again after each such window in which it took something, until it
+  // is below its bound. The link does not wait for it meanwhile, whether it reads or not: which of
+  // the two it is cannot be told at once (the kernel takes a first receive window's worth, and
+  // acknowledges it late, from a client that never reads), and a wait of a window for each client
+  // misjudged as reading was linear in their number (10 s for ten). Past 16 times its bound its
+  // replies are not buffered further: the link waits for it (a client that reads, however slowly,
+  // is waited for; one that took nothing in kSlowClientWindow is cut off). The watchdog is armed
+  // then too: a client that stops reading once the link reads on is still cut off.
   if (!watchdog_armed_) {
     watchdog_armed_ = true;
     ArmWatchdog(ClientProgress());
   }
-  return false;
+  return client_out_.backlog() > 16 * bound;
 }
 
 void Session::ArmWatchdog(uint64_t progress) {
-  auto timer = std::make_shared<Timer>(worker_.io, kSlowClientWindow);
+  auto timer = std::make_shared<Timer>(worker_.io, kSlowClientGrace);
   std::weak_ptr<Session> weak = shared_from_this();
   timer->async_wait([weak, timer, progress](error_code e) {
     auto s = weak.lock();
@@ -189,10 +189,11 @@ void Session::CutOff() {
 
 awaitable<void> Session::WaitForClient(uint64_t progress, std::chrono::steady_clock::time_point deadline) {
   auto self = shared_from_this();
-  // Until it is at half the 16 times its bound that made the link wait. The other clients of the
-  // link wait meanwhile: one that takes nothing in a window is cut off; one that reads, however
-  // slowly, is waited for.
-  const size_t low = 8 * static_cast<size_t>(worker_.config.max_output_buffer);
+  // Until it is a bound below the 16 times its bound that made the link wait (the others wait a
+  // bound's worth of its reading at a time, not more). The other clients of the link wait
+  // meanwhile: one that takes nothing in a window is cut off; one that reads, however slowly, is
+  // waited for.
+  const size_t low = 15 * static_cast<size_t>(worker_.config.max_output_buffer);
   while (!closed_ && !client_out_.failed() && client_out_.backlog() > low) {
     if (std::chrono::steady_clock::now() >= deadline) {
       if (ClientProgress() == progress) {

@@ -281,3 +281,70 @@ def test_a_client_that_reads_slowly_gets_every_byte_and_memory_stays_bounded():
     finally:
         kg.stop()
         server.stop()
+
+
+def _shared_with_bound(bound):
+    from conftest import Keyguard, Redis
+    from test_shared_upstream import SHARED
+    server = Redis()
+    return server, Keyguard(server.port, config=SHARED + "limits:\n  max_output_buffer: %d\n" % bound, threads=1)
+
+
+def test_a_client_that_stops_reading_once_the_link_reads_on_is_cut_off():
+    """One reply takes a client past 16 times its bound: the link waits for it while it reads,
+    then reads on; the client stops reading with its replies still over its bound. No watchdog
+    was armed on that path (found by helper-40), so it held them for as long as it stayed
+    connected; now it is cut off after the grace of a client nobody waits for (10 s)."""
+    import select
+    server, kg = _shared_with_bound(65536)
+    try:
+        size = 8 << 20
+        redis.Redis(port=server.port).set("big", b"b" * size)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        s.connect(("127.0.0.1", kg.port))
+        s.sendall(encode("GET", "big"))
+        time.sleep(0.3)
+        v = socket.create_connection(("127.0.0.1", kg.port))
+        v.sendall(encode("PING"))
+        got = 0
+        while not select.select([v], [], [], 0.02)[0]:  # reads until the link reads on
+            got += len(s.recv(16384))
+        assert v.recv(100) == b"+PONG\r\n"
+        assert got < size  # it stops reading with replies owed
+        assert kg.events("slow_client_closed") == []
+        closed = wait_until(lambda: kg.events("slow_client_closed"), "the client that stopped reading cut off")
+        assert closed[0]["unsent_bytes"] > 65536
+        s.close()
+        v.close()
+    finally:
+        kg.stop()
+        server.stop()
+
+
+def test_a_client_reading_16_kb_a_second_is_not_cut_off():
+    """A client that reads steadily but slowly (4 KB every 0.25 s) with its socket's default
+    buffers: its kernel reopens its receive window only once about 64 KB are free, so what
+    keyguard sees of its reading (the bytes its kernel acknowledged) stands still for ~4 s at a
+    time. It was cut off after a second as a client that does not read (found by helper-40).
+    (12 MiB owed: below 16 times the default bound, so the link does not wait for it; past that,
+    the link's other clients wait, and a second without a sign of reading cuts it off.)"""
+    server, kg = _shared_with_bound(1 << 20)
+    try:
+        big = b"q" * (1 << 20)
+        redis.Redis(port=server.port).set("big", big)
+        s = socket.create_connection(("127.0.0.1", kg.port))
+        s.sendall(encode("GET", "big") * 12)
+        got = bytearray()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 7:
+            time.sleep(0.25)
+            chunk = s.recv(4096)
+            assert chunk, "cut off after %d bytes in %.1f s" % (len(got), time.monotonic() - t0)
+            got += chunk
+        assert bytes(got) == (b"$1048576\r\n" + big)[:len(got)]
+        assert kg.events("slow_client_closed") == []
+        s.close()
+    finally:
+        kg.stop()
+        server.stop()
