@@ -171,6 +171,13 @@ void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {
 // ---------------------------------------------------------------------------------------------
 // ClusterClient
 
+namespace {
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 ClusterClient::ClusterClient(Worker& worker, LinkClient& session) : worker_(worker), session_(session) {}
 
 ClusterClient::~ClusterClient() {
@@ -181,6 +188,7 @@ ClusterClient::~ClusterClient() {
 void ClusterClient::Detach() {
   for (LinkQueue& q : queues_) q.link->Forget(this);
   queues_.clear();
+  if (buffered_wait_ != nullptr) buffered_wait_->cancel();
 }
 
 bool ClusterClient::ready() const {
@@ -199,7 +207,19 @@ awaitable<void> ClusterClient::WaitBelow(size_t limit) {
   for (const LinkQueue& q : queues_) {
     if (busiest == nullptr || q.link->backlog() > busiest->backlog()) busiest = q.link.get();
   }
-  if (busiest != nullptr) co_await busiest->WaitBelow(limit);
+  if (busiest != nullptr && busiest->backlog() > limit) {
+    co_await busiest->WaitBelow(limit);
+  } else if (buffered_ > limit && buffered_wait_ == nullptr) {
+    // Replies kept for their turn (behind a node that answers late): until they are handed over.
+    // (Returning at once would have the pump spin, never back in the event loop that reads the
+    // late node's reply.)
+    Timer wait(worker_.io, std::chrono::steady_clock::time_point::max());
+    buffered_wait_ = &wait;
+    buffered_low_ = limit;
+    error_code ignored;
+    co_await wait.async_wait(AwaitEc(ignored));
+    buffered_wait_ = nullptr;
+  }
 }
 
 ClusterClient::LinkQueue& ClusterClient::QueueOf(SharedLink* link) {
@@ -261,6 +281,8 @@ void ClusterClient::Entry::Reset() {
   buffered = 0;
   scan_node = 0;
   redirects = tries = 0;
+  part_tries.clear();
+  retry_at = 0;
   ask_link = nullptr;
   parts_left = 1;
   parts.clear();
@@ -365,8 +387,12 @@ void ClusterClient::Dispatch(uint64_t seq) {
     if (!redirected_.empty()) [[unlikely]] {
       if (const int32_t s = BlockingSlot(seq, *e); s != kAnyNode) {
         // Behind an earlier command of one of its slots that is being redirected (a SET of a key
-        // this MGET reads): it must not overtake it.
+        // this MGET reads): it must not overtake it. Its other slots count as redirected too, so
+        // that a later command of one of them waits behind it in turn.
         e->held = true;
+        for (int32_t other : e->split_slots) {
+          if (!Redirected(other)) redirected_.push_back(other);
+        }
         Wait(s, Waiter{seq, -1, nullptr});
         return;
       }
@@ -374,6 +400,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
     // One part per slot; the client gets their merge.
     const size_t n = e->split_commands.size();
     e->parts.assign(n, std::string());
+    e->part_tries.assign(n, 0);
     e->parts_left = static_cast<int>(n);
     for (size_t i = 0; i < n; ++i) {
       SharedLink* l = LinkForSlot(e->split_slots[i]);
@@ -384,6 +411,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
   if (e->slot == kEveryNode) {
     const size_t n = c.map != nullptr ? c.map->primaries.size() : 0;
     e->parts.assign(n, std::string());
+    e->part_tries.assign(n, 0);
     e->parts_left = static_cast<int>(n);
     if (n == 0) {
       e->done = true;
@@ -432,9 +460,8 @@ void ClusterClient::Dispatch(uint64_t seq) {
   // The node is down, still connecting or unknown: the command waits, and those after it for
   // the same slot wait behind it.
   if (worker_.cluster->refresh) worker_.cluster->refresh();
-  Hold(seq);
   ++e->tries;
-  ArmHoldTimer(e->tries);
+  HoldForRetry(seq);
 }
 
 bool ClusterClient::Redirected(int32_t slot) const {
@@ -492,9 +519,12 @@ void ClusterClient::Wait(int32_t slot, Waiter w) {
   std::deque<Waiter>& q = it->q;
   // Mostly at the back (a new command); a command redirected while those after it wait goes in
   // front of them.
-  auto pos = q.end();
-  while (pos != q.begin() && std::prev(pos)->seq > w.seq) --pos;
-  q.insert(pos, std::move(w));
+  if (q.empty() || q.back().seq < w.seq) {
+    q.push_back(std::move(w));
+    return;
+  }
+  q.insert(std::upper_bound(q.begin(), q.end(), w.seq, [](uint64_t seq, const Waiter& x) { return seq < x.seq; }),
+           std::move(w));
 }
 
 void ClusterClient::Hold(uint64_t seq) {
@@ -514,6 +544,7 @@ void ClusterClient::ReleaseHeld() {
   // another's head go); a head held again (its node still down) is not looked at again here.
   std::vector<int32_t> stalled;   // slots whose head was held again in this call
   std::vector<int32_t> given_up;  // slots whose node did not come back in time: their held commands fail
+  int64_t now = 0;                // (read when first needed)
   for (bool moved = true; moved;) {
     moved = false;
     for (size_t i = 0; i < waiting_.size(); ++i) {
@@ -521,6 +552,17 @@ void ClusterClient::ReleaseHeld() {
       if (std::find(stalled.begin(), stalled.end(), slot) != stalled.end()) continue;
       // (waiting_[i] is looked up again after each call below: Wait may grow waiting_.)
       while (!waiting_[i].q.empty() && !EarlierPending(waiting_[i].q.front().seq, slot)) {
+        if (const int64_t at = entries_.At(waiting_[i].q.front().seq).retry_at; at != 0) {
+          // Held after its node could not take it (or TRYAGAIN): not again before its pause is
+          // over, however many other replies come meanwhile (each would spend a try).
+          if (now == 0) now = SteadyNs();
+          if (now < at) {
+            ArmHoldTimer(std::chrono::milliseconds((at - now) / 1000000 + 1));
+            stalled.push_back(slot);
+            break;
+          }
+          entries_.At(waiting_[i].q.front().seq).retry_at = 0;
+        }
         Waiter w = std::move(waiting_[i].q.front());
         waiting_[i].q.pop_front();
         moved = true;
@@ -545,9 +587,8 @@ void ClusterClient::ReleaseHeld() {
         } else if (Send(w.seq, 0, l, e.ask_link != nullptr)) {
           continue;
         } else if (e.tries < kMaxTryAgain) {
-          Hold(w.seq);  // (at the head again)
           ++e.tries;
-          ArmHoldTimer(e.tries);
+          HoldForRetry(w.seq);  // (at the head again)
           stalled.push_back(slot);
           break;
         } else {
@@ -569,10 +610,18 @@ void ClusterClient::ReleaseHeld() {
   }
 }
 
-void ClusterClient::ArmHoldTimer(int tries) {
+void ClusterClient::HoldForRetry(uint64_t seq) {
+  Entry& e = entries_.At(seq);
+  Hold(seq);
+  const std::chrono::milliseconds pause(10 * e.tries);
+  e.retry_at = SteadyNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
+  ArmHoldTimer(pause);
+}
+
+void ClusterClient::ArmHoldTimer(std::chrono::milliseconds after) {
   if (hold_timer_armed_) return;
   hold_timer_armed_ = true;
-  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * tries));
+  auto timer = std::make_shared<Timer>(worker_.io, after);
   std::weak_ptr<bool> alive = alive_;
   timer->async_wait([this, alive, timer](error_code ec) {
     auto a = alive.lock();
@@ -646,6 +695,7 @@ void ClusterClient::DeliverReady() {
       Deliver(std::string_view(reply.data(), reframer_.consumed()), reframer_);
     }
   }
+  if (buffered_wait_ != nullptr && buffered_ <= buffered_low_) buffered_wait_->cancel();
 }
 
 void ClusterClient::OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) {
@@ -695,13 +745,15 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       } else {
         SendOrRetry(seq, part, target);
       }
+      // (Out of tries, the part failed: the command may be complete, and those behind it free.)
+      ReleaseHeld();
+      DeliverReady();
       return;
-    } else if (text.starts_with("TRYAGAIN") && e->tries < kMaxTryAgain) {
-      ++e->tries;
+    } else if (text.starts_with("TRYAGAIN") && TriesOf(*e, part) < kMaxTryAgain) {
+      ++TriesOf(*e, part);
       e->ask_link = nullptr;
       if (Single(*e)) {
-        Hold(seq);
-        ArmHoldTimer(e->tries);
+        HoldForRetry(seq);
         return;
       }
       MarkPartRedirected(*e, part);
@@ -755,8 +807,8 @@ void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
   // The node is down, still connecting, or not known: ask for the map, and try again a little
   // later (10 ms more each time, about 2 s in all) before the command gets an error.
   if (worker_.cluster->refresh) worker_.cluster->refresh();
-  if (e->tries < kMaxTryAgain) {
-    ++e->tries;
+  if (uint8_t& tries = TriesOf(*e, part); tries < kMaxTryAgain) {
+    ++tries;
     RetryLater(seq, part);
     return;
   }
@@ -764,7 +816,7 @@ void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
 }
 
 void ClusterClient::RetryLater(uint64_t seq, int part) {
-  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * entries_.At(seq).tries));
+  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * TriesOf(entries_.At(seq), part)));
   std::weak_ptr<bool> alive = alive_;
   timer->async_wait([this, alive, timer, seq, part](error_code ec) {
     auto a = alive.lock();

@@ -11,6 +11,7 @@
 // replies through the session's own LinkClient calls, as one link would.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -81,7 +82,9 @@ class ClusterClient final : public LinkClient {
     size_t buffered = 0;  // reply bytes kept for it (buffered_)
     int scan_node = 0;
     uint32_t redirects = 0;
-    uint8_t tries = 0;
+    uint8_t tries = 0;                // a single command's (a part's: part_tries)
+    std::vector<uint8_t> part_tries;  // fanned out or split: each part's, its own budget
+    int64_t retry_at = 0;             // held after its node could not take it: not tried before (steady ns)
     // The node an ASK named: tries go there, ASKING first. Held, so that a link retired while
     // the entry waits (held behind its slot's earlier commands) is not freed under it.
     std::shared_ptr<SharedLink> ask_link;
@@ -190,8 +193,16 @@ class ClusterClient final : public LinkClient {
   void Wait(int32_t slot, Waiter w);
   void Hold(uint64_t seq);
   void ReleaseHeld();
-  // ReleaseHeld again in 10 ms x `tries` (one timer for the client).
-  void ArmHoldTimer(int tries);
+  // ReleaseHeld again after `after` (one timer for the client: one armed already stands).
+  void ArmHoldTimer(std::chrono::milliseconds after);
+  // Holds single command `seq`, whose node could not take it (or answered TRYAGAIN), until a
+  // pause of 10 ms x its tries is over (Entry::retry_at).
+  void HoldForRetry(uint64_t seq);
+  // The tries of `e`'s part `part` (a single command: its own).
+  static uint8_t& TriesOf(Entry& e, int part) {
+    return part >= 0 && static_cast<size_t>(part) < e.part_tries.size() ? e.part_tries[static_cast<size_t>(part)]
+                                                                        : e.tries;
+  }
 
   Worker& worker_;
   LinkClient& session_;
@@ -201,7 +212,10 @@ class ClusterClient final : public LinkClient {
   uint64_t retirements_seen_ = 0;    // ClusterState::retirements at the last DropRetiredQueues
   std::vector<int32_t> redirected_;  // see Redirected
   size_t buffered_ = 0;              // bytes of replies kept until their turn
-  bool resp3_ = false;               // set_resp3
+  // WaitBelow's wait while buffered_ is over `buffered_low_` (DeliverReady ends it).
+  Timer* buffered_wait_ = nullptr;
+  size_t buffered_low_ = 0;
+  bool resp3_ = false;  // set_resp3
   bool overflowed_ = false;
   std::function<void()> on_overflow_;
   bool hold_timer_armed_ = false;

@@ -1705,3 +1705,103 @@ def test_commands_pipelined_behind_a_transaction_reach_every_node(fresh):
                      replies=3)
     assert out == b"*-1\r\n$1\r\nb\r\n$1\r\na\r\n", out
     check_stored(c, {keys[0]: "a", keys[1]: "b", keys[2]: "c"})
+
+
+# --- from a review of the held-command queues (helper-40) ----------------------------------------
+
+def test_a_split_command_waiting_whole_keeps_its_place_in_its_other_slots(fresh):
+    """SET a 1 is sent again (ASK) to a node that answers late; MSET a 2 b 2 waits whole behind it.
+    SET b 3, sent after the MSET, used to go at once (b's slot was not marked), so the MSET's b
+    part ran after it and b ended as 2: the client's order says 3."""
+    c, kg = fresh
+    a, other, b = keys_on_distinct_nodes(c, prefix="ov")
+    slot = c.keyslot(a)
+    src, tgt = c.node_for_key(a), c.node_for_key(other)
+    c.node(tgt).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(src))
+    c.node(src).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(tgt))
+    try:
+        assert client(kg).set(b, "0") is True
+        conn = RespConn(kg.port, timeout=30)
+        sleeper = threading.Thread(target=lambda: c.node(tgt).client.execute_command("DEBUG", "SLEEP", "1"))
+        sleeper.start()
+        time.sleep(0.1)
+        conn.sock.sendall(encode("SET", a, "1"))  # ASK (a is not on src), then ASKING + SET on tgt
+        time.sleep(0.2)
+        conn.sock.sendall(encode("MSET", a, "2", b, "2") + encode("SET", b, "3"))
+        assert [conn.read()[1] for _ in range(3)] == [b"+OK\r\n"] * 3
+        sleeper.join()
+        assert c.node(c.node_for_key(b)).client.get(b) == "3"
+        # a, on the importing node (ASKING: the slot is still importing), holds the MSET's 2.
+        assert RespConn(tgt).exchange(encode("ASKING") + encode("GET", a), replies=2) == b"+OK\r\n$1\r\n2\r\n"
+    finally:
+        for p in (src, tgt):
+            c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", c.node_id(src))
+
+
+def test_a_split_command_with_many_parts_on_connecting_links_waits_for_them(fresh):
+    """A RESP3 client's first MGET (the nodes' RESP3 links are made on first use): each part that
+    could not go yet spent one of the command's 20 tries, so an MGET of 120 keys failed at once
+    with `cluster node ... unavailable` on a healthy cluster. Each part has its own tries now."""
+    c, _ = fresh
+    with keyguard_for(c) as kg:
+        keys = ["mk%d" % i for i in range(120)]
+        assert client(kg).mset({k: k for k in keys}) is True
+        conn = RespConn(kg.port)
+        assert conn.exchange(encode("HELLO", "3"), replies=1).startswith(b"%")
+        conn.send_raw(encode("MGET", *keys))
+        assert conn.value() == [k.encode() for k in keys]
+        conn.close()
+
+
+def test_replies_kept_for_their_turn_past_the_bound_do_not_spin_the_worker(fresh):
+    """Replies from a fast node kept behind a slow one (DEBUG SLEEP) past limits.max_output_buffer:
+    the client's next command made its pump wait on the links' output, which was empty, so it
+    returned at once and the worker spun (2.0 s of CPU in 2 s) and served nobody again. Now the
+    pump waits until the kept replies are handed over."""
+    c, _ = fresh
+    import os
+    with keyguard_for(c, config="limits:\n  max_output_buffer: 65536\n") as kg:
+        slow, fast, _ = keys_on_distinct_nodes(c, prefix="sp")
+        assert client(kg).set(fast, "x" * 100000) is True
+        conn = RespConn(kg.port, timeout=30)
+        sleeper = threading.Thread(target=lambda: c.client_for_key(slow).execute_command("DEBUG", "SLEEP", "1"))
+        sleeper.start()
+        time.sleep(0.1)
+        conn.sock.sendall(encode("GET", slow) + encode("GET", fast) * 3)  # 300 kB kept for their turn
+        time.sleep(0.3)
+
+        def cpu():
+            with open("/proc/%d/stat" % kg.proc.pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        cpu0, t0 = cpu(), time.monotonic()
+        conn.sock.sendall(encode("PING"))
+        sleeper.join()
+        assert conn.read()[1] == b"$-1\r\n"
+        for _ in range(3):
+            assert conn.read()[1] == b"$100000\r\n" + b"x" * 100000 + b"\r\n"
+        assert conn.read()[1] == b"+PONG\r\n"
+        used, took = cpu() - cpu0, time.monotonic() - t0
+        assert used < took / 2, "keyguard used %.2f s of CPU in %.2f s" % (used, took)
+        assert RespConn(kg.port, timeout=10).call("PING") == "PONG"
+        conn.close()
+
+
+def test_a_held_command_keeps_its_pause_whatever_other_replies_come(fresh):
+    """A command whose node's connection is being made again is held for a pause of 10 ms per
+    try; every reply from another node tried it again at once and spent a try, so behind 300 GETs
+    it failed within milliseconds instead of waiting for the node."""
+    c, _ = fresh
+    with keyguard_for(c) as kg:
+        k0, k1, _ = keys_on_distinct_nodes(c, prefix="bt")
+        assert client(kg).set(k1, "v") is True
+        conn = RespConn(kg.port, timeout=30)
+        for _ in range(3):
+            c.node(c.node_for_key(k0)).client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            time.sleep(0.02)
+            conn.sock.sendall(encode("SET", k0, "x") + encode("GET", k1) * 300)
+            assert conn.read()[1] == b"+OK\r\n"
+            for _ in range(300):
+                assert conn.read()[1] == b"$1\r\nv\r\n"
+        conn.close()
