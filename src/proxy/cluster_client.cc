@@ -203,9 +203,9 @@ size_t ClusterClient::backlog() const {
 }
 
 awaitable<void> ClusterClient::WaitBelow(size_t limit) {
-  SharedLink* busiest = nullptr;
+  SharedLink* busiest = nullptr;  // (of the links that are up: a down one's output waits for nothing)
   for (const LinkQueue& q : queues_) {
-    if (busiest == nullptr || q.link->backlog() > busiest->backlog()) busiest = q.link.get();
+    if (q.link->up() && (busiest == nullptr || q.link->backlog() > busiest->backlog())) busiest = q.link.get();
   }
   if (busiest != nullptr && busiest->backlog() > limit) {
     co_await busiest->WaitBelow(limit);
@@ -219,6 +219,12 @@ awaitable<void> ClusterClient::WaitBelow(size_t limit) {
     error_code ignored;
     co_await wait.async_wait(AwaitEc(ignored));
     buffered_wait_ = nullptr;
+  } else {
+    // Over the bound by a link that is down (its output is dropped once its aborted write
+    // completes, in the event loop): back to the loop for a moment rather than spin.
+    Timer pause(worker_.io, std::chrono::milliseconds(1));
+    error_code ignored;
+    co_await pause.async_wait(AwaitEc(ignored));
   }
 }
 
@@ -391,7 +397,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
         // that a later command of one of them waits behind it in turn.
         e->held = true;
         for (int32_t other : e->split_slots) {
-          if (!Redirected(other)) redirected_.push_back(other);
+          redirected_.insert(other);
         }
         Wait(s, Waiter{seq, -1, nullptr});
         return;
@@ -464,23 +470,26 @@ void ClusterClient::Dispatch(uint64_t seq) {
   HoldForRetry(seq);
 }
 
-bool ClusterClient::Redirected(int32_t slot) const {
-  return std::find(redirected_.begin(), redirected_.end(), slot) != redirected_.end();
-}
+bool ClusterClient::Redirected(int32_t slot) const { return redirected_.contains(slot); }
 
 uint64_t ClusterClient::OldestPending(int32_t slot) {
   // Entries before a slot's cursor are answered or not of the slot, for good (an answered entry
   // stays so until it leaves the front; a command's slots never change): the cursor only moves
   // on, so each entry is looked at about once per slot while the slot is redirected.
-  auto it = std::find_if(cursors_.begin(), cursors_.end(), [&](const auto& c) { return c.first == slot; });
-  if (it == cursors_.end()) it = cursors_.insert(cursors_.end(), {slot, entries_.front_seq()});
-  uint64_t q = std::max(it->second, entries_.front_seq());
+  Cursor& cur = cursors_.try_emplace(slot, Cursor{entries_.front_seq(), false}).first->second;
+  // The entry the cursor stopped at covered the slot then, and does for good: while it is pending,
+  // it is the answer, without looking at its slots again (a split command's may be thousands).
+  if (cur.at_cover && cur.seq >= entries_.front_seq() && cur.seq != entries_.tail_seq() && !entries_.At(cur.seq).done) {
+    return cur.seq;
+  }
+  uint64_t q = std::max(cur.seq, entries_.front_seq());
   while (q != entries_.tail_seq()) {
     const Entry& x = entries_.At(q);
     if (!x.done && Covers(x, slot)) break;
     ++q;
   }
-  it->second = q;
+  cur.seq = q;
+  cur.at_cover = q != entries_.tail_seq();
   return q;
 }
 
@@ -503,7 +512,7 @@ void ClusterClient::MarkPartRedirected(const Entry& e, int part) {
   // migrated): later commands of its slot wait behind it (ReleaseHeld), as behind a single one.
   if (part < 0 || static_cast<size_t>(part) >= e.split_slots.size()) return;
   const int32_t slot = e.split_slots[static_cast<size_t>(part)];
-  if (!Redirected(slot)) redirected_.push_back(slot);
+  redirected_.insert(slot);
 }
 
 int32_t ClusterClient::BlockingSlot(uint64_t seq, const Entry& e) {
@@ -533,7 +542,7 @@ void ClusterClient::Hold(uint64_t seq) {
     e.held = true;
     Wait(e.slot, Waiter{seq, -1, nullptr});
   }
-  if (!Redirected(e.slot)) redirected_.push_back(e.slot);
+  redirected_.insert(e.slot);
 }
 
 void ClusterClient::ReleaseHeld() {
@@ -602,11 +611,11 @@ void ClusterClient::ReleaseHeld() {
   // A slot none of whose commands is pending any more is an ordinary one again. (Its cursor is
   // kept while commands are in flight: it is still right, and a slot redirected again would
   // otherwise be looked for from the front.)
-  std::erase_if(redirected_, [&](int32_t slot) { return OldestPending(slot) == entries_.tail_seq(); });
+  absl::erase_if(redirected_, [&](int32_t slot) { return OldestPending(slot) == entries_.tail_seq(); });
   if (entries_.empty()) {
     cursors_.clear();
   } else if (cursors_.size() > 64) {
-    std::erase_if(cursors_, [&](const auto& c) { return !Redirected(c.first); });
+    absl::erase_if(cursors_, [&](const auto& c) { return !Redirected(c.first); });
   }
 }
 

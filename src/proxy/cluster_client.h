@@ -22,6 +22,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "keyguard/resp/framer.h"
 #include "proxy/cluster_map.h"
 #include "proxy/connection.h"
@@ -164,7 +166,11 @@ class ClusterClient final : public LinkClient {
   // The oldest unanswered command of `slot` (tail_seq() when none), found from a cursor kept per
   // slot (cursors_): amortized O(1), not a scan from the front.
   uint64_t OldestPending(int32_t slot);
-  std::vector<std::pair<int32_t, uint64_t>> cursors_;
+  struct Cursor {
+    uint64_t seq;
+    bool at_cover;  // stopped at a pending command of the slot (not at the tail)
+  };
+  absl::flat_hash_map<int32_t, Cursor> cursors_;
   // Whether `e` goes to `slot`: its own, or one of its parts' (a command split by slot).
   static bool Covers(const Entry& e, int32_t slot) {
     return e.slot == slot || std::find(e.split_slots.begin(), e.split_slots.end(), slot) != e.split_slots.end();
@@ -207,11 +213,11 @@ class ClusterClient final : public LinkClient {
   Worker& worker_;
   LinkClient& session_;
   EntryRing entries_;
-  std::vector<LinkQueue> queues_;    // one per link used (a few)
-  size_t last_queue_ = 0;            // the one QueueOf found last
-  uint64_t retirements_seen_ = 0;    // ClusterState::retirements at the last DropRetiredQueues
-  std::vector<int32_t> redirected_;  // see Redirected
-  size_t buffered_ = 0;              // bytes of replies kept until their turn
+  std::vector<LinkQueue> queues_;            // one per link used (a few)
+  size_t last_queue_ = 0;                    // the one QueueOf found last
+  uint64_t retirements_seen_ = 0;            // ClusterState::retirements at the last DropRetiredQueues
+  absl::flat_hash_set<int32_t> redirected_;  // see Redirected (a set: a split command marks all its slots)
+  size_t buffered_ = 0;                      // bytes of replies kept until their turn
   // WaitBelow's wait while buffered_ is over `buffered_low_` (DeliverReady ends it).
   Timer* buffered_wait_ = nullptr;
   size_t buffered_low_ = 0;

@@ -1805,3 +1805,43 @@ def test_a_held_command_keeps_its_pause_whatever_other_replies_come(fresh):
             for _ in range(300):
                 assert conn.read()[1] == b"$1\r\nv\r\n"
         conn.close()
+
+
+def test_a_wide_split_command_waiting_whole_costs_little_per_reply(fresh):
+    """An MGET of 5,000 keys (thousands of slots) waiting whole behind a redirected SET marks each
+    of its slots; every reply then looked up every marked slot in lists (found by helper-41): the
+    square of the slots per reply, about a minute of CPU for this MGET's parts. Now sets, and a
+    slot's oldest pending command comes from its cursor at once."""
+    import os
+    c, kg = fresh
+    a, other, _ = keys_on_distinct_nodes(c, prefix="wide")
+    slot = c.keyslot(a)
+    src, tgt = c.node_for_key(a), c.node_for_key(other)
+    keys = [a] + [k for k in ("w%d" % i for i in range(5100)) if c.keyslot(k) != slot][:5000]
+    assert client(kg).mset({k: "v" for k in keys[1:]}) is True
+
+    def cpu():
+        with open("/proc/%d/stat" % kg.proc.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    c.node(tgt).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(src))
+    c.node(src).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(tgt))
+    try:
+        conn = RespConn(kg.port, timeout=60)
+        sleeper = threading.Thread(target=lambda: c.node(tgt).client.execute_command("DEBUG", "SLEEP", "1"))
+        sleeper.start()
+        time.sleep(0.1)
+        conn.sock.sendall(encode("SET", a, "1"))  # ASK, then ASKING + SET on the sleeping node
+        time.sleep(0.2)
+        cpu0, t0 = cpu(), time.monotonic()
+        conn.sock.sendall(encode("MGET", *keys))
+        assert conn.read()[1] == b"+OK\r\n"
+        assert conn.value() == [b"1"] + [b"v"] * 5000
+        used, took = cpu() - cpu0, time.monotonic() - t0
+        sleeper.join()
+        assert used < took / 2, "keyguard used %.2f s of CPU in %.2f s" % (used, took)
+        conn.close()
+    finally:
+        for p in (src, tgt):
+            c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", c.node_id(src))
