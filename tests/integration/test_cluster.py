@@ -1840,7 +1840,11 @@ def test_a_wide_split_command_waiting_whole_costs_little_per_reply(fresh):
         assert conn.value() == [b"1"] + [b"v"] * 5000
         used, took = cpu() - cpu0, time.monotonic() - t0
         sleeper.join()
-        assert used < took / 2, "keyguard used %.2f s of CPU in %.2f s" % (used, took)
+        # (The square of the slots per reply did not finish within the 60 s read timeout, in
+        # either build. The ASan build's own cost for 5,000 keys' parts is most of a wall second:
+        # 2.9 s of CPU in 3.7 s in CI; the release pass checks the CPU bound.)
+        if not SANITIZED:
+            assert used < took / 2, "keyguard used %.2f s of CPU in %.2f s" % (used, took)
         conn.close()
     finally:
         for p in (src, tgt):
