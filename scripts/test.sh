@@ -32,10 +32,28 @@ step "build (release)"
 # release builds them only when that pass is skipped.
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
   bash scripts/build.sh release keyguard hiredis_client_test command_keys_check framer_bench key_policy_bench hot_keys_bench
+else
+  bash scripts/build.sh release
+fi
+
+# The sanitizer and fuzz builds run meanwhile, in the background at idle priority (SCHED_IDLE: they
+# get only the CPU time the release passes leave idle, about half of it, as those passes mostly wait
+# on sockets and timers). Same session, so the same scheduling group (with autogroup, another
+# session would get an equal share whatever its priority). Its output is shown if it fails.
+bg=""
+bg_log=$PWD/background-builds.log
+stop_bg() { [ -z "$bg" ] || kill -- -"$bg" 2>/dev/null || true; }
+trap stop_bg EXIT
+set -m  # the background builds are a process group of their own, stopped with it if a pass fails
+( chrt --idle 0 bash -c 'set -e; if [ "${SKIP_ASAN:-0}" != 1 ]; then bash scripts/build.sh asan; fi
+    bash scripts/build.sh fuzz; echo "background builds done in ${SECONDS}s"' >"$bg_log" 2>&1 ) &
+bg=$!
+set +m
+
+if [ "${SKIP_ASAN:-0}" != 1 ]; then
   step "hiredis client tests"
   (cd build && ctest --output-on-failure -R hiredis_client_test)
 else
-  bash scripts/build.sh release
   step "unit + hiredis client tests"
   (cd build && ctest --output-on-failure)
 fi
@@ -68,9 +86,12 @@ KEYGUARD_UPSTREAM=cluster KEYGUARD_BIN=$PWD/build/keyguard integration \
 step "packaging e2e: Prometheus + dashboards + alerts, Helm render, image and compose (release)"
 KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/e2e
 
+step "wait for the background builds (ASan+UBSan, fuzz)"
+if ! wait "$bg"; then bg=""; tail -60 "$bg_log"; echo "a background build failed"; exit 1; fi
+bg=""
+tail -1 "$bg_log"
+
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
-  step "build (ASan+UBSan)"
-  bash scripts/build.sh asan
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   step "unit + hiredis client tests (ASan+UBSan)"
   (cd build-asan && ctest --output-on-failure)
@@ -80,7 +101,6 @@ if [ "${SKIP_ASAN:-0}" != 1 ]; then
 fi
 
 step "fuzz the framers and the config load path (${FUZZ_SECONDS:-15}s each)"
-bash scripts/build.sh fuzz
 mkdir -p build-fuzz/corpus
 ./build-fuzz/framer_fuzz tests/fuzz/regressions/* >/dev/null 2>&1 || { echo "fuzz regression input fails"; exit 1; }
 ./build-fuzz/framer_fuzz -max_total_time="${FUZZ_SECONDS:-15}" -dict=tests/fuzz/resp.dict \

@@ -279,6 +279,10 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("limits.read_buffer_size", l.read_buffer_size(), 512, 64 << 20); !s.ok()) return s;
     c.read_buffer_size = l.read_buffer_size();
   }
+  if (l.has_slow_client_grace_ms()) {
+    if (auto s = range("limits.slow_client_grace_ms", l.slow_client_grace_ms(), 100, 86400000); !s.ok()) return s;
+    c.slow_client_grace_ms = l.slow_client_grace_ms();
+  }
   c.reject_unknown_commands = p.unknown_commands() == v1::REJECT_UNKNOWN;
   const v1::Hygiene& h = p.hygiene();
   if (h.has_enabled()) c.hygiene.enabled = h.enabled();

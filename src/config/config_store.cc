@@ -99,6 +99,7 @@ std::string DescribeConfig(const ProxyConfig& c) {
       "]\nlimits:\n  max_bulk_len: ", c.limits.max_bulk_len, "\n  max_multibulk_len: ", c.limits.max_multibulk_len,
       "\n  max_inline_len: ", c.limits.max_inline_len, "\n  max_pending_commands: ", c.max_pending_commands,
       "\n  max_output_buffer: ", c.max_output_buffer, "\n  read_buffer_size: ", c.read_buffer_size,
+      "\n  slow_client_grace_ms: ", c.slow_client_grace_ms,
       "\nunknown_commands: ", c.reject_unknown_commands ? "reject" : "forward",
       "\nkey_policy:", c.key_policy->empty() ? " off" : "", "\n");
   for (const auto& r : c.key_policy->rules()) {

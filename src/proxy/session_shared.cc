@@ -138,7 +138,7 @@ bool Session::EndLinkReplies() {
     return false;
   }
   // Over its bound: a watchdog cuts the client off if it takes nothing from its socket within
-  // kSlowClientGrace, and looks again after each such window in which it took something, until it
+  // limits.slow_client_grace_ms, and looks again after each such window in which it took something, until it
   // is below its bound. The link does not wait for it meanwhile, whether it reads or not: which of
   // the two it is cannot be told at once (the kernel takes a first receive window's worth, and
   // acknowledges it late, from a client that never reads), and a wait of a window for each client
@@ -154,7 +154,7 @@ bool Session::EndLinkReplies() {
 }
 
 void Session::ArmWatchdog(uint64_t progress) {
-  auto timer = std::make_shared<Timer>(worker_.io, kSlowClientGrace);
+  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(worker_.config.slow_client_grace_ms));
   std::weak_ptr<Session> weak = shared_from_this();
   timer->async_wait([weak, timer, progress](error_code e) {
     auto s = weak.lock();

@@ -110,12 +110,6 @@ PinPool& Resp3Pins(Worker& worker);
 // How long a client past 16 times its output bound, which the link waits for, may go without
 // taking anything before it is cut off (the link's other clients wait meanwhile).
 inline constexpr std::chrono::milliseconds kSlowClientWindow(1000);
-// How long a client over its output bound, which nobody waits for, may go without taking anything
-// before it is cut off. Longer: what a client took shows only as the bytes its kernel
-// acknowledged, and a client's kernel reopens its receive window only once about 64 KB are free
-// (one reading 16 KB a second shows nothing for 4 s); a pause of the app (a GC) looks the same.
-// Meanwhile it holds at most 16 times its bound.
-inline constexpr std::chrono::milliseconds kSlowClientGrace(10000);
 
 class SharedLink : public std::enable_shared_from_this<SharedLink> {
  public:

@@ -71,7 +71,7 @@ def test_check_config_and_flag_override(redis_server):
     assert out.returncode == 2
     assert out.stderr == "keyguard: %s: limits.max_bulk: unknown field (known: max_bulk_len, max_depth, " \
                          "max_inline_len, max_multibulk_len, max_output_buffer, max_pending_commands, " \
-                         "read_buffer_size)\n" % f.name
+                         "read_buffer_size, slow_client_grace_ms)\n" % f.name
     with open(f.name, "w") as g:
         g.write("listen: 127.0.0.1:1\nthreads: 1\ndeny_commands: [flushall]\n")
     out = run("check-config", f.name)

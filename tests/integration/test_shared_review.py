@@ -208,13 +208,27 @@ def test_a_killed_dedicated_connection_answers_its_client():
             server.stop()
 
 
+def _shared_with_bound(bound, grace_ms=None):
+    """A redis-server and a one-worker keyguard with shared connections, limits.max_output_buffer
+    `bound` and (when given) limits.slow_client_grace_ms."""
+    from conftest import Keyguard, Redis
+    from test_shared_upstream import SHARED
+    server = Redis()
+    limits = "limits:\n  max_output_buffer: %d\n" % bound
+    if grace_ms is not None:
+        limits += "  slow_client_grace_ms: %d\n" % grace_ms
+    return server, Keyguard(server.port, config=SHARED + limits, threads=1)
+
+
 def test_non_reading_clients_do_not_stall_the_link():
     """N connections that ask for a 2 MB value and never read must not stall the other clients of
     the link (a wait of a second each was linear in N: 10 s here); each is cut off within about a
     second. The stall came back whenever the kernel acknowledged a client's first bytes late
     (its delayed ACK): such a client was taken for one that reads and waited for, a window each
-    (10 s in 8 of 8 runs of the ASan build)."""
-    with shared(threads=1) as (server, kg):
+    (10 s in 8 of 8 runs of the ASan build). (A 1 s limits.slow_client_grace_ms: they are cut off
+    after it, not the default 10 s.)"""
+    server, kg = _shared_with_bound(1 << 20, grace_ms=1000)
+    try:
         redis.Redis(port=server.port).set("big", b"x" * (2 << 20))
         atts = []
         for _ in range(10):
@@ -229,11 +243,15 @@ def test_non_reading_clients_do_not_stall_the_link():
         assert v.call("PING") == "PONG"
         took = time.time() - t
         assert took < 4, "a PING waited %.1f s behind clients that do not read" % took
-        wait_until(lambda: len([e for e in kg.log_lines() if e.get("event") == "slow_client_closed"]) == 10,
-                   "the ten clients that do not read cut off")
+        closed_at = wait_until(lambda: len(kg.events("slow_client_closed")) == 10 and time.time(),
+                               "the ten clients that do not read cut off")
+        assert closed_at - t < 8, "cut off %.1f s after the PING, with a 1 s grace" % (closed_at - t)
         for s in atts:
             s.close()
         v.close()
+    finally:
+        kg.stop()
+        server.stop()
 
 
 def test_a_client_that_reads_slowly_gets_every_byte_and_memory_stays_bounded():
@@ -283,22 +301,18 @@ def test_a_client_that_reads_slowly_gets_every_byte_and_memory_stays_bounded():
         server.stop()
 
 
-def _shared_with_bound(bound):
-    from conftest import Keyguard, Redis
-    from test_shared_upstream import SHARED
-    server = Redis()
-    return server, Keyguard(server.port, config=SHARED + "limits:\n  max_output_buffer: %d\n" % bound, threads=1)
 
 
 def test_a_client_that_stops_reading_once_the_link_reads_on_is_cut_off():
     """One reply takes a client past 16 times its bound: the link waits for it while it reads,
     then reads on; the client stops reading with its replies still over its bound. No watchdog
     was armed on that path (found by helper-40), so it held them for as long as it stayed
-    connected; now it is cut off after the grace of a client nobody waits for (10 s)."""
+    connected; now it is cut off after the grace of a client nobody waits for
+    (limits.slow_client_grace_ms, 2 s here)."""
     import select
-    server, kg = _shared_with_bound(65536)
+    server, kg = _shared_with_bound(65536, grace_ms=2000)
     try:
-        size = 8 << 20
+        size = 8 << 20  # (past what the kernel's socket buffers take: a few MB on loopback)
         redis.Redis(port=server.port).set("big", b"b" * size)
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
@@ -308,7 +322,7 @@ def test_a_client_that_stops_reading_once_the_link_reads_on_is_cut_off():
         v = socket.create_connection(("127.0.0.1", kg.port))
         v.sendall(encode("PING"))
         got = 0
-        while not select.select([v], [], [], 0.02)[0]:  # reads until the link reads on
+        while not select.select([v], [], [], 0.005)[0]:  # reads until the link reads on
             got += len(s.recv(16384))
         assert v.recv(100) == b"+PONG\r\n"
         assert got < size  # it stops reading with replies owed

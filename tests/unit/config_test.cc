@@ -46,6 +46,7 @@ limits:
   max_pending_commands: 5
   max_output_buffer: 8192
   read_buffer_size: 1024
+  slow_client_grace_ms: 2500
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen.ToString(), "0.0.0.0:7000");
@@ -56,6 +57,7 @@ limits:
   EXPECT_EQ(c->limits.max_bulk_len, 1024);
   EXPECT_EQ(c->max_pending_commands, 5);
   EXPECT_EQ(c->read_buffer_size, 1024);
+  EXPECT_EQ(c->slow_client_grace_ms, 2500);
 }
 
 TEST(Config, ErrorsNameTheField) {
@@ -68,6 +70,7 @@ TEST(Config, ErrorsNameTheField) {
       {"threads: many", "threads: expected an integer"},
       {"threads: -1", "threads: must be between 0 and "},
       {"threads: 300", "threads: must be between 0 and 256"},
+      {"limits:\n  slow_client_grace_ms: 50", "limits.slow_client_grace_ms: must be between 100 and 86400000"},
       {"upstream: localhost", "upstream: 'localhost' is not HOST:PORT"},
       {"upstream: host:99999", "upstream: 'host:99999' is not HOST:PORT with a port in 0..65535"},
       {"deny_commands: [FLUSHALL, NOPE]", "deny_commands[1]: 'NOPE' is not a Redis command"},

@@ -92,6 +92,9 @@ struct ProxyConfig {
   int64_t max_pending_commands = 10000;  // per connection: stop reading the client beyond this
   int64_t max_output_buffer = 1 << 20;   // per direction: stop reading the other side beyond this
   int64_t read_buffer_size = 16 * 1024;  // initial read buffer per direction
+  // Shared upstream connections: a client over max_output_buffer that takes nothing from its
+  // socket for this long is closed.
+  int64_t slow_client_grace_ms = 10000;
   hygiene::Settings hygiene;
   // Commands the table does not know: forwarded (and counted) or refused.
   bool reject_unknown_commands = false;
