@@ -36,19 +36,30 @@ else
   bash scripts/build.sh release
 fi
 
-# The sanitizer and fuzz builds run meanwhile, in the background at idle priority (SCHED_IDLE: they
-# get only the CPU time the release passes leave idle, about half of it, as those passes mostly wait
-# on sockets and timers). Same session, so the same scheduling group (with autogroup, another
-# session would get an equal share whatever its priority). Its output is shown if it fails.
+# The sanitizer build runs meanwhile, in the background at idle priority (SCHED_IDLE: it gets only
+# the CPU time the release passes leave idle, about half of it, as those passes mostly wait on
+# sockets and timers), and the fuzz build likewise during the sanitizer pass. Same session, so the
+# same scheduling group (with autogroup, another session would get an equal share whatever its
+# priority). A build's output is shown if it fails; a failing pass stops the build in progress.
 bg=""
-bg_log=$PWD/background-builds.log
 stop_bg() { [ -z "$bg" ] || kill -- -"$bg" 2>/dev/null || true; }
 trap stop_bg EXIT
-set -m  # the background builds are a process group of their own, stopped with it if a pass fails
-( chrt --idle 0 bash -c 'set -e; if [ "${SKIP_ASAN:-0}" != 1 ]; then bash scripts/build.sh asan; fi
-    bash scripts/build.sh fuzz; echo "background builds done in ${SECONDS}s"' >"$bg_log" 2>&1 ) &
-bg=$!
-set +m
+background() {  # background NAME COMMAND...: $bg is its process group
+  set -m
+  ( chrt --idle 0 bash -c 'SECONDS=0; "$@" || exit; echo "$0: done in ${SECONDS}s"' "$@" >"$PWD/build-$1.log" 2>&1 ) &
+  bg=$!
+  set +m
+}
+wait_background() {  # wait_background NAME
+  if ! wait "$bg"; then bg=""; tail -60 "build-$1.log"; echo "the $1 build failed"; exit 1; fi
+  bg=""
+  tail -1 "build-$1.log"
+}
+if [ "${SKIP_ASAN:-0}" != 1 ]; then
+  background asan bash scripts/build.sh asan
+else
+  background fuzz bash scripts/build.sh fuzz
+fi
 
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
   step "hiredis client tests"
@@ -86,12 +97,10 @@ KEYGUARD_UPSTREAM=cluster KEYGUARD_BIN=$PWD/build/keyguard integration \
 step "packaging e2e: Prometheus + dashboards + alerts, Helm render, image and compose (release)"
 KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/e2e
 
-step "wait for the background builds (ASan+UBSan, fuzz)"
-if ! wait "$bg"; then bg=""; tail -60 "$bg_log"; echo "a background build failed"; exit 1; fi
-bg=""
-tail -1 "$bg_log"
-
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
+  step "wait for the ASan+UBSan build"
+  wait_background asan
+  background fuzz bash scripts/build.sh fuzz
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   step "unit + hiredis client tests (ASan+UBSan)"
   (cd build-asan && ctest --output-on-failure)
@@ -100,18 +109,27 @@ if [ "${SKIP_ASAN:-0}" != 1 ]; then
   KEYGUARD_BIN=$PWD/build-asan/keyguard integration tests/integration --ignore=tests/integration/test_run_script.py
 fi
 
+step "wait for the fuzz build"
+wait_background fuzz
+
 step "fuzz the framers and the config load path (${FUZZ_SECONDS:-15}s each)"
 mkdir -p build-fuzz/corpus
 ./build-fuzz/framer_fuzz tests/fuzz/regressions/* >/dev/null 2>&1 || { echo "fuzz regression input fails"; exit 1; }
+# (The two fuzzers run side by side, one per core.)
 ./build-fuzz/framer_fuzz -max_total_time="${FUZZ_SECONDS:-15}" -dict=tests/fuzz/resp.dict \
-  -max_len=4096 build-fuzz/corpus tests/fuzz/corpus 2>&1 | tail -3
+  -max_len=4096 build-fuzz/corpus tests/fuzz/corpus >build-fuzz/framer_fuzz.log 2>&1 &
+framer_fuzz=$!
 # Seeds: the shipped configs (examples/, the compose demo's) and tests/fuzz/config_corpus (a users
 # file after "#@users"). -timeout: one input taking 10 s is a hang; -rss_limit_mb: a blow-up.
 mkdir -p build-fuzz/config-corpus build-fuzz/config-seeds
 for f in examples/*.yaml docker/demo/*.yaml; do cp "$f" "build-fuzz/config-seeds/${f//\//_}"; done
 ./build-fuzz/config_fuzz tests/fuzz/config_regressions/* >/dev/null 2>&1 || { echo "config fuzz regression input fails"; exit 1; }
 ./build-fuzz/config_fuzz -max_total_time="${FUZZ_SECONDS:-15}" -dict=tests/fuzz/config.dict -max_len=16384 \
-  -timeout=10 -rss_limit_mb=2048 build-fuzz/config-corpus build-fuzz/config-seeds tests/fuzz/config_corpus 2>&1 | tail -3
+  -timeout=10 -rss_limit_mb=2048 build-fuzz/config-corpus build-fuzz/config-seeds tests/fuzz/config_corpus \
+  >build-fuzz/config_fuzz.log 2>&1 || { tail -40 build-fuzz/config_fuzz.log; echo "config_fuzz failed"; exit 1; }
+tail -3 build-fuzz/config_fuzz.log
+wait "$framer_fuzz" || { tail -40 build-fuzz/framer_fuzz.log; echo "framer_fuzz failed"; exit 1; }
+tail -3 build-fuzz/framer_fuzz.log
 
 step "framer throughput (informational)"
 ./build/framer_bench --benchmark_min_time=0.2 2>/dev/null | grep -E "BM_"
