@@ -153,6 +153,13 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
       if (pin_check_ && (pin_classes_[id] != 0 || multi_deferred_ || (cluster_ && pinned_))) [[unlikely]] {
+        if (multi_deferred_ && !pinned_ && HoldsInTransaction(id, args, data + pos + n, len - pos - n)) {
+          // Answered +QUEUED by HandleCommand (unless refused), sent once the transaction has its node.
+          HandleCommand(id, args, data + pos, n, now);
+          hold_next_ = false;
+          pos += n;
+          continue;
+        }
         if (NeedsPin(id, args)) break;
         if (hello_answered_) {  // (NeedsPin answered a HELLO whose move failed)
           hello_answered_ = false;
@@ -249,8 +256,10 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     // The first command after a MULTI keyguard answered: the transaction goes to the node of this
     // command's slot, or of the first keyed command sent along with it (Session::Pin looks ahead).
     // An EXEC or DISCARD of the empty transaction, and QUIT, need no node (HandleCommand).
+    // An EXEC of a transaction of keyless commands (held: HoldsInTransaction) goes to any node.
     const commands::KnownCommands& k = commands::Known();
-    if (((id == k.exec || id == k.discard) && args.size() == 1) || id == k.quit) return false;
+    if (id == k.exec && args.size() == 1 && held_in_multi_.empty()) return false;
+    if ((id == k.discard && args.size() == 1) || id == k.quit) return false;
     pin_wanted_ = PinReason::kTransaction;
     pin_slot_ = kAnyNode;
     return true;
@@ -385,6 +394,7 @@ PinReason Connection::OnPinned(bool fresh) {
 
 void Connection::OnUnpinned() {
   OnUpstreamClosed();  // unregistered, counted gone
+  held_in_multi_.clear();
   pinned_ = sticky_ = false;
   pin_undo_ = kPinSettled;
   pin_slot_ = kAnyNode;
@@ -545,6 +555,10 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   }
   if (cluster_) [[unlikely]] {
     if ((defer_multi_ || multi_deferred_) && !pinned_) [[unlikely]] {
+      if (hold_next_) {
+        HoldInTransaction(c, bytes, p, e.silent, !v.renamed.empty());
+        return;
+      }
       if (AnswerDeferredMulti(c.id, c.args.size(), e.silent)) return;
     }
     ForwardRouted(bytes);
@@ -565,6 +579,56 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   if (reset) SendUpstreamAuth();
 }
 
+bool Connection::HoldsInTransaction(commands::CommandId id, std::span<const std::string_view> args, const char* rest,
+                                    size_t rest_len) {
+  // A keyless command first in a transaction, with no keyed command nor EXEC after it in what was read:
+  // its node is not known yet (a client that waits for each +QUEUED sends the keyed one later).
+  // keyguard answers +QUEUED and keeps it, to send on the pin of the first keyed command, or of
+  // EXEC, right after the MULTI (OnInternalReply). Only a command the server queues as it is:
+  // known, of a valid arity, not one that pins for a reason of its own; and a bounded number.
+  const commands::KnownCommands& k = commands::Known();
+  if (id == commands::kUnknownCommand || pin_classes_[id] != 0 || id == k.exec || id == k.discard || id == k.multi ||
+      id == k.quit || !ArityOk(id, args.size()) || held_in_multi_.size() >= kMaxHeldInMulti) {
+    return false;
+  }
+  if (tenant_ != nullptr) {
+    // A tenant's DBSIZE, FLUSH* and RANDOMKEY walk the keyspace: not queued as they are (on a pin,
+    // as before).
+    using commands::TenantHandling;
+    const TenantHandling t = commands::TraitsOf(id).tenant;
+    if (t == TenantHandling::kFlush || t == TenantHandling::kDbsize || t == TenantHandling::kRandomkey) return false;
+  }
+  // (The whole transaction read, keyless: it goes to the first primary as it is.)
+  bool ends = false;
+  if (StoredSlotOf(id, args) != kAnyNode || LookAheadSlot(rest, rest_len, &ends) != kAnyNode || ends) return false;
+  hold_next_ = true;
+  return true;
+}
+
+void Connection::HoldInTransaction(const CommandContext& c, std::string_view bytes, const Pending& staged, bool silent,
+                                   bool renamed) {
+  // The state has taken it as queued (OnForward); its reply is keyguard's +QUEUED, and the
+  // server's, once it is sent, is read and not shown (counted then, with the server's outcome).
+  // (Renamed names in a queued command's reply: its reply is +QUEUED, nothing to rename.)
+  hold_next_ = false;
+  if (renamed) queue_.UnstageRenames();
+  held_in_multi_.push_back(HeldCommand{c.id, staged.expect, staged.start_ns, std::string(bytes)});
+  if (!silent) Reply("+QUEUED\r\n", c.id, false);
+}
+
+void Connection::SendHeldInTransaction() {
+  for (HeldCommand& h : held_in_multi_) {
+    ForwardCommand(held_.emplace_back(std::move(h.bytes)));  // (a view until the batch is written)
+    Pending p;
+    p.command = h.id;
+    p.hidden = true;
+    p.expect = h.expect;
+    p.start_ns = h.start_ns;
+    queue_.Push(std::move(p));
+  }
+  held_in_multi_.clear();
+}
+
 bool Connection::AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent) {
   // The state has taken the command (OnForward); the entry staged for it is not committed, as no
   // reply of the server's is the client's. MULTI: the server gets it right before the command
@@ -579,6 +643,7 @@ bool Connection::AnswerDeferredMulti(commands::CommandId id, size_t argc, bool s
     reply = "+OK\r\n";
   } else if (multi_deferred_ && (id == k.exec || id == k.discard) && argc == 1) {
     multi_deferred_ = false;
+    held_in_multi_.clear();  // (DISCARD: an EXEC of held commands is pinned)
     reply = id == k.exec ? "*0\r\n" : "+OK\r\n";
   } else {
     return false;
@@ -986,10 +1051,17 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
       }
     }
   } else if (front.command == commands::Known().multi) {
-    // The MULTI keyguard answered (AnswerDeferredMulti): the client's commands wait for it.
+    // The MULTI keyguard answered (AnswerDeferredMulti): the client's commands wait for it; the
+    // keyless ones it answered +QUEUED for (HoldInTransaction) go first.
     holding_ = false;
     resume_ = true;
-    if (type == '-' || type == '!') {
+    if (type != '-' && type != '!') {
+      queue_.Pop();
+      SendHeldInTransaction();
+      DeliverLocalsAtHead();
+      return true;
+    } else {
+      held_in_multi_.clear();
       // Nothing of the transaction was sent; the client, told +OK, is told why it ends.
       EventLine("error", "upstream_multi_failed").Str("error", kind).Write(stderr);
       queue_.Pop();

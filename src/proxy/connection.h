@@ -305,6 +305,12 @@ class Connection {
   // A cluster's MULTI that no command has pinned yet (in the client's state, answered +OK here),
   // and the EXEC or DISCARD of such a transaction if nothing joined it. False: the command goes.
   bool AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent);
+  // A keyless command first in a deferred MULTI, read alone: held (hold_next_) rather than pinned.
+  [[gnu::noinline]] bool HoldsInTransaction(commands::CommandId id, std::span<const std::string_view> args,
+                                            const char* rest, size_t rest_len);
+  void HoldInTransaction(const CommandContext& c, std::string_view bytes, const Pending& staged, bool silent,
+                         bool renamed);
+  void SendHeldInTransaction();
   // A Redis Cluster upstream: the route of the command of `v` (route_), or keyguard answers it
   // (false: nothing is forwarded).
   bool RouteCluster(const CommandContext& c, const Verdict& v);
@@ -332,7 +338,8 @@ class Connection {
   // goes is set (RouteCluster). Out of line: the dedicated path stays one branch.
   [[gnu::noinline]] bool RouteShared(const CommandContext& c, const Verdict& v);
   // MULTI: the slot of the first keyed command among those queued after it in `data` (up to EXEC).
-  int32_t LookAheadSlot(const char* data, size_t len);
+  // (`ends`: set when the transaction's EXEC or DISCARD comes before any keyed command.)
+  int32_t LookAheadSlot(const char* data, size_t len, bool* ends = nullptr);
   // A command of `bytes` ended in the output: its route (route_). Out of line, as ClearRoutes and
   // ForwardRouted: the dedicated and shared paths keep only a test of cluster_ per command
   // (bench/instructions.sh).
@@ -502,6 +509,19 @@ class Connection {
   // +OK before sending it.
   bool defer_multi_ = false;
   bool multi_deferred_ = false;
+  // Keyless commands of a deferred MULTI, read before any keyed one (HoldsInTransaction): keyguard
+  // answered +QUEUED; they go right after the MULTI's +OK on the transaction's pin, their replies
+  // read and not shown. At most kMaxHeldInMulti (then the pin goes to the first primary, as for
+  // a transaction of keyless commands).
+  struct HeldCommand {
+    commands::CommandId id;
+    Pending::Expect expect;
+    int64_t start_ns;
+    std::string bytes;
+  };
+  static constexpr size_t kMaxHeldInMulti = 64;
+  std::vector<HeldCommand> held_in_multi_;
+  bool hold_next_ = false;  // HoldsInTransaction said so: HandleCommand holds the command
   // What a refusal of the command being handled undoes (EndRefusedPin): kPinFresh, pinned for it
   // and nothing of the client's handled since; kPinMadeSticky, already pinned, and it made the pin
   // last (SUBSCRIBE inside MULTI). Cleared as any other verdict is handled.

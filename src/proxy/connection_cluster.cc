@@ -177,7 +177,7 @@ int32_t Connection::StoredSlotOf(commands::CommandId id, std::span<const std::st
   return SlotOf(id, views);
 }
 
-int32_t Connection::LookAheadSlot(const char* data, size_t len) {
+int32_t Connection::LookAheadSlot(const char* data, size_t len, bool* ends) {
   resp::RequestFramer framer;
   size_t pos = 0;
   for (int i = 0; i < 64 && pos < len; ++i) {
@@ -186,7 +186,10 @@ int32_t Connection::LookAheadSlot(const char* data, size_t len) {
     const auto args = framer.args();
     if (args.empty()) continue;
     const commands::CommandId id = commands::LookupCommand(args[0]);
-    if (id == commands::Known().exec || id == commands::Known().discard) break;
+    if (id == commands::Known().exec || id == commands::Known().discard) {
+      if (ends != nullptr) *ends = true;
+      break;
+    }
     if (const int32_t slot = StoredSlotOf(id, args); slot >= 0) return slot;
   }
   return kAnyNode;

@@ -10,13 +10,6 @@ namespace {
 using commands::EqualsIgnoreCase;
 using Kind = Pending::Kind;
 
-// Redis's arity check, which comes before anything else the server does with a command.
-bool ArityOk(commands::CommandId id, size_t argc) {
-  const int arity = commands::Spec(id).arity;
-  const auto n = static_cast<int>(argc);
-  return arity > 0 ? n == arity : n >= -arity;
-}
-
 }  // namespace
 
 int ConfirmIndex(std::string_view kind) {

@@ -28,6 +28,12 @@ inline constexpr std::string_view kConfirmNames[] = {"subscribe",    "unsubscrib
                                                      "punsubscribe", "ssubscribe",  "sunsubscribe"};
 // The index of `kind` in kConfirmNames (any case), or -1.
 int ConfirmIndex(std::string_view kind);
+// Redis's arity check, which comes before anything else the server does with a command.
+inline bool ArityOk(commands::CommandId id, size_t argc) {
+  const int arity = commands::Spec(id).arity;
+  const auto n = static_cast<int>(argc);
+  return arity > 0 ? n == arity : n >= -arity;
+}
 // HELLO's protocol argument: 2 or 3, or 0 when it names none (or a bad one).
 int8_t HelloVersion(std::span<const std::string_view> args);
 

@@ -714,6 +714,50 @@ def test_a_multi_sent_alone_goes_to_the_node_of_the_first_keyed_command(fresh):
     assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 5
 
 
+def one_at_a_time(conn, *steps):
+    """Each (command, reply) of `steps` sent alone, its exact reply read before the next is sent
+    (as redis-cli and Jedis send a transaction)."""
+    for args, want in steps:
+        got = conn.exchange(encode(*args), replies=1)
+        assert got == want, (args, got)
+
+
+def test_keyless_commands_first_in_a_transaction_sent_alone_wait_for_its_node(fresh):
+    """A client that waits for each +QUEUED (redis-cli, Jedis) and starts its transaction with a
+    keyless command: the transaction was pinned to the first primary, and its keys on the other
+    nodes were refused (EXEC aborted). keyguard answers +QUEUED for the keyless commands and sends
+    them right after the MULTI, on the node of the first keyed command."""
+    c, kg = fresh
+    pins = kg.metric('keyguard_upstream_pins_total{reason="transaction"}')
+    conn = RespConn(kg.port)
+    keys = keys_on_distinct_nodes(c)
+    ok, queued = b"+OK\r\n", b"+QUEUED\r\n"
+    for n, key in enumerate(keys):
+        one_at_a_time(conn, (["MULTI"], ok), (["PING"], queued), (["ECHO", "e%d" % n], queued),
+                      (["SET", key, "v%d" % n], queued), (["TIME"], queued), (["GET", key], queued))
+        got = conn.exchange(encode("EXEC"), replies=1)  # (TIME: the node's own, pinned by then)
+        assert got.startswith(b"*5\r\n+PONG\r\n$2\r\ne%d\r\n+OK\r\n*2\r\n" % n), got
+        assert got.endswith(b"$2\r\nv%d\r\n" % n), got
+    check_stored(c, {k: "v%d" % n for n, k in enumerate(keys)})
+    one_at_a_time(
+        conn,
+        # Keyless only, each sent alone: one node runs it.
+        (["MULTI"], ok), (["PING", "a"], queued), (["ECHO", "b"], queued),
+        (["EXEC"], b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"),
+        # Discarded: nothing was sent, nothing pinned.
+        (["MULTI"], ok), (["PING"], queued), (["DISCARD"], ok), (["EXEC"], b"-ERR EXEC without MULTI\r\n"),
+        # A keyless command the server refuses as it queues: EXEC aborts, as it would have, and
+        # the transaction's write is not done.
+        (["MULTI"], ok), (["CONFIG", "NOSUCH"], queued), (["SET", keys[1], "aborted"], queued),
+        (["EXEC"], b"-EXECABORT Transaction discarded because of previous errors.\r\n"))
+    assert c.node(c.node_for_key(keys[1])).client.get(keys[1]) == "v1"
+    # The client's next commands go where their keys are.
+    one_at_a_time(conn, *[(["GET", key], b"$2\r\nv%d\r\n" % n) for n, key in enumerate(keys)])
+    conn.close()
+    # One pin per transaction that ran or was sent: three keyed, one keyless, one aborted.
+    assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 5
+
+
 def test_resp3_clients_reach_every_node(fresh):
     """A RESP3 client (HELLO 3: Lettuce and go-redis v9 by default) was pinned to one node, and
     its commands for other nodes' slots were refused. Now it moves to each node's RESP3 shared
