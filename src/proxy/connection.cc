@@ -153,7 +153,7 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
       const commands::CommandId id = commands::LookupCommand(args[0]);
       // Shared upstream: a command that needs a connection of the client's own is left unread.
       if (pin_check_ && (pin_classes_[id] != 0 || multi_deferred_ || (cluster_ && pinned_))) [[unlikely]] {
-        if (multi_deferred_ && !pinned_ && HoldsInTransaction(id, args, data + pos + n, len - pos - n)) {
+        if (multi_deferred_ && !pinned_ && HoldsInTransaction(id, args, n, data + pos + n, len - pos - n)) {
           // Answered +QUEUED by HandleCommand (unless refused), sent once the transaction has its node.
           HandleCommand(id, args, data + pos, n, now);
           hold_next_ = false;
@@ -394,7 +394,7 @@ PinReason Connection::OnPinned(bool fresh) {
 
 void Connection::OnUnpinned() {
   OnUpstreamClosed();  // unregistered, counted gone
-  held_in_multi_.clear();
+  DropHeldInTransaction(metrics::Outcome::kFailed);
   pinned_ = sticky_ = false;
   pin_undo_ = kPinSettled;
   pin_slot_ = kAnyNode;
@@ -559,7 +559,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
         HoldInTransaction(c, bytes, p, e.silent, !v.renamed.empty());
         return;
       }
-      if (AnswerDeferredMulti(c.id, c.args.size(), e.silent)) return;
+      if (AnswerDeferredMulti(c.id, c.args.size(), e.silent, p.kind == Kind::kExecAbort)) return;
     }
     ForwardRouted(bytes);
   } else if (!splice_.empty()) {
@@ -579,16 +579,18 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   if (reset) SendUpstreamAuth();
 }
 
-bool Connection::HoldsInTransaction(commands::CommandId id, std::span<const std::string_view> args, const char* rest,
-                                    size_t rest_len) {
+bool Connection::HoldsInTransaction(commands::CommandId id, std::span<const std::string_view> args, size_t raw_len,
+                                    const char* rest, size_t rest_len) {
   // A keyless command first in a transaction, with no keyed command nor EXEC after it in what was read:
   // its node is not known yet (a client that waits for each +QUEUED sends the keyed one later).
   // keyguard answers +QUEUED and keeps it, to send on the pin of the first keyed command, or of
   // EXEC, right after the MULTI (OnInternalReply). Only a command the server queues as it is:
-  // known, of a valid arity, not one that pins for a reason of its own; and a bounded number.
+  // known, of a valid arity, not one that pins for a reason of its own; and a bounded number and
+  // size (past them, the pin goes where the look-ahead finds, as for a pipelined transaction).
   const commands::KnownCommands& k = commands::Known();
   if (id == commands::kUnknownCommand || pin_classes_[id] != 0 || id == k.exec || id == k.discard || id == k.multi ||
-      id == k.quit || !ArityOk(id, args.size()) || held_in_multi_.size() >= kMaxHeldInMulti) {
+      id == k.quit || !ArityOk(id, args.size()) || held_in_multi_.size() >= kMaxHeldInMulti ||
+      held_in_multi_bytes_ + raw_len > kMaxHeldInMultiBytes) {
     return false;
   }
   if (tenant_ != nullptr) {
@@ -612,28 +614,46 @@ void Connection::HoldInTransaction(const CommandContext& c, std::string_view byt
   // (Renamed names in a queued command's reply: its reply is +QUEUED, nothing to rename.)
   hold_next_ = false;
   if (renamed) queue_.UnstageRenames();
-  held_in_multi_.push_back(HeldCommand{c.id, staged.expect, staged.start_ns, std::string(bytes)});
+  // What goes upstream: the rewritten command, spliced into the client's bytes (a tenant's
+  // prefix) when it was, else `bytes`.
+  std::string held;
+  if (splice_.empty()) {
+    held.assign(bytes);
+  } else {
+    for (std::string_view piece : splice_) held.append(piece);
+  }
+  held_in_multi_bytes_ += held.size();
+  held_in_multi_.push_back(HeldCommand{c.id, staged.expect, std::move(held)});
   if (!silent) Reply("+QUEUED\r\n", c.id, false);
 }
 
-void Connection::SendHeldInTransaction() {
+void Connection::SendHeldInTransaction(int64_t now) {
   for (HeldCommand& h : held_in_multi_) {
     ForwardCommand(held_.emplace_back(std::move(h.bytes)));  // (a view until the batch is written)
     Pending p;
     p.command = h.id;
     p.hidden = true;
     p.expect = h.expect;
-    p.start_ns = h.start_ns;
+    p.start_ns = now;  // (its latency: the server's queuing, not the client's pause before the keyed command)
     queue_.Push(std::move(p));
   }
   held_in_multi_.clear();
+  held_in_multi_bytes_ = 0;
 }
 
-bool Connection::AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent) {
+void Connection::DropHeldInTransaction(metrics::Outcome outcome) {
+  // Counted as if sent: DISCARD's (the server's +QUEUED would have come), or failed.
+  for (const HeldCommand& h : held_in_multi_) shard_.CountCommand(h.id, outcome);
+  held_in_multi_.clear();
+  held_in_multi_bytes_ = 0;
+}
+
+bool Connection::AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent, bool aborted) {
   // The state has taken the command (OnForward); the entry staged for it is not committed, as no
   // reply of the server's is the client's. MULTI: the server gets it right before the command
   // that pins the client (OnPinned), whose node this one cannot know yet. EXEC or DISCARD of the
-  // transaction no command joined: its answer, and nothing was sent.
+  // transaction no command joined: its answer, and nothing was sent (EXEC of one whose only
+  // commands keyguard refused, `aborted`: EXECABORT, as the server answers).
   const commands::KnownCommands& k = commands::Known();
   const bool multi = defer_multi_ && id == k.multi;
   defer_multi_ = false;  // (set for this command, or for a MULTI keyguard refused)
@@ -643,12 +663,14 @@ bool Connection::AnswerDeferredMulti(commands::CommandId id, size_t argc, bool s
     reply = "+OK\r\n";
   } else if (multi_deferred_ && (id == k.exec || id == k.discard) && argc == 1) {
     multi_deferred_ = false;
-    held_in_multi_.clear();  // (DISCARD: an EXEC of held commands is pinned)
-    reply = id == k.exec ? "*0\r\n" : "+OK\r\n";
+    DropHeldInTransaction(metrics::Outcome::kOk);  // (DISCARD: an EXEC of held commands is pinned)
+    reply = id == k.discard ? std::string_view("+OK\r\n") : aborted ? kExecAbort : std::string_view("*0\r\n");
   } else {
     return false;
   }
-  shard_.CountCommand(id, silent ? metrics::Outcome::kNoReply : metrics::Outcome::kOk);
+  shard_.CountCommand(id, silent                ? metrics::Outcome::kNoReply
+                          : reply == kExecAbort ? metrics::Outcome::kError
+                                                : metrics::Outcome::kOk);
   if (!silent) Reply(std::string(reply), id, false);
   return true;
 }
@@ -1024,7 +1046,7 @@ void Connection::EndUpstream() {
   CountSent();
 }
 
-bool Connection::OnInternalReply(const Pending& front, char type, std::string_view kind) {
+bool Connection::OnInternalReply(const Pending& front, char type, std::string_view kind, int64_t now) {
   if (front.command == commands::Known().client) {
     // keyguard's own CLIENT ID. Should the server refuse it (an ACL on keyguard's user), no
     // connection can name this one in a REDIRECT.
@@ -1057,11 +1079,11 @@ bool Connection::OnInternalReply(const Pending& front, char type, std::string_vi
     resume_ = true;
     if (type != '-' && type != '!') {
       queue_.Pop();
-      SendHeldInTransaction();
+      SendHeldInTransaction(now);
       DeliverLocalsAtHead();
       return true;
     } else {
-      held_in_multi_.clear();
+      DropHeldInTransaction(metrics::Outcome::kFailed);
       // Nothing of the transaction was sent; the client, told +OK, is told why it ends.
       EventLine("error", "upstream_multi_failed").Str("error", kind).Write(stderr);
       queue_.Pop();
@@ -1126,7 +1148,7 @@ bool Connection::OnFrame(std::string_view frame, const resp::ReplyFramer& f, int
       shard_.unexpected_replies.Add();
       if (shared_.stages.config.tenancy == nullptr) AppendOut(frame);
       return true;
-    case FrameRole::kInternal: return OnInternalReply(*front, type, kind);
+    case FrameRole::kInternal: return OnInternalReply(*front, type, kind, now);
     case FrameRole::kDesync:
       // The server's transaction state is not the one the reply filter follows (a command the
       // server refused as keyguard did not foresee): no reply may pass unfiltered, so none passes.

@@ -304,13 +304,14 @@ class Connection {
   [[gnu::noinline]] bool NeedsPin(commands::CommandId id, std::span<const std::string_view> args);
   // A cluster's MULTI that no command has pinned yet (in the client's state, answered +OK here),
   // and the EXEC or DISCARD of such a transaction if nothing joined it. False: the command goes.
-  bool AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent);
+  bool AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent, bool aborted);
   // A keyless command first in a deferred MULTI, read alone: held (hold_next_) rather than pinned.
   [[gnu::noinline]] bool HoldsInTransaction(commands::CommandId id, std::span<const std::string_view> args,
-                                            const char* rest, size_t rest_len);
+                                            size_t raw_len, const char* rest, size_t rest_len);
   void HoldInTransaction(const CommandContext& c, std::string_view bytes, const Pending& staged, bool silent,
                          bool renamed);
-  void SendHeldInTransaction();
+  void SendHeldInTransaction(int64_t now);
+  void DropHeldInTransaction(metrics::Outcome outcome);
   // A Redis Cluster upstream: the route of the command of `v` (route_), or keyguard answers it
   // (false: nothing is forwarded).
   bool RouteCluster(const CommandContext& c, const Verdict& v);
@@ -394,7 +395,7 @@ class Connection {
   void KeepRenamedPatterns(std::span<const std::pair<std::string_view, std::string_view>> pairs);
   // The reply of keyguard's own command (Kind::kInternal: its AUTH, CLIENT ID, a legacy-key move,
   // a PING): counted and acted on, never the client's. False when the connection cannot go on.
-  [[gnu::noinline]] bool OnInternalReply(const Pending& front, char type, std::string_view kind);
+  [[gnu::noinline]] bool OnInternalReply(const Pending& front, char type, std::string_view kind, int64_t now);
   // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
   // SKIP semantics.
   void Refuse(const CommandContext& c, Refusal reason, std::string_view message);
@@ -511,16 +512,18 @@ class Connection {
   bool multi_deferred_ = false;
   // Keyless commands of a deferred MULTI, read before any keyed one (HoldsInTransaction): keyguard
   // answered +QUEUED; they go right after the MULTI's +OK on the transaction's pin, their replies
-  // read and not shown. At most kMaxHeldInMulti (then the pin goes to the first primary, as for
-  // a transaction of keyless commands).
+  // read and not shown. At most kMaxHeldInMulti commands of kMaxHeldInMultiBytes in all (past
+  // that the transaction pins where the look-ahead finds: the first keyed command read with it,
+  // else the first primary).
   struct HeldCommand {
     commands::CommandId id;
     Pending::Expect expect;
-    int64_t start_ns;
     std::string bytes;
   };
   static constexpr size_t kMaxHeldInMulti = 64;
+  static constexpr size_t kMaxHeldInMultiBytes = 64 * 1024;
   std::vector<HeldCommand> held_in_multi_;
+  size_t held_in_multi_bytes_ = 0;
   bool hold_next_ = false;  // HoldsInTransaction said so: HandleCommand holds the command
   // What a refusal of the command being handled undoes (EndRefusedPin): kPinFresh, pinned for it
   // and nothing of the client's handled since; kPinMadeSticky, already pinned, and it made the pin

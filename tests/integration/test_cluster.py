@@ -749,13 +749,26 @@ def test_keyless_commands_first_in_a_transaction_sent_alone_wait_for_its_node(fr
         # A keyless command the server refuses as it queues: EXEC aborts, as it would have, and
         # the transaction's write is not done.
         (["MULTI"], ok), (["CONFIG", "NOSUCH"], queued), (["SET", keys[1], "aborted"], queued),
+        (["EXEC"], b"-EXECABORT Transaction discarded because of previous errors.\r\n"),
+        # A keyless command keyguard refuses while queued, alone: EXEC aborts, nothing pinned
+        # (EXEC answered *0, an empty success, found by helper-42).
+        (["MULTI"], ok),
+        (["CLUSTER", "INFO"],
+         b"-ERR keyguard: CLUSTER INFO is not served inside MULTI through keyguard (ask outside the transaction)\r\n"),
         (["EXEC"], b"-EXECABORT Transaction discarded because of previous errors.\r\n"))
     assert c.node(c.node_for_key(keys[1])).client.get(keys[1]) == "v1"
+    # Past 64 KB of keyless commands the transaction pins at once, to the first primary (keyguard
+    # keeps no more of a client's bytes): a key of another node is then refused.
+    big = "x" * 70000
+    one_at_a_time(conn, (["MULTI"], ok), (["ECHO", big], queued))
+    refused = conn.exchange(encode("SET", keys[1], "w"), replies=1)
+    assert refused.startswith(b"-ERR keyguard: "), refused
+    one_at_a_time(conn, (["EXEC"], b"-EXECABORT Transaction discarded because of previous errors.\r\n"))
     # The client's next commands go where their keys are.
     one_at_a_time(conn, *[(["GET", key], b"$2\r\nv%d\r\n" % n) for n, key in enumerate(keys)])
     conn.close()
-    # One pin per transaction that ran or was sent: three keyed, one keyless, one aborted.
-    assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 5
+    # One pin per transaction that ran or was sent: three keyed, one keyless, one aborted, the big one.
+    assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == pins + 6
 
 
 def test_resp3_clients_reach_every_node(fresh):

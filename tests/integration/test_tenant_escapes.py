@@ -47,6 +47,23 @@ def test_subscribe_inside_multi_never_passes_messages_as_replies(kg, direct):
     assert b"tenant:b" not in out and b"secret" not in out, out
 
 
+def test_a_long_publish_first_in_a_transaction_keeps_the_prefix(kg, direct):
+    # With a cluster upstream, a keyless command sent alone as a transaction's first is held until
+    # the transaction has its node; a rewrite of 1 KB or more is spliced into the client's bytes,
+    # and the held copy was of the client's bytes: alice's PUBLISH reached bob's channel
+    # (helper-42). Without a cluster, the same exchange checks the plain path.
+    bob = raw(kg, "bob")
+    bob.send("SUBSCRIBE", "news")
+    assert bob.value() == [b"subscribe", b"news", 1]
+    c = raw(kg, "alice")
+    msg = "m" * 2000
+    assert c.exchange(encode("MULTI"), replies=1) == b"+OK\r\n"
+    assert c.exchange(encode("PUBLISH", "tenant:b:news", msg), replies=1) == b"+QUEUED\r\n"
+    assert c.exchange(encode("EXEC"), replies=1) == b"*1\r\n:0\r\n"  # nobody on alice's tenant:b:news
+    bob.send("PING")
+    assert bob.value() == [b"pong", b""]  # (not alice's message)
+
+
 @pytest.mark.parametrize("mode", ["OFF", "SKIP"])
 def test_subscribe_without_replies_never_passes_messages_as_replies(kg, direct, mode):
     # Under CLIENT REPLY OFF/SKIP Redis still sends the confirmations; keyguard did not expect
