@@ -587,9 +587,11 @@ bool Connection::HoldsInTransaction(commands::CommandId id, std::span<const std:
   // EXEC, right after the MULTI (OnInternalReply). Only a command the server queues as it is:
   // known, of a valid arity, not one that pins for a reason of its own; and a bounded number and
   // size (past them, the pin goes where the look-ahead finds, as for a pipelined transaction).
+  // Not while the cluster is unavailable: the command's error would not fail the transaction (it
+  // pins, and fails, as before).
   const commands::KnownCommands& k = commands::Known();
   if (id == commands::kUnknownCommand || pin_classes_[id] != 0 || id == k.exec || id == k.discard || id == k.multi ||
-      id == k.quit || !ArityOk(id, args.size()) || held_in_multi_.size() >= kMaxHeldInMulti ||
+      id == k.quit || !upstream_ready_ || !ArityOk(id, args.size()) || held_in_multi_.size() >= kMaxHeldInMulti ||
       held_in_multi_bytes_ + raw_len > kMaxHeldInMultiBytes) {
     return false;
   }
