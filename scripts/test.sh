@@ -29,14 +29,7 @@ bash scripts/check_format.sh
 
 step "build (release)"
 # The unit tests run in the ASan+UBSan build (built once, not twice: a third of each build's time);
-# release builds them only when that pass is skipped.
-if [ "${SKIP_ASAN:-0}" != 1 ]; then
-  bash scripts/build.sh release keyguard hiredis_client_test command_keys_check framer_bench key_policy_bench hot_keys_bench
-else
-  bash scripts/build.sh release
-fi
-
-# The sanitizer build runs meanwhile, in the background at idle priority (SCHED_IDLE: it gets only
+# release builds them only when that pass is skipped. The sanitizer build runs after it, in the background at idle priority (SCHED_IDLE: it gets only
 # the CPU time the release passes leave idle, about half of it, as those passes mostly wait on
 # sockets and timers), and the fuzz build likewise during the sanitizer pass. Same session, so the
 # same scheduling group (with autogroup, another session would get an equal share whatever its
@@ -56,15 +49,13 @@ wait_background() {  # wait_background NAME
   tail -1 "build-$1.log"
 }
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
+  bash scripts/build.sh release keyguard hiredis_client_test command_keys_check framer_bench key_policy_bench hot_keys_bench
   background asan bash scripts/build.sh asan
-else
-  background fuzz bash scripts/build.sh fuzz
-fi
-
-if [ "${SKIP_ASAN:-0}" != 1 ]; then
   step "hiredis client tests"
   (cd build && ctest --output-on-failure -R hiredis_client_test)
 else
+  bash scripts/build.sh release
+  background fuzz bash scripts/build.sh fuzz
   step "unit + hiredis client tests"
   (cd build && ctest --output-on-failure)
 fi

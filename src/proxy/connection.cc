@@ -614,7 +614,6 @@ void Connection::HoldInTransaction(const CommandContext& c, std::string_view byt
   // The state has taken it as queued (OnForward); its reply is keyguard's +QUEUED, and the
   // server's, once it is sent, is read and not shown (counted then, with the server's outcome).
   // (Renamed names in a queued command's reply: its reply is +QUEUED, nothing to rename.)
-  hold_next_ = false;
   if (renamed) queue_.UnstageRenames();
   // What goes upstream: the rewritten command, spliced into the client's bytes (a tenant's
   // prefix) when it was, else `bytes`.
