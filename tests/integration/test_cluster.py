@@ -1209,6 +1209,40 @@ def test_a_pipeline_keeps_its_order_while_its_slot_moves(fresh):
         assert c.slot_map()[slot] == target
 
 
+def test_a_multi_key_command_waits_out_a_slot_migration(fresh):
+    """While a slot migrates, a multi-key command whose keys are not all on one side goes round:
+    the owner ASKs it to the importing node, which answers TRYAGAIN, and the retry goes to the
+    owner again. Each ASK of that cycle counted as a redirect: after 5 (one slot) or 10 (two
+    parts) the next redirection reached the client (a MOVED in CI). Now the cycle is bounded by
+    the tries (about 2 s): the command is answered once the slot has moved."""
+    c, kg = fresh
+    r = client(kg)
+    key = "ro"
+    slot = c.keyslot(key)
+    assert r.set(key, "v") is True
+    owner = c.slot_map()[slot]
+    to = [p for p in c.primaries() if p != owner][0]
+    source, target = c.node(owner).client, c.node(to).client
+    source_id, target_id = c.node_id(owner), c.node_id(to)
+    asks = kg.metric('keyguard_cluster_redirects_total{kind="ask"}')
+    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    source.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", key)
+    try:
+        # One slot ("ro", "{ro}zz": neither node has both), and split over two (with "zz").
+        conn = RespConn(kg.port)
+        conn.sock.sendall(encode("MGET", key, "{ro}zz") + encode("MGET", key, "zz", "{ro}zz"))
+        # Past 10 cycles of ASK and TRYAGAIN (10 ms more of pause each: 0.55 s) the slot moves.
+        wait_until(lambda: kg.metric('keyguard_cluster_redirects_total{kind="ask"}') >= asks + 12,
+                   "keyguard to go round the migration")
+    finally:
+        for p in c.primaries():
+            c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    assert conn.read()[1] + conn.read()[1] == b"*2\r\n$1\r\nv\r\n$-1\r\n*3\r\n$1\r\nv\r\n$-1\r\n$-1\r\n"
+    assert r.get(key) == "v"
+    conn.close()
+
+
 def test_split_commands_on_a_node_still_connecting_are_answered():
     """Two pipelined split commands with a part each on a node whose link was still connecting
     (a RESP3 client's first commands there): with the first cut of the split commands' order,
