@@ -34,6 +34,15 @@ inline bool ArityOk(commands::CommandId id, size_t argc) {
   const auto n = static_cast<int>(argc);
   return arity > 0 ? n == arity : n >= -arity;
 }
+// The same for the subcommand args[1] names, when `id` has them: false for an unknown one
+// (`CONFIG NOSUCH`) or a wrong count (`OBJECT ENCODING`), which the server refuses as it queues.
+inline bool SubcommandOk(commands::CommandId id, std::span<const std::string_view> args) {
+  const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
+  if (spec == nullptr) return false;
+  const int arity = spec->arity;
+  const auto n = static_cast<int>(args.size());
+  return arity > 0 ? n == arity : n >= -arity;
+}
 // HELLO's protocol argument: 2 or 3, or 0 when it names none (or a bad one).
 int8_t HelloVersion(std::span<const std::string_view> args);
 
