@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "keyguard/common/json_line.h"
 #include "keyguard/resp/encoder.h"
+#include "proxy/clock.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
@@ -170,13 +171,6 @@ void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {
 
 // ---------------------------------------------------------------------------------------------
 // ClusterClient
-
-namespace {
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
 
 ClusterClient::ClusterClient(Worker& worker, LinkClient& session) : worker_(worker), session_(session) {}
 
@@ -564,7 +558,7 @@ void ClusterClient::ReleaseHeld() {
         if (const int64_t at = entries_.At(waiting_[i].q.front().seq).retry_at; at != 0) {
           // Held after its node could not take it (or TRYAGAIN): not again before its pause is
           // over, however many other replies come meanwhile (each would spend a try).
-          if (now == 0) now = SteadyNs();
+          if (now == 0) now = NowNs();
           if (now < at) {
             ArmHoldTimer(std::chrono::milliseconds((at - now) / 1000000 + 1));
             stalled.push_back(slot);
@@ -623,7 +617,7 @@ void ClusterClient::HoldForRetry(uint64_t seq) {
   Entry& e = entries_.At(seq);
   Hold(seq);
   const std::chrono::milliseconds pause(10 * e.tries);
-  e.retry_at = SteadyNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
+  e.retry_at = NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
   ArmHoldTimer(pause);
 }
 

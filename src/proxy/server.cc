@@ -49,8 +49,7 @@ awaitable<void> Accept(Worker& worker, Acceptor& acceptor) {
 
 // Each tick publishes the worker's hot and big keys (and closes the interval when it is due).
 void TickHotKeys(Worker& w, std::chrono::milliseconds period) {
-  w.hot.Tick(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-                 .count());
+  w.hot.Tick(NowNs());
   w.hot_timer.expires_after(period);
   w.hot_timer.async_wait([&w, period](error_code ec) {
     if (!ec) TickHotKeys(w, period);

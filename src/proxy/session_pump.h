@@ -4,17 +4,11 @@
 // costs what it did before shared connections existed (bench/instructions.sh).
 #pragma once
 
-#include <chrono>
-
 #include "proxy/async_read.h"
+#include "proxy/clock.h"
 #include "proxy/session.h"
 
 namespace keyguard::proxy {
-
-inline int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // kShared: the client's commands go to a shared link unless it is pinned. The dedicated pump has
 // none of its checks (bench/instructions.sh: the same instructions per command as before shared

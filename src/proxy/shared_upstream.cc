@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "keyguard/common/json_line.h"
-#include "proxy/session_pump.h"
+#include "proxy/clock.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {

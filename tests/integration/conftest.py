@@ -282,9 +282,17 @@ class Keyguard:
         return [line for line in self.log_lines() if line.get("event") == name]
 
     def stop(self, sig=signal.SIGTERM, timeout=PATIENCE):
+        """Sends `sig` and returns the exit status. A keyguard still running `timeout` s later is
+        killed (so it holds no port or upstream connection for the tests after) and the test fails."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-            return self.proc.wait(timeout)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail("keyguard did not exit within %s s of signal %d; killed. Its output ends: %s"
+                            % (timeout, sig, self.output()[-2000:]))
         return self.proc.returncode
 
     def rss_kb(self):
