@@ -401,7 +401,11 @@ def test_a_failed_shared_connection_fails_only_what_was_in_flight():
         # writes while paused, and every connection but the blocked one and this one is killed.
         assert direct.execute_command("CLIENT", "PAUSE", "5000", "WRITE") == b"OK"
         d.send("SET", "k", "lost")
-        wait_until(lambda: any(x["cmd"] == "set" for x in direct.client_list()), "the SET held by the pause")
+        # Held: blocked ("b") on SET. (The shared connection's cmd already said set, for c's SET
+        # before: in CI the connection was killed before d's SET reached it, and the SET went on
+        # the new connection and ran once the pause was over.)
+        wait_until(lambda: any(x["cmd"] == "set" and "b" in x["flags"] for x in direct.client_list()),
+                   "the SET held by the pause")
         me = str(direct.client_id())
         for x in direct.client_list():
             if x["id"] not in (pinned_id, me):
