@@ -585,17 +585,17 @@ bool Connection::HoldsInTransaction(commands::CommandId id, std::span<const std:
   // its node is not known yet (a client that waits for each +QUEUED sends the keyed one later).
   // keyguard answers +QUEUED and keeps it, to send on the pin of the first keyed command, or of
   // EXEC, right after the MULTI (OnInternalReply). Only a command the server queues as it is:
-  // known, of a valid arity (its subcommand's too: the server's error, `unknown subcommand` or a
-  // wrong count, is the client's to see as it queues), not one that pins for a reason of its
-  // own; and a bounded number and size (past them, the pin goes where the look-ahead finds, as
-  // for a pipelined transaction; the size is the client's, and a tenant's rewrite of the last
-  // one held may add its prefix past it).
+  // known, of a valid arity, one the server queues (QueuedAsIs: else its error, `unknown
+  // subcommand`, a wrong count, no_multi, is the client's to see as it queues), not one that
+  // pins for a reason of its own; and a bounded number and size (past them, the pin goes where
+  // the look-ahead finds, as for a pipelined transaction; the size is the client's, and a
+  // tenant's rewrite of the last one held may add its prefix past it).
   // Not while the cluster is unavailable: the command's error would not fail the transaction (it
   // pins, and fails, as before).
   const commands::KnownCommands& k = commands::Known();
   if (id == commands::kUnknownCommand || pin_classes_[id] != 0 || id == k.exec || id == k.discard || id == k.multi ||
       id == k.quit || !upstream_ready_ || !ArityOk(id, args.size()) || held_in_multi_.size() >= kMaxHeldInMulti ||
-      held_in_multi_bytes_ + raw_len > kMaxHeldInMultiBytes || !SubcommandOk(id, args)) {
+      held_in_multi_bytes_ + raw_len > kMaxHeldInMultiBytes || !QueuedAsIs(id, args)) {
     return false;
   }
   if (tenant_ != nullptr) {

@@ -25,6 +25,18 @@ int8_t HelloVersion(std::span<const std::string_view> args) {
   return 0;
 }
 
+bool QueuedAsIs(commands::CommandId id, std::span<const std::string_view> args) {
+  static const uint32_t kNoMulti = commands::CommandFlagMask("no_multi");
+  static const commands::CommandId kDebug = commands::LookupCommand("debug");
+  static const commands::CommandId kModule = commands::LookupCommand("module");
+  if (id == kDebug || id == kModule) return false;
+  const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
+  if (spec == nullptr || (spec->flags & kNoMulti) != 0 || (commands::Spec(id).flags & kNoMulti) != 0) return false;
+  const int arity = spec->arity;
+  const auto n = static_cast<int>(args.size());
+  return arity > 0 ? n == arity : n >= -arity;
+}
+
 ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id, std::span<const std::string_view> args,
                                                          ReplyMode mode, bool tenant, Pending* p, Effects e) {
   using enum commands::ConnectionRole;

@@ -34,15 +34,13 @@ inline bool ArityOk(commands::CommandId id, size_t argc) {
   const auto n = static_cast<int>(argc);
   return arity > 0 ? n == arity : n >= -arity;
 }
-// The same for the subcommand args[1] names, when `id` has them: false for an unknown one
-// (`CONFIG NOSUCH`) or a wrong count (`OBJECT ENCODING`), which the server refuses as it queues.
-inline bool SubcommandOk(commands::CommandId id, std::span<const std::string_view> args) {
-  const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
-  if (spec == nullptr) return false;
-  const int arity = spec->arity;
-  const auto n = static_cast<int>(args.size());
-  return arity > 0 ? n == arity : n >= -arity;
-}
+// Whether the server queues a command with these arguments inside MULTI as they are, judged by
+// what keyguard knows (the server's state aside: ACL, memory, loading): false for an unknown
+// subcommand (`CONFIG NOSUCH`), a subcommand of a wrong count (`OBJECT ENCODING`), a command or
+// subcommand flagged no_multi (SAVE, SHUTDOWN: "not allowed inside a transaction"), and DEBUG
+// and MODULE, which the server refuses unless its config enables them. (The command's own arity
+// is ArityOk's.)
+bool QueuedAsIs(commands::CommandId id, std::span<const std::string_view> args);
 // HELLO's protocol argument: 2 or 3, or 0 when it names none (or a bad one).
 int8_t HelloVersion(std::span<const std::string_view> args);
 

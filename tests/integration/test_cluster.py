@@ -4,6 +4,7 @@ serves every slot. Every stored key is checked on direct connections to the node
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -746,11 +747,12 @@ def test_keyless_commands_first_in_a_transaction_sent_alone_wait_for_its_node(fr
         (["EXEC"], b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"),
         # Discarded: nothing was sent, nothing pinned.
         (["MULTI"], ok), (["PING"], queued), (["DISCARD"], ok), (["EXEC"], b"-ERR EXEC without MULTI\r\n"),
-        # A keyless command the server refuses as it queues, an unknown subcommand or one of a
-        # wrong count, is not held: the client sees the server's error (it saw +QUEUED, found by
+        # A keyless command the server refuses as it queues, an unknown subcommand, one of a
+        # wrong count or one not allowed in a transaction (no_multi), is not held: the client sees the server's error (it saw +QUEUED, found by
         # helper-43), and EXEC aborts, as it would have.
         (["MULTI"], ok), (["CONFIG", "NOSUCH"], b"-ERR unknown subcommand 'NOSUCH'. Try CONFIG HELP.\r\n"),
         (["OBJECT", "ENCODING"], b"-ERR wrong number of arguments for 'object|encoding' command\r\n"),
+        (["SAVE"], b"-ERR Command not allowed inside a transaction\r\n"),
         (["EXEC"], b"-EXECABORT Transaction discarded because of previous errors.\r\n"),
         # A keyless command keyguard refuses while queued, alone: EXEC aborts, nothing pinned
         # (EXEC answered *0, an empty success, found by helper-42).
@@ -1170,8 +1172,7 @@ def move_slot(c, slot, to):
         if not keys:
             break
         source.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", *keys)
-    for p in c.primaries():
-        c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    set_slot_owner(c, slot, to)
 
 
 def test_a_pipeline_keeps_its_order_while_its_slot_moves(fresh):
@@ -1211,12 +1212,23 @@ def test_a_pipeline_keeps_its_order_while_its_slot_moves(fresh):
         assert c.slot_map()[slot] == target
 
 
+def set_slot_owner(c, slot, to):
+    """CLUSTER SETSLOT NODE on every primary, in the order Redis's documentation gives: the node
+    importing the slot first (else, for a moment, the source sends its clients to a target that
+    still sends them back)."""
+    target_id = c.node_id(to)
+    for p in sorted(c.primaries(), key=lambda p: p != to):
+        c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+
 def test_a_multi_key_command_waits_out_a_slot_migration(fresh):
     """While a slot migrates, a multi-key command whose keys are not all on one side goes round:
     the owner ASKs it to the importing node, which answers TRYAGAIN, and the retry goes to the
-    owner again. Each ASK of that cycle counted as a redirect: after 5 (one slot) or 10 (two
-    parts) the next redirection reached the client (a MOVED in CI). Now the cycle is bounded by
-    the tries (about 2 s): the command is answered once the slot has moved."""
+    owner again. Each ASK of that cycle counted as a redirect: after 5 (one slot) or 10 (a part
+    of a split command) the next redirection reached the client (a MOVED in CI). Now the cycle is
+    bounded by the tries (about 2 s): the command is answered once the slot has moved. Each
+    command is the first of its slot on its own connection, so both go round: the one-slot one
+    and the split one's part."""
     c, kg = fresh
     r = client(kg)
     key = "ro"
@@ -1225,24 +1237,27 @@ def test_a_multi_key_command_waits_out_a_slot_migration(fresh):
     owner = c.slot_map()[slot]
     to = [p for p in c.primaries() if p != owner][0]
     source, target = c.node(owner).client, c.node(to).client
-    source_id, target_id = c.node_id(owner), c.node_id(to)
     asks = kg.metric('keyguard_cluster_redirects_total{kind="ask"}')
-    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(owner))
+    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(to))
     source.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", key)
+    one, split = RespConn(kg.port), RespConn(kg.port)
     try:
-        # One slot ("ro", "{ro}zz": neither node has both), and split over two (with "zz").
-        conn = RespConn(kg.port)
-        conn.sock.sendall(encode("MGET", key, "{ro}zz") + encode("MGET", key, "zz", "{ro}zz"))
-        # Past 10 cycles of ASK and TRYAGAIN (10 ms more of pause each: 0.55 s) the slot moves.
-        wait_until(lambda: kg.metric('keyguard_cluster_redirects_total{kind="ask"}') >= asks + 12,
+        # "ro" and "{ro}zz": neither node has both; the split one adds "zz", of another slot.
+        one.sock.sendall(encode("MGET", key, "{ro}zz"))
+        split.sock.sendall(encode("MGET", key, "zz", "{ro}zz"))
+        # Past 10 cycles each (10 ms more of pause each time: 0.55 s), the slot moves; replies to
+        # both before that (a redirection each that ran out of tries) end the wait at once.
+        wait_until(lambda: kg.metric('keyguard_cluster_redirects_total{kind="ask"}') >= asks + 24 or
+                   len(select.select([one.sock, split.sock], [], [], 0)[0]) == 2,
                    "keyguard to go round the migration")
     finally:
-        for p in c.primaries():
-            c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-    assert conn.read()[1] + conn.read()[1] == b"*2\r\n$1\r\nv\r\n$-1\r\n*3\r\n$1\r\nv\r\n$-1\r\n$-1\r\n"
+        set_slot_owner(c, slot, to)
+    assert one.read()[1] == b"*2\r\n$1\r\nv\r\n$-1\r\n"
+    assert split.read()[1] == b"*3\r\n$1\r\nv\r\n$-1\r\n$-1\r\n"
     assert r.get(key) == "v"
-    conn.close()
+    one.close()
+    split.close()
 
 
 def test_split_commands_on_a_node_still_connecting_are_answered():

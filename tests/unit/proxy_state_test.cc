@@ -205,6 +205,26 @@ TEST(ConnectionStateTest, WrongArityChangesNoStateButExecAbortsTheTransaction) {
   EXPECT_EQ(sub.p.kind, Kind::kForward);
 }
 
+bool Queued(const std::string& line) {
+  std::vector<std::string> words = absl::StrSplit(line, ' ');
+  std::vector<std::string_view> args(words.begin(), words.end());
+  return QueuedAsIs(commands::LookupCommand(args[0]), args);
+}
+
+TEST(ConnectionStateTest, QueuedAsIsKnowsWhatTheServerRefusesAsItQueues) {
+  EXPECT_TRUE(Queued("PING"));
+  EXPECT_TRUE(Queued("config get maxmemory"));
+  EXPECT_TRUE(Queued("CONFIG GET maxmemory"));
+  EXPECT_TRUE(Queued("OBJECT HELP"));
+  EXPECT_FALSE(Queued("CONFIG NOSUCH"));    // unknown subcommand
+  EXPECT_FALSE(Queued("CONFIG GET"));       // config|get's count
+  EXPECT_FALSE(Queued("OBJECT ENCODING"));  // object|encoding's count
+  EXPECT_FALSE(Queued("SAVE"));             // no_multi
+  EXPECT_FALSE(Queued("SHUTDOWN"));         // no_multi
+  EXPECT_FALSE(Queued("DEBUG SLEEP 0"));    // refused unless enable-debug-command
+  EXPECT_FALSE(Queued("MODULE LIST"));      // refused unless enable-module-command
+}
+
 TEST(ConnectionStateTest, WatchFollowsTheServer) {
   ConnectionState s;
   Send(s, "WATCH a b");
