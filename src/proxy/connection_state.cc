@@ -31,10 +31,9 @@ bool QueuedAsIs(commands::CommandId id, std::span<const std::string_view> args) 
   static const commands::CommandId kModule = commands::LookupCommand("module");
   if (id == kDebug || id == kModule) return false;
   const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
-  if (spec == nullptr || (spec->flags & kNoMulti) != 0 || (commands::Spec(id).flags & kNoMulti) != 0) return false;
-  const int arity = spec->arity;
-  const auto n = static_cast<int>(args.size());
-  return arity > 0 ? n == arity : n >= -arity;
+  // ResolveSpec is the subcommand's spec for a container command (containers carry no flags of
+  // their own), else the command's.
+  return spec != nullptr && (spec->flags & kNoMulti) == 0 && ArityAllows(spec->arity, args.size());
 }
 
 ConnectionState::Effects ConnectionState::OnStateCommand(commands::CommandId id, std::span<const std::string_view> args,

@@ -28,12 +28,14 @@ inline constexpr std::string_view kConfirmNames[] = {"subscribe",    "unsubscrib
                                                      "punsubscribe", "ssubscribe",  "sunsubscribe"};
 // The index of `kind` in kConfirmNames (any case), or -1.
 int ConfirmIndex(std::string_view kind);
-// Redis's arity check, which comes before anything else the server does with a command.
-inline bool ArityOk(commands::CommandId id, size_t argc) {
-  const int arity = commands::Spec(id).arity;
+// Redis's arity rule for a (sub)command spec's `arity`: exactly that many arguments when
+// positive, at least its absolute value when negative (the name counts).
+inline bool ArityAllows(int arity, size_t argc) {
   const auto n = static_cast<int>(argc);
   return arity > 0 ? n == arity : n >= -arity;
 }
+// Redis's arity check, which comes before anything else the server does with a command.
+inline bool ArityOk(commands::CommandId id, size_t argc) { return ArityAllows(commands::Spec(id).arity, argc); }
 // Whether the server queues a command with these arguments inside MULTI as they are, judged by
 // what keyguard knows (the server's state aside: ACL, memory, loading): false for an unknown
 // subcommand (`CONFIG NOSUCH`), a subcommand of a wrong count (`OBJECT ENCODING`), a command or

@@ -499,8 +499,6 @@ TEST_F(ConnectionTest, AWalkForAClientThatHungUpEndsAtTheNextStep) {
 // ---------------------------------------------------------------------------------------------
 // Shared upstream connections
 
-std::vector<std::string_view> Args(std::initializer_list<std::string_view> a) { return a; }
-
 TEST(PinFor, ConnectionStateCommandsPinAndPlainOnesDoNot) {
   auto pin = [](std::initializer_list<std::string_view> a, bool tenancy = false) {
     const std::vector<std::string_view> args = a;

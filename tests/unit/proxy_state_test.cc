@@ -223,6 +223,13 @@ TEST(ConnectionStateTest, QueuedAsIsKnowsWhatTheServerRefusesAsItQueues) {
   EXPECT_FALSE(Queued("SHUTDOWN"));         // no_multi
   EXPECT_FALSE(Queued("DEBUG SLEEP 0"));    // refused unless enable-debug-command
   EXPECT_FALSE(Queued("MODULE LIST"));      // refused unless enable-module-command
+  EXPECT_FALSE(Queued("CLIENT KILL"));      // client|kill's count (at least 3)
+  // QueuedAsIs reads a container's subcommand spec alone: no container carries no_multi itself.
+  const uint32_t no_multi = commands::CommandFlagMask("no_multi");
+  ASSERT_NE(no_multi, 0u);
+  for (const commands::CommandSpec& spec : commands::AllSpecs()) {
+    if (spec.sub_count > 0) EXPECT_EQ(spec.flags & no_multi, 0u) << spec.name;
+  }
 }
 
 TEST(ConnectionStateTest, WatchFollowsTheServer) {
