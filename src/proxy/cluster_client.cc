@@ -284,6 +284,7 @@ void ClusterClient::Entry::Reset() {
   part_tries.clear();
   retry_at = 0;
   ask_link = nullptr;
+  part_ask_links.clear();
   parts_left = 1;
   parts.clear();
   split_commands.clear();
@@ -401,6 +402,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
     const size_t n = e->split_commands.size();
     e->parts.assign(n, std::string());
     e->part_tries.assign(n, 0);
+    e->part_ask_links.assign(n, nullptr);
     e->parts_left = static_cast<int>(n);
     for (size_t i = 0; i < n; ++i) {
       SharedLink* l = LinkForSlot(e->split_slots[i]);
@@ -733,7 +735,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       }
       ClusterState& c = *worker_.cluster;
       SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port), resp3_);
-      e->ask_link = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
+      AskLinkOf(*e, part) = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
       if (Single(*e)) {
         // In the client's order behind the earlier commands of its slot (ReleaseHeld).
         Hold(seq);
@@ -759,8 +761,9 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       // as long as the migration and is bounded by the tries: its ASK is not counted as a
       // redirect (10 cycles, about 0.5 s, used up a split MGET's redirects, and the next MOVED
       // reached the client: CI, test_a_pipeline_keeps_its_order_while_its_slot_moves).
-      if (e->ask_link != nullptr && e->redirects > 0) --e->redirects;
-      e->ask_link = nullptr;
+      std::shared_ptr<SharedLink>& ask = AskLinkOf(*e, part);
+      if (ask != nullptr && e->redirects > 0) --e->redirects;
+      ask = nullptr;
       if (Single(*e)) {
         HoldForRetry(seq);
         return;
@@ -812,7 +815,8 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
 
 void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
   Entry* e = &entries_.At(seq);
-  if (Send(seq, part, link, e->ask_link != nullptr && link == e->ask_link.get())) return;
+  const std::shared_ptr<SharedLink>& ask = AskLinkOf(*e, part);
+  if (Send(seq, part, link, ask != nullptr && link == ask.get())) return;
   // The node is down, still connecting, or not known: ask for the map, and try again a little
   // later (10 ms more each time, about 2 s in all) before the command gets an error.
   if (worker_.cluster->refresh) worker_.cluster->refresh();
@@ -831,7 +835,8 @@ void ClusterClient::RetryLater(uint64_t seq, int part) {
     auto a = alive.lock();
     if (ec || a == nullptr || !*a) return;
     Entry* e = &entries_.At(seq);
-    SharedLink* l = e->ask_link != nullptr              ? e->ask_link.get()
+    const std::shared_ptr<SharedLink>& ask = AskLinkOf(*e, part);
+    SharedLink* l = ask != nullptr                      ? ask.get()
                     : !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
                     : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part), resp3_)
                     : e->scan ? ClusterNodeLink(worker_, static_cast<uint16_t>(e->scan_node), resp3_)

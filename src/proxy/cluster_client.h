@@ -88,8 +88,10 @@ class ClusterClient final : public LinkClient {
     std::vector<uint8_t> part_tries;  // fanned out or split: each part's, its own budget
     int64_t retry_at = 0;             // held after its node could not take it: not tried before (steady ns)
     // The node an ASK named: tries go there, ASKING first. Held, so that a link retired while
-    // the entry waits (held behind its slot's earlier commands) is not freed under it.
+    // the entry waits (held behind its slot's earlier commands) is not freed under it. A single
+    // command's; a split command's parts each have their own (part_ask_links).
     std::shared_ptr<SharedLink> ask_link;
+    std::vector<std::shared_ptr<SharedLink>> part_ask_links;
     int parts_left = 1;
     std::vector<std::string> parts;  // fanned out or split: each part's reply
     // Split by slot (Route::split): each part's command, slot, and (MGET) its keys' places.
@@ -208,6 +210,12 @@ class ClusterClient final : public LinkClient {
   static uint8_t& TriesOf(Entry& e, int part) {
     return part >= 0 && static_cast<size_t>(part) < e.part_tries.size() ? e.part_tries[static_cast<size_t>(part)]
                                                                         : e.tries;
+  }
+  // The node an ASK named for `e`'s part `part` (a single command: its own), or nullptr.
+  static std::shared_ptr<SharedLink>& AskLinkOf(Entry& e, int part) {
+    return part >= 0 && static_cast<size_t>(part) < e.part_ask_links.size()
+               ? e.part_ask_links[static_cast<size_t>(part)]
+               : e.ask_link;
   }
 
   Worker& worker_;

@@ -1260,6 +1260,43 @@ def test_a_multi_key_command_waits_out_a_slot_migration(fresh):
     split.close()
 
 
+def test_a_split_commands_part_is_retried_on_its_own_node_not_where_another_part_was_asked(fresh):
+    """MGET kb ka, each key on its own node, while both slots are being imported by a third node:
+    ka has moved there already, kb has not. kb's node is reconnecting (its links killed, the node
+    asleep), so kb's part waits for it; ka's part is ASKed to the importing node. The ASK target
+    was kept per command, not per part, so kb's part was retried there with ASKING, and the
+    importing node answered for a key it does not have: nil, where kb holds "vb"."""
+    c, kg = fresh
+    ka, kb = keys_on_distinct_nodes(c, n=2, prefix="ask")
+    x, z = c.node_for_key(ka), c.node_for_key(kb)
+    y = [p for p in c.primaries() if p not in (x, z)][0]
+    sa, sb = c.keyslot(ka), c.keyslot(kb)
+    r = client(kg)
+    assert r.set(ka, "va") is True and r.set(kb, "vb") is True
+    conn = RespConn(kg.port)
+    assert conn.exchange(encode("HELLO", "3"), replies=1).startswith(b"%")
+    assert conn.exchange(encode("MGET", kb, ka), replies=1) == b"*2\r\n$2\r\nvb\r\n$2\r\nva\r\n"
+    for slot, owner in ((sa, x), (sb, z)):
+        c.node(y).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(owner))
+        c.node(owner).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(y))
+    c.node(x).client.execute_command("MIGRATE", "127.0.0.1", y, "", 0, 5000, "KEYS", ka)
+    sleeper = RespConn(z)
+    try:
+        # keyguard's links to z die, and z answers nothing for a second: its new links wait.
+        sleeper.sock.sendall(encode("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") +
+                             encode("DEBUG", "SLEEP", "1"))
+        time.sleep(0.2)
+        assert conn.exchange(encode("MGET", kb, ka), replies=1) == b"*2\r\n$2\r\nvb\r\n$2\r\nva\r\n"
+        assert sleeper.read()[1].startswith(b":") and sleeper.read()[1] == b"+OK\r\n"
+    finally:
+        set_slot_owner(c, sa, y)
+        for n in (y, z):
+            c.node(n).client.execute_command("CLUSTER", "SETSLOT", sb, "STABLE")
+        sleeper.close()
+        conn.close()
+    assert r.mget(kb, ka) == ["vb", "va"]
+
+
 def test_split_commands_on_a_node_still_connecting_are_answered():
     """Two pipelined split commands with a part each on a node whose link was still connecting
     (a RESP3 client's first commands there): with the first cut of the split commands' order,
