@@ -280,11 +280,10 @@ void ClusterClient::Entry::Reset() {
   held = false;
   buffered = 0;
   scan_node = 0;
-  redirects = tries = 0;
+  redirects = 0;
+  own = Tries{};
   part_tries.clear();
   retry_at = 0;
-  ask_link = nullptr;
-  part_ask_links.clear();
   parts_left = 1;
   parts.clear();
   split_commands.clear();
@@ -401,8 +400,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
     // One part per slot; the client gets their merge.
     const size_t n = e->split_commands.size();
     e->parts.assign(n, std::string());
-    e->part_tries.assign(n, 0);
-    e->part_ask_links.assign(n, nullptr);
+    e->part_tries.assign(n, Tries{});
     e->parts_left = static_cast<int>(n);
     for (size_t i = 0; i < n; ++i) {
       SharedLink* l = LinkForSlot(e->split_slots[i]);
@@ -413,7 +411,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
   if (e->slot == kEveryNode) {
     const size_t n = c.map != nullptr ? c.map->primaries.size() : 0;
     e->parts.assign(n, std::string());
-    e->part_tries.assign(n, 0);
+    e->part_tries.assign(n, Tries{});
     e->parts_left = static_cast<int>(n);
     if (n == 0) {
       e->done = true;
@@ -462,7 +460,7 @@ void ClusterClient::Dispatch(uint64_t seq) {
   // The node is down, still connecting or unknown: the command waits, and those after it for
   // the same slot wait behind it.
   if (worker_.cluster->refresh) worker_.cluster->refresh();
-  ++e->tries;
+  ++e->own.count;
   HoldForRetry(seq);
 }
 
@@ -586,13 +584,13 @@ void ClusterClient::ReleaseHeld() {
           continue;
         }
         e.held = false;
-        SharedLink* l = e.ask_link != nullptr ? e.ask_link.get() : LinkForSlot(e.slot);
+        SharedLink* l = e.own.ask != nullptr ? e.own.ask.get() : LinkForSlot(e.slot);
         if (std::find(given_up.begin(), given_up.end(), slot) != given_up.end()) {
           Fail(&e, 0, NodeUnavailable(l));
-        } else if (Send(w.seq, 0, l, e.ask_link != nullptr)) {
+        } else if (Send(w.seq, 0, l, e.own.ask != nullptr)) {
           continue;
-        } else if (e.tries < kMaxTryAgain) {
-          ++e.tries;
+        } else if (e.own.count < kMaxTryAgain) {
+          ++e.own.count;
           HoldForRetry(w.seq);  // (at the head again)
           stalled.push_back(slot);
           break;
@@ -618,20 +616,35 @@ void ClusterClient::ReleaseHeld() {
 void ClusterClient::HoldForRetry(uint64_t seq) {
   Entry& e = entries_.At(seq);
   Hold(seq);
-  const std::chrono::milliseconds pause(10 * e.tries);
+  const std::chrono::milliseconds pause(10 * e.own.count);
   e.retry_at = NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
   ArmHoldTimer(pause);
 }
 
+void ClusterClient::RetryAfterPause(uint64_t seq, int part) {
+  Entry& e = entries_.At(seq);
+  if (Single(e)) {
+    HoldForRetry(seq);
+    return;
+  }
+  MarkPartRedirected(e, part);
+  RetryLater(seq, part);
+}
+
 void ClusterClient::ArmHoldTimer(std::chrono::milliseconds after) {
-  if (hold_timer_armed_) return;
-  hold_timer_armed_ = true;
+  const int64_t at = NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(after).count();
+  if (hold_timer_ != nullptr) {
+    if (hold_at_ <= at) return;  // the one armed ends first
+    hold_timer_->cancel();       // (a shorter pause: it ends earlier)
+  }
+  hold_at_ = at;
   auto timer = std::make_shared<Timer>(worker_.io, after);
+  hold_timer_ = timer;
   std::weak_ptr<bool> alive = alive_;
   timer->async_wait([this, alive, timer](error_code ec) {
     auto a = alive.lock();
-    if (ec || a == nullptr || !*a) return;
-    hold_timer_armed_ = false;
+    if (ec || a == nullptr || !*a || hold_timer_ != timer) return;
+    hold_timer_ = nullptr;
     ReleaseHeld();
     DeliverReady();
     if (run_open_ && !in_link_run_) EndRun();
@@ -726,16 +739,30 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     const std::string_view text = f.head()[0].text;
     // (The budget is per part: each part of a split command may be redirected on its own.)
     const size_t budget = kMaxRedirects * std::max<size_t>(1, e->parts.size());
-    if (auto r = cluster::ParseRedirect(text); r.has_value() && e->redirects < budget) {
+    Tries& t = TriesOf(*e, part);
+    auto r = cluster::ParseRedirect(text);
+    if (r.has_value() && !r->ask && t.moved && t.count < kMaxTryAgain) {
+      // A MOVED after a MOVED: the nodes disagree for a moment (a SETSLOT NODE done on the
+      // slot's old owner before the new one, each naming the other). Followed at once, the
+      // command ran out of redirects in a few round trips; it waits like a TRYAGAIN instead,
+      // then goes where this MOVED says (or the refreshed map).
+      OnClusterMoved(worker_, *r);
+      ++t.count;
+      t.ask = nullptr;
+      RetryAfterPause(seq, part);
+      return;
+    }
+    if (r.has_value() && e->redirects < budget) {
       ++e->redirects;
       if (!r->ask) {
+        t.moved = true;
         OnClusterMoved(worker_, *r);
       } else {
         worker_.shard->cluster_redirects[1].Add();
       }
       ClusterState& c = *worker_.cluster;
       SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port), resp3_);
-      AskLinkOf(*e, part) = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
+      t.ask = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
       if (Single(*e)) {
         // In the client's order behind the earlier commands of its slot (ReleaseHeld).
         Hold(seq);
@@ -754,22 +781,16 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       ReleaseHeld();
       DeliverReady();
       return;
-    } else if (text.starts_with("TRYAGAIN") && TriesOf(*e, part) < kMaxTryAgain) {
-      ++TriesOf(*e, part);
+    } else if (text.starts_with("TRYAGAIN") && t.count < kMaxTryAgain) {
+      ++t.count;
       // A node importing the slot answers an ASKed multi-key command TRYAGAIN while its keys are
       // not all there yet; the retry goes to the slot's owner, which ASKs again. That cycle lasts
       // as long as the migration and is bounded by the tries: its ASK is not counted as a
       // redirect (10 cycles, about 0.5 s, used up a split MGET's redirects, and the next MOVED
       // reached the client: CI, test_a_pipeline_keeps_its_order_while_its_slot_moves).
-      std::shared_ptr<SharedLink>& ask = AskLinkOf(*e, part);
-      if (ask != nullptr && e->redirects > 0) --e->redirects;
-      ask = nullptr;
-      if (Single(*e)) {
-        HoldForRetry(seq);
-        return;
-      }
-      MarkPartRedirected(*e, part);
-      RetryLater(seq, part);
+      if (t.ask != nullptr && e->redirects > 0) --e->redirects;
+      t.ask = nullptr;
+      RetryAfterPause(seq, part);
       return;
     }
   }
@@ -815,12 +836,12 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
 
 void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
   Entry* e = &entries_.At(seq);
-  const std::shared_ptr<SharedLink>& ask = AskLinkOf(*e, part);
+  const std::shared_ptr<SharedLink>& ask = TriesOf(*e, part).ask;
   if (Send(seq, part, link, ask != nullptr && link == ask.get())) return;
   // The node is down, still connecting, or not known: ask for the map, and try again a little
   // later (10 ms more each time, about 2 s in all) before the command gets an error.
   if (worker_.cluster->refresh) worker_.cluster->refresh();
-  if (uint8_t& tries = TriesOf(*e, part); tries < kMaxTryAgain) {
+  if (uint8_t& tries = TriesOf(*e, part).count; tries < kMaxTryAgain) {
     ++tries;
     RetryLater(seq, part);
     return;
@@ -829,13 +850,14 @@ void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
 }
 
 void ClusterClient::RetryLater(uint64_t seq, int part) {
-  auto timer = std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * TriesOf(entries_.At(seq), part)));
+  auto timer =
+      std::make_shared<Timer>(worker_.io, std::chrono::milliseconds(10 * TriesOf(entries_.At(seq), part).count));
   std::weak_ptr<bool> alive = alive_;
   timer->async_wait([this, alive, timer, seq, part](error_code ec) {
     auto a = alive.lock();
     if (ec || a == nullptr || !*a) return;
     Entry* e = &entries_.At(seq);
-    const std::shared_ptr<SharedLink>& ask = AskLinkOf(*e, part);
+    const std::shared_ptr<SharedLink>& ask = TriesOf(*e, part).ask;
     SharedLink* l = ask != nullptr                      ? ask.get()
                     : !e->split_slots.empty()           ? LinkForSlot(e->split_slots[static_cast<size_t>(part)])
                     : e->merge != cluster::Merge::kNone ? ClusterNodeLink(worker_, static_cast<uint16_t>(part), resp3_)

@@ -73,6 +73,16 @@ class ClusterClient final : public LinkClient {
   static constexpr int kMaxTryAgain = 20;
 
  private:
+  // How a command (or one part of a fanned-out or split command) is being tried.
+  struct Tries {
+    // Sends its node could not take, TRYAGAINs, and MOVEDs after a MOVED: kMaxTryAgain, each
+    // followed by a pause of 10 ms x the count.
+    uint8_t count = 0;
+    bool moved = false;  // it followed a MOVED
+    // The node an ASK named: tries go there, ASKING first. Held, so that a link retired while
+    // the entry waits (held behind its slot's earlier commands) is not freed under it.
+    std::shared_ptr<SharedLink> ask;
+  };
   // One client command: its bytes (kept to send again), and its reply once it is complete.
   struct Entry {
     std::string command;
@@ -84,14 +94,9 @@ class ClusterClient final : public LinkClient {
     size_t buffered = 0;  // reply bytes kept for it (buffered_)
     int scan_node = 0;
     uint32_t redirects = 0;
-    uint8_t tries = 0;                // a single command's (a part's: part_tries)
-    std::vector<uint8_t> part_tries;  // fanned out or split: each part's, its own budget
-    int64_t retry_at = 0;             // held after its node could not take it: not tried before (steady ns)
-    // The node an ASK named: tries go there, ASKING first. Held, so that a link retired while
-    // the entry waits (held behind its slot's earlier commands) is not freed under it. A single
-    // command's; a split command's parts each have their own (part_ask_links).
-    std::shared_ptr<SharedLink> ask_link;
-    std::vector<std::shared_ptr<SharedLink>> part_ask_links;
+    Tries own;                      // a single command's (a part's: part_tries)
+    std::vector<Tries> part_tries;  // fanned out or split: each part's, on its own
+    int64_t retry_at = 0;           // held after its node could not take it: not tried before (steady ns)
     int parts_left = 1;
     std::vector<std::string> parts;  // fanned out or split: each part's reply
     // Split by slot (Route::split): each part's command, slot, and (MGET) its keys' places.
@@ -201,21 +206,19 @@ class ClusterClient final : public LinkClient {
   void Wait(int32_t slot, Waiter w);
   void Hold(uint64_t seq);
   void ReleaseHeld();
-  // ReleaseHeld again after `after` (one timer for the client: one armed already stands).
+  // ReleaseHeld again after `after` (one timer for the client: one armed already stands unless
+  // this pause ends first).
   void ArmHoldTimer(std::chrono::milliseconds after);
   // Holds single command `seq`, whose node could not take it (or answered TRYAGAIN), until a
   // pause of 10 ms x its tries is over (Entry::retry_at).
   void HoldForRetry(uint64_t seq);
-  // The tries of `e`'s part `part` (a single command: its own).
-  static uint8_t& TriesOf(Entry& e, int part) {
+  // Sends `seq` (its part `part`) again after a pause of 10 ms x its tries: a single command held
+  // in its slot's order (HoldForRetry), a part on its own (RetryLater).
+  void RetryAfterPause(uint64_t seq, int part);
+  // How `e`'s part `part` is being tried (a single command: `own`).
+  static Tries& TriesOf(Entry& e, int part) {
     return part >= 0 && static_cast<size_t>(part) < e.part_tries.size() ? e.part_tries[static_cast<size_t>(part)]
-                                                                        : e.tries;
-  }
-  // The node an ASK named for `e`'s part `part` (a single command: its own), or nullptr.
-  static std::shared_ptr<SharedLink>& AskLinkOf(Entry& e, int part) {
-    return part >= 0 && static_cast<size_t>(part) < e.part_ask_links.size()
-               ? e.part_ask_links[static_cast<size_t>(part)]
-               : e.ask_link;
+                                                                        : e.own;
   }
 
   Worker& worker_;
@@ -232,7 +235,9 @@ class ClusterClient final : public LinkClient {
   bool resp3_ = false;  // set_resp3
   bool overflowed_ = false;
   std::function<void()> on_overflow_;
-  bool hold_timer_armed_ = false;
+  // ArmHoldTimer's timer while one is armed, and when it ends (steady ns).
+  std::shared_ptr<Timer> hold_timer_;
+  int64_t hold_at_ = 0;
   SharedLink* from_ = nullptr;  // the link whose replies are being handed over
   bool run_open_ = false;       // the session's Begin was called, its End is due
   bool in_link_run_ = false;

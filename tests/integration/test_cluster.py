@@ -1297,6 +1297,44 @@ def test_a_split_commands_part_is_retried_on_its_own_node_not_where_another_part
     assert r.mget(kb, ka) == ["vb", "va"]
 
 
+def test_nodes_that_send_a_command_back_and_forth_are_waited_for(fresh):
+    """A SETSLOT NODE done on the slot's old owner before the new one: for a moment each names the
+    other (MOVED to the new owner, which answers MOVED back). keyguard followed each MOVED at
+    once and ran out of redirects in a few round trips, and the client got -MOVED; now a MOVED
+    after a MOVED waits like a TRYAGAIN (10 ms more each time, about 2 s in all), and the
+    commands are answered once the new owner has its SETSLOT (here 100 ms later). A one-slot
+    command and a split one's part, each on its own connection."""
+    c, kg = fresh
+    r = client(kg)
+    key = "pp"
+    slot = c.keyslot(key)
+    owner = c.slot_map()[slot]
+    to = [p for p in c.primaries() if p != owner][0]
+    assert c.keyslot("zz") != slot
+    assert r.set(key, "v") is True and r.set("zz", "w") is True
+    moved = kg.metric('keyguard_cluster_redirects_total{kind="moved"}')
+    c.node(to).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(owner))
+    c.node(owner).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(to))
+    c.node(owner).client.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", key)
+    one, split = RespConn(kg.port), RespConn(kg.port)
+    try:
+        # The owner first (the wrong order): it sends the slot's commands to `to`, which sends
+        # them back while it still only imports the slot.
+        c.node(owner).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", c.node_id(to))
+        one.sock.sendall(encode("GET", key))
+        split.sock.sendall(encode("MGET", "zz", key))
+        wait_until(lambda: kg.metric('keyguard_cluster_redirects_total{kind="moved"}') >= moved + 6,
+                   "keyguard to be sent back and forth")
+        time.sleep(0.1)
+    finally:
+        set_slot_owner(c, slot, to)
+    assert one.read()[1] == b"$1\r\nv\r\n"
+    assert split.read()[1] == b"*2\r\n$1\r\nw\r\n$1\r\nv\r\n"
+    assert r.get(key) == "v"
+    one.close()
+    split.close()
+
+
 def test_split_commands_on_a_node_still_connecting_are_answered():
     """Two pipelined split commands with a part each on a node whose link was still connecting
     (a RESP3 client's first commands there): with the first cut of the split commands' order,
