@@ -88,6 +88,7 @@ std::string Registry::Render() const {
     w.Sample(pins, {kPinReasonNames[r]}, Sum(shards_, [&](const WorkerShard& s) { return s.upstream_pins[r].Get(); }));
   }
   counter(FamilyId::kSharedWrites, &WorkerShard::shared_writes);
+  gauge(FamilyId::kClusterRetiredLinks, &WorkerShard::cluster_retired_links);
   counter(FamilyId::kSharedCommands, &WorkerShard::shared_commands);
   const Family& redirects = Of(FamilyId::kClusterRedirects);
   w.Header(redirects);

@@ -111,10 +111,29 @@ void RetireDepartedLinks(Worker& worker) {
     l->Retire();
     c.retired.push_back({std::move(it->second), now});
     ++c.retirements;
+    worker.shard->cluster_retired_links.Add(1);
     it = c.links.erase(it);
   }
-  std::erase_if(c.retired, [&](const ClusterState::Retired& r) {
+  FreeRetiredLinks(worker);
+}
+
+void FreeRetiredLinks(Worker& worker) {
+  ClusterState& c = *worker.cluster;
+  if (c.retired.empty()) return;
+  // A client that holds a retired link with nothing in flight (idle since the node left) would
+  // keep it for as long as it stays connected.
+  for (ClusterClient* client : c.clients) client->DropRetiredQueues();
+  const auto now = std::chrono::steady_clock::now();
+  const size_t freed = std::erase_if(c.retired, [&](const ClusterState::Retired& r) {
     return r.link.use_count() == 1 && now - r.since >= ClusterState::kRetiredGrace;
+  });
+  worker.shard->cluster_retired_links.Add(-static_cast<int64_t>(freed));
+  if (c.retired.empty() || c.retired_sweep != nullptr) return;
+  c.retired_sweep = std::make_shared<Timer>(worker.io, ClusterState::kRetiredGrace);
+  c.retired_sweep->async_wait([&worker, timer = c.retired_sweep](error_code ec) {
+    if (ec || worker.cluster->retired_sweep != timer) return;
+    worker.cluster->retired_sweep = nullptr;
+    FreeRetiredLinks(worker);
   });
 }
 
@@ -172,11 +191,14 @@ void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {
 // ---------------------------------------------------------------------------------------------
 // ClusterClient
 
-ClusterClient::ClusterClient(Worker& worker, LinkClient& session) : worker_(worker), session_(session) {}
+ClusterClient::ClusterClient(Worker& worker, LinkClient& session) : worker_(worker), session_(session) {
+  worker_.cluster->clients.insert(this);
+}
 
 ClusterClient::~ClusterClient() {
   *alive_ = false;
   Detach();
+  worker_.cluster->clients.erase(this);
 }
 
 void ClusterClient::Detach() {

@@ -68,6 +68,11 @@ class ClusterClient final : public LinkClient {
   }
   void OnLinkFailed(SharedLink* from, metrics::UpstreamError reason) override;
 
+  // Drops the queues of links retired since the last call (a node left the map) that owe this
+  // client nothing, so that the worker can free them (on its next command, and when the worker
+  // sweeps its clients: FreeRetiredLinks).
+  void DropRetiredQueues();
+
   // Redirections followed for one command before its error is given to the client.
   static constexpr int kMaxRedirects = 5;
   static constexpr int kMaxTryAgain = 20;
@@ -153,9 +158,6 @@ class ClusterClient final : public LinkClient {
   // Ends the session's run of replies; true when the client is over its output bound.
   bool EndRun();
   LinkQueue& QueueOf(SharedLink* link);
-  // Drops the queues of links retired since the last call (a node left the map) that owe this
-  // client nothing, so that the worker can free them.
-  void DropRetiredQueues();
   // Sends part `part` of `e` to `link` (ASKING first when `link` is the one an ASK named); when it
   // cannot go (the node down, connecting or unknown), again after a pause, a bounded number of times.
   void SendOrRetry(uint64_t seq, int part, SharedLink* link);

@@ -34,6 +34,7 @@
 
 namespace keyguard::proxy {
 
+class ClusterClient;
 class Session;
 class SizeProbe;
 
@@ -51,8 +52,9 @@ struct ClusterState {
   std::unordered_map<std::string, std::shared_ptr<SharedLink>> links;  // by "host:port", kept across maps
   // The links of nodes that left the map, retired (SharedLink::Retire) when they owed nothing:
   // freed once no client holds them and kRetiredGrace has passed (an entry's retry timer may
-  // still name one: ClusterClient::Entry::ask_link). `retirements` counts them, so that clients
-  // drop their queues of retired links (ClusterClient::DropRetiredQueues).
+  // still name one: ClusterClient::Tries::ask). `retirements` counts them, so that clients drop
+  // their queues of retired links (ClusterClient::DropRetiredQueues, on a client's next command
+  // and on each sweep: FreeRetiredLinks, every kRetiredGrace while any is left).
   struct Retired {
     std::shared_ptr<SharedLink> link;
     std::chrono::steady_clock::time_point since;
@@ -60,8 +62,10 @@ struct ClusterState {
   static constexpr std::chrono::seconds kRetiredGrace{10};
   std::vector<Retired> retired;
   uint64_t retirements = 0;
-  std::function<void()> refresh;  // asks the control thread for the map again (any thread)
-  size_t next_any = 0;            // keyless commands are spread over the primaries
+  std::shared_ptr<Timer> retired_sweep;        // armed while `retired` is not empty
+  std::unordered_set<ClusterClient*> clients;  // the worker's (each registers itself)
+  std::function<void()> refresh;               // asks the control thread for the map again (any thread)
+  size_t next_any = 0;                         // keyless commands are spread over the primaries
 };
 
 struct Worker {
@@ -132,6 +136,9 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
 // Retires the links of nodes in neither role of the worker's map that owe nothing, and frees the
 // retired links no client holds any more (AdoptClusterMap calls it).
 void RetireDepartedLinks(Worker& worker);
+// Has every client let go of the retired links it holds with nothing in flight, frees those no
+// client holds past their grace, and sweeps again after kRetiredGrace while any is left.
+void FreeRetiredLinks(Worker& worker);
 // The shared link of primary `index` of the worker's map (made and started on first use), or
 // nullptr.
 // `resp3`: of the set RESP3 clients use (its connections send HELLO 3).

@@ -72,6 +72,7 @@ enum class FamilyId : uint8_t {
   kClusterMapRefreshes,
   kClusterMapChanges,
   kClusterPrimaries,
+  kClusterRetiredLinks,
   kHotKeyPatternAccesses,
   // `keyguard audit --format prom`.
   kAuditScannedKeys,
@@ -278,6 +279,9 @@ inline constexpr Family kFamilies[] = {
      "Times the Redis Cluster's slot map changed (resharding, failover) and the workers adopted the new one."},
     {FamilyId::kClusterPrimaries, "keyguard_cluster_primaries", Type::kGauge,
      "Primaries in the Redis Cluster's slot map now."},
+    {FamilyId::kClusterRetiredLinks, "keyguard_cluster_retired_links", Type::kGauge,
+     "Shared connections' objects of Redis Cluster nodes that left the slot map, closed and not yet freed (held by "
+     "a command in flight, or for 10 s after the node left)."},
     {FamilyId::kHotKeyPatternAccesses,
      "keyguard_hot_key_pattern_accesses",
      Type::kGauge,

@@ -234,6 +234,7 @@ class WorkerShard {
   Counter shared_writes;
   Counter shared_commands;
   std::array<Counter, 2> cluster_redirects;                        // moved, ask
+  Gauge cluster_retired_links;                                     // links of departed nodes, not yet freed
   LabeledCounters<FamilyId::kKeyViolations> key_violations;        // rule, action, key_pattern
   LabeledCounters<FamilyId::kKeysRewritten> keys_rewritten;        // rule
   LabeledCounters<FamilyId::kCommandsRejected> commands_rejected;  // reason
