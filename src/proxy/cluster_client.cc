@@ -198,7 +198,8 @@ ClusterClient::ClusterClient(Worker& worker, LinkClient& session) : worker_(work
 ClusterClient::~ClusterClient() {
   *alive_ = false;
   Detach();
-  worker_.cluster->clients.erase(this);
+  // (At exit, a session suspended in the io_context can end after the worker's cluster state.)
+  if (worker_.cluster != nullptr) worker_.cluster->clients.erase(this);
 }
 
 void ClusterClient::Detach() {
@@ -643,6 +644,18 @@ void ClusterClient::HoldForRetry(uint64_t seq) {
   ArmHoldTimer(pause);
 }
 
+bool ClusterClient::StillBouncing(int32_t slot) {
+  const int64_t now = NowNs();
+  constexpr int64_t kWindow = int64_t{10'000'000} * kMaxTryAgain * (kMaxTryAgain + 1) / 2;  // the pauses' sum
+  const int64_t until = bouncing_.try_emplace(slot, now + kWindow).first->second;
+  return now < until;
+}
+
+int32_t ClusterClient::SlotOf(const Entry& e, int part) {
+  return part >= 0 && static_cast<size_t>(part) < e.split_slots.size() ? e.split_slots[static_cast<size_t>(part)]
+                                                                       : e.slot;
+}
+
 void ClusterClient::RetryAfterPause(uint64_t seq, int part) {
   Entry& e = entries_.At(seq);
   if (Single(e)) {
@@ -763,7 +776,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     const size_t budget = kMaxRedirects * std::max<size_t>(1, e->parts.size());
     Tries& t = TriesOf(*e, part);
     auto r = cluster::ParseRedirect(text);
-    if (r.has_value() && !r->ask && t.moved && t.count < kMaxTryAgain) {
+    if (r.has_value() && !r->ask && t.moved && t.count < kMaxTryAgain && StillBouncing(SlotOf(*e, part))) {
       // A MOVED after a MOVED: the nodes disagree for a moment (a SETSLOT NODE done on the
       // slot's old owner before the new one, each naming the other). Followed at once, the
       // command ran out of redirects in a few round trips; it waits like a TRYAGAIN instead,
@@ -776,8 +789,8 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     }
     if (r.has_value() && e->redirects < budget) {
       ++e->redirects;
+      t.moved = !r->ask;  // (an ASK: the owner knows where the slot goes)
       if (!r->ask) {
-        t.moved = true;
         OnClusterMoved(worker_, *r);
       } else {
         worker_.shard->cluster_redirects[1].Add();
@@ -816,6 +829,8 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       return;
     }
   }
+  if (!bouncing_.empty() && f.type() != '-') [[unlikely]]
+    bouncing_.erase(SlotOf(*e, part));  // (not for the -MOVED of a command out of tries)
   if (seq == entries_.front_seq() && e->merge == cluster::Merge::kNone && !e->scan) [[likely]] {
     // In order: handed over as the link framed it.
     entries_.Pop();

@@ -83,7 +83,7 @@ class ClusterClient final : public LinkClient {
     // Sends its node could not take, TRYAGAINs, and MOVEDs after a MOVED: kMaxTryAgain, each
     // followed by a pause of 10 ms x the count.
     uint8_t count = 0;
-    bool moved = false;  // it followed a MOVED
+    bool moved = false;  // it followed a MOVED (and no ASK since)
     // The node an ASK named: tries go there, ASKING first. Held, so that a link retired while
     // the entry waits (held behind its slot's earlier commands) is not freed under it.
     std::shared_ptr<SharedLink> ask;
@@ -124,7 +124,15 @@ class ClusterClient final : public LinkClient {
     Entry& At(uint64_t seq) { return slots_[seq & mask_]; }
     // A reset entry at the back; its sequence number.
     uint64_t Push();
-    void Pop() { ++head_; }
+    // (The entry lets go of the links an ASK named: a retired one is freed though the slot waits
+    // for its reuse.)
+    void Pop() {
+      Entry& e = front();
+      if (e.own.ask != nullptr) [[unlikely]]
+        e.own.ask = nullptr;
+      if (!e.part_tries.empty()) e.part_tries.clear();
+      ++head_;
+    }
 
    private:
     std::vector<Entry> slots_;
@@ -217,6 +225,11 @@ class ClusterClient final : public LinkClient {
   // Sends `seq` (its part `part`) again after a pause of 10 ms x its tries: a single command held
   // in its slot's order (HoldForRetry), a part on its own (RetryLater).
   void RetryAfterPause(uint64_t seq, int part);
+  // Whether commands of `slot`, whose nodes send them back and forth, still wait for the nodes to
+  // agree (bouncing_: from the first such MOVED, for as long as one command's pauses).
+  bool StillBouncing(int32_t slot);
+  // The slot of `e`'s part `part` (a split command's), else `e`'s own.
+  static int32_t SlotOf(const Entry& e, int part);
   // How `e`'s part `part` is being tried (a single command: `own`).
   static Tries& TriesOf(Entry& e, int part) {
     return part >= 0 && static_cast<size_t>(part) < e.part_tries.size() ? e.part_tries[static_cast<size_t>(part)]
@@ -230,7 +243,12 @@ class ClusterClient final : public LinkClient {
   size_t last_queue_ = 0;                    // the one QueueOf found last
   uint64_t retirements_seen_ = 0;            // ClusterState::retirements at the last DropRetiredQueues
   absl::flat_hash_set<int32_t> redirected_;  // see Redirected (a set: a split command marks all its slots)
-  size_t buffered_ = 0;                      // bytes of replies kept until their turn
+  // Slots whose nodes send commands back and forth (a MOVED after a MOVED), and until when their
+  // commands wait for the nodes to agree (kMaxTryAgain's pauses, about 2 s, from the first): a
+  // slot whose nodes never agree costs its pipelined commands that wait once, not each in turn.
+  // Forgotten at the slot's next reply that is not an error.
+  absl::flat_hash_map<int32_t, int64_t> bouncing_;
+  size_t buffered_ = 0;  // bytes of replies kept until their turn
   // WaitBelow's wait while buffered_ is over `buffered_low_` (DeliverReady ends it).
   Timer* buffered_wait_ = nullptr;
   size_t buffered_low_ = 0;

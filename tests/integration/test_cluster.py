@@ -359,19 +359,29 @@ def test_a_node_removed_from_the_cluster_is_let_go():
     (redis-cli --cluster del-node; it keeps running, out of the cluster): keyguard's next map no
     longer names it, so each worker retires its link (cluster_node_left) and never connects to it
     again, rather than keeping a connection to every address a node ever had; about 10 s later the
-    link is freed, also when an idle client had used it."""
+    link is freed, also when an idle client had used it (and one had been ASKed to it)."""
     with cluster(primaries=3, replicas=0) as c, keyguard_for(c) as kg:
         new = c.add_primary()
         old = [p for p in c.primaries() if p != new][0]
         c.reshard(old, new, 50)
         r = client(kg)
+        # A client ASKed to the new node once (its slot moving there by hand), idle ever since.
+        asked = next(k for k in ("asked:%d" % i for i in range(20000)) if c.node_for_key(k) == old)
+        aslot = c.keyslot(asked)
+        assert r.set(asked, "a") is True
+        begin_migration(c, aslot, old, new, asked)
+        asks = kg.metric('keyguard_cluster_redirects_total{kind="ask"}')
+        idle = RespConn(kg.port)
+        assert idle.exchange(encode("GET", asked), replies=1) == b"$1\r\na\r\n"
+        assert kg.metric('keyguard_cluster_redirects_total{kind="ask"}') == asks + 1
+        set_slot_owner(c, aslot, new)
         keys = [k for k in ("gone:%d" % i for i in range(20000)) if c.node_for_key(k) == new][:20]
         for k in keys:
             assert r.set(k, "v") is True  # through MOVED: keyguard links to the new node
         assert kg.metric('keyguard_cluster_node_commands_total{node="127.0.0.1:%d"}' % new) >= 20
-        for k in keys:
+        for k in keys + [asked]:
             r.delete(k)
-        c.reshard(new, old, 50)
+        c.reshard(new, old, 51)
         node = c.node(new)
         out = subprocess.run(["redis-cli", "--cluster", "del-node", "127.0.0.1:%d" % old, c.node_id(new)],
                              capture_output=True, text=True, timeout=PATIENCE)
@@ -392,6 +402,7 @@ def test_a_node_removed_from_the_cluster_is_let_go():
                        "keyguard to free the departed node's links", timeout=max(PATIENCE, 30))
         finally:
             node.stop()
+            idle.close()
         # The rest of the cluster is served as before.
         for i in range(50):
             assert r.set("after:%d" % i, "x") is True
@@ -1170,10 +1181,8 @@ def move_slot(c, slot, to):
     """Migrates one slot to the primary on `to` by hand (IMPORTING/MIGRATING, MIGRATE of its keys,
     then SETSLOT NODE everywhere): the steps redis-cli --cluster reshard takes for each slot."""
     owner = c.slot_map()[slot]
-    source, target = c.node(owner).client, c.node(to).client
-    source_id, target_id = c.node_id(owner), c.node_id(to)
-    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    source = c.node(owner).client
+    begin_migration(c, slot, owner, to)
     while True:
         keys = source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
         if not keys:
@@ -1228,6 +1237,22 @@ def set_slot_owner(c, slot, to):
         c.node(p).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
 
 
+def slot_owner_and_other(c, key):
+    """The slot of `key`, the primary that owns it, and another primary."""
+    slot = c.keyslot(key)
+    owner = c.slot_map()[slot]
+    return slot, owner, [p for p in c.primaries() if p != owner][0]
+
+
+def begin_migration(c, slot, owner, to, *keys):
+    """Starts moving `slot` from the primary on `owner` to the one on `to` (IMPORTING on `to`,
+    MIGRATING on `owner`) and MIGRATEs `keys` there; set_slot_owner ends it."""
+    c.node(to).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(owner))
+    c.node(owner).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(to))
+    if keys:
+        c.node(owner).client.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", *keys)
+
+
 def test_a_multi_key_command_waits_out_a_slot_migration(fresh):
     """While a slot migrates, a multi-key command whose keys are not all on one side goes round:
     the owner ASKs it to the importing node, which answers TRYAGAIN, and the retry goes to the
@@ -1243,11 +1268,8 @@ def test_a_multi_key_command_waits_out_a_slot_migration(fresh):
     assert r.set(key, "v") is True
     owner = c.slot_map()[slot]
     to = [p for p in c.primaries() if p != owner][0]
-    source, target = c.node(owner).client, c.node(to).client
     asks = kg.metric('keyguard_cluster_redirects_total{kind="ask"}')
-    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(owner))
-    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(to))
-    source.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", key)
+    begin_migration(c, slot, owner, to, key)
     one, split = RespConn(kg.port), RespConn(kg.port)
     try:
         # "ro" and "{ro}zz": neither node has both; the split one adds "zz", of another slot.
@@ -1283,10 +1305,8 @@ def test_a_split_commands_part_is_retried_on_its_own_node_not_where_another_part
     conn = RespConn(kg.port)
     assert conn.exchange(encode("HELLO", "3"), replies=1).startswith(b"%")
     assert conn.exchange(encode("MGET", kb, ka), replies=1) == b"*2\r\n$2\r\nvb\r\n$2\r\nva\r\n"
-    for slot, owner in ((sa, x), (sb, z)):
-        c.node(y).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(owner))
-        c.node(owner).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(y))
-    c.node(x).client.execute_command("MIGRATE", "127.0.0.1", y, "", 0, 5000, "KEYS", ka)
+    begin_migration(c, sa, x, y, ka)
+    begin_migration(c, sb, z, y)
     sleeper = RespConn(z)
     try:
         # keyguard's links to z die, and z answers nothing for a second: its new links wait.
@@ -1314,15 +1334,11 @@ def test_nodes_that_send_a_command_back_and_forth_are_waited_for(fresh):
     c, kg = fresh
     r = client(kg)
     key = "pp"
-    slot = c.keyslot(key)
-    owner = c.slot_map()[slot]
-    to = [p for p in c.primaries() if p != owner][0]
+    slot, owner, to = slot_owner_and_other(c, key)
     assert c.keyslot("zz") != slot
     assert r.set(key, "v") is True and r.set("zz", "w") is True
     moved = kg.metric('keyguard_cluster_redirects_total{kind="moved"}')
-    c.node(to).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(owner))
-    c.node(owner).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(to))
-    c.node(owner).client.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", key)
+    begin_migration(c, slot, owner, to, key)
     one, split = RespConn(kg.port), RespConn(kg.port)
     try:
         # The owner first (the wrong order): it sends the slot's commands to `to`, which sends
@@ -1340,6 +1356,31 @@ def test_nodes_that_send_a_command_back_and_forth_are_waited_for(fresh):
     assert r.get(key) == "v"
     one.close()
     split.close()
+
+
+def test_nodes_that_never_agree_cost_a_pipeline_one_wait(fresh):
+    """The same back and forth, but the new owner's SETSLOT never comes (the tool moving the slot
+    died in between): the first command waits out its pauses (about 2 s) and gets the -MOVED;
+    the 4 pipelined behind it, of the same slot, are not each given 2 s more (10 s in all), but
+    fail as fast as the redirections go."""
+    c, kg = fresh
+    r = client(kg)
+    key = "nv"
+    slot, owner, to = slot_owner_and_other(c, key)
+    assert r.set(key, "v") is True
+    begin_migration(c, slot, owner, to, key)
+    conn = RespConn(kg.port, timeout=60)
+    try:
+        c.node(owner).client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", c.node_id(to))
+        start = time.monotonic()
+        replies = conn.exchange(b"".join(encode("GET", key) for _ in range(5)) + encode("PING"), replies=6)
+        took = time.monotonic() - start
+    finally:
+        set_slot_owner(c, slot, to)
+    assert replies.count(b"-MOVED %d 127.0.0.1:" % slot) == 5 and replies.endswith(b"+PONG\r\n")
+    assert 1.5 < took < 6, took
+    assert r.get(key) == "v"
+    conn.close()
 
 
 def test_split_commands_on_a_node_still_connecting_are_answered():
@@ -1907,8 +1948,7 @@ def test_a_split_command_waiting_whole_keeps_its_place_in_its_other_slots(fresh)
     a, other, b = keys_on_distinct_nodes(c, prefix="ov")
     slot = c.keyslot(a)
     src, tgt = c.node_for_key(a), c.node_for_key(other)
-    c.node(tgt).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(src))
-    c.node(src).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(tgt))
+    begin_migration(c, slot, src, tgt)
     try:
         assert client(kg).set(b, "0") is True
         conn = RespConn(kg.port, timeout=30)
@@ -2015,8 +2055,7 @@ def test_a_wide_split_command_waiting_whole_costs_little_per_reply(fresh):
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    c.node(tgt).client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(src))
-    c.node(src).client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(tgt))
+    begin_migration(c, slot, src, tgt)
     try:
         conn = RespConn(kg.port, timeout=60)
         sleeper = threading.Thread(target=lambda: c.node(tgt).client.execute_command("DEBUG", "SLEEP", "1"))
