@@ -191,15 +191,15 @@ void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {
 // ---------------------------------------------------------------------------------------------
 // ClusterClient
 
-ClusterClient::ClusterClient(Worker& worker, LinkClient& session) : worker_(worker), session_(session) {
-  worker_.cluster->clients.insert(this);
+ClusterClient::ClusterClient(Worker& worker, LinkClient& session)
+    : worker_(worker), session_(session), registry_(worker.cluster) {
+  registry_->clients.insert(this);
 }
 
 ClusterClient::~ClusterClient() {
   *alive_ = false;
   Detach();
-  // (At exit, a session suspended in the io_context can end after the worker's cluster state.)
-  if (worker_.cluster != nullptr) worker_.cluster->clients.erase(this);
+  registry_->clients.erase(this);
 }
 
 void ClusterClient::Detach() {

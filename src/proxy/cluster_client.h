@@ -31,6 +31,7 @@
 
 namespace keyguard::proxy {
 
+struct ClusterState;
 struct Worker;
 
 class ClusterClient final : public LinkClient {
@@ -238,6 +239,9 @@ class ClusterClient final : public LinkClient {
 
   Worker& worker_;
   LinkClient& session_;
+  // Where this client is registered (ClusterState::clients): held, as at exit a session suspended
+  // in the io_context can end after the worker's members.
+  std::shared_ptr<ClusterState> registry_;
   EntryRing entries_;
   std::vector<LinkQueue> queues_;            // one per link used (a few)
   size_t last_queue_ = 0;                    // the one QueueOf found last

@@ -265,7 +265,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     }
     workers.back()->hot.Attach(&hot_keys, hot_keys.AddWorker());
     if (cluster_watch != nullptr) {
-      workers.back()->cluster = std::make_unique<ClusterState>();
+      workers.back()->cluster = std::make_shared<ClusterState>();
       workers.back()->cluster->refresh = [w = cluster_watch.get()] { w->Refresh(); };
     } else if (config.shared_upstream) {
       for (int j = 0; j < config.shared_connections; ++j) {

@@ -99,8 +99,10 @@ struct Worker {
   // the idle connections pinned clients take.
   std::vector<std::shared_ptr<SharedLink>> links;
   std::unique_ptr<PinPool> pins;
-  std::unique_ptr<PinPool> pins3;         // RESP3 clients' (Resp3Pins)
-  std::unique_ptr<ClusterState> cluster;  // a Redis Cluster upstream
+  std::unique_ptr<PinPool> pins3;  // RESP3 clients' (Resp3Pins)
+  // A Redis Cluster upstream (shared: each ClusterClient holds it, as sessions can end after the
+  // worker's members at exit).
+  std::shared_ptr<ClusterState> cluster;
   size_t next_link = 0;
   size_t next_link3 = 0;  // PickResp3Link
   // A RESP2 link (the first shared_connections of links), round robin.
