@@ -100,10 +100,9 @@ awaitable<std::string> AdminServer::ProbeCluster() {
   if (unserved != 0) co_return absl::StrCat(unserved, " slots have no primary");
   std::string why;
   for (const proxy::cluster::Node& n : map->primaries) {
-    error_code ec;
-    const auto ip = asio::ip::make_address(n.address(), ec);
-    if (ec) continue;
-    why = co_await Probe(tcp::endpoint(ip, n.port), n.host);
+    const auto at = proxy::NodeEndpoint(n);
+    if (!at.has_value()) continue;
+    why = co_await Probe(*at, n.host);
     if (why.empty()) co_return "";  // a primary answers (the others fail over by themselves)
   }
   co_return absl::StrCat("no primary answers (", why, ")");

@@ -7,6 +7,7 @@
 #include "keyguard/common/json_line.h"
 #include "keyguard/resp/encoder.h"
 #include "proxy/clock.h"
+#include "proxy/cluster_watch.h"
 #include "proxy/worker.h"
 
 namespace keyguard::proxy {
@@ -33,10 +34,9 @@ SharedLink* LinkTo(Worker& worker, const cluster::Node& n, bool replica, bool re
   const std::string key = absl::StrCat(resp3 ? "3:" : "", replica ? "r:" : "", n.ToString());
   auto it = c.links.find(key);
   if (it == c.links.end()) {
-    error_code ec;
-    const auto ip = asio::ip::make_address(n.address(), ec);
-    if (ec) return nullptr;  // a name not resolved (yet: MOVED named it; the next map has its address)
-    auto link = std::make_shared<SharedLink>(worker, tcp::endpoint(ip, n.port), n.host, replica, resp3);
+    const auto at = NodeEndpoint(n);
+    if (!at.has_value()) return nullptr;
+    auto link = std::make_shared<SharedLink>(worker, *at, n.host, replica, resp3);
     link->Start();
     it = c.links.emplace(key, std::move(link)).first;
   }
@@ -174,10 +174,9 @@ std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot) 
   if (slot >= 0) index = c.map->owner[static_cast<size_t>(slot)];
   if (index == cluster::SlotMap::kNoOwner) return std::nullopt;
   const cluster::Node& n = c.map->primaries[index];
-  error_code ec;
-  const auto ip = asio::ip::make_address(n.address(), ec);
-  if (ec) return std::nullopt;
-  return UpstreamAddress{tcp::endpoint(ip, n.port), n.host};
+  const auto at = NodeEndpoint(n);
+  if (!at.has_value()) return std::nullopt;
+  return UpstreamAddress{*at, n.host};
 }
 
 void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {

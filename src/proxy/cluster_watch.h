@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -18,6 +19,15 @@
 #include "proxy/tls.h"
 
 namespace keyguard::proxy {
+
+// Where to connect to node `n`: its address (as announced, or as ClusterWatch resolved its name),
+// or nullopt for a name not resolved yet (a MOVED named it; the next map has its address).
+inline std::optional<tcp::endpoint> NodeEndpoint(const cluster::Node& n) {
+  error_code ec;
+  const auto ip = asio::ip::make_address(n.address(), ec);
+  if (ec) return std::nullopt;
+  return tcp::endpoint(ip, n.port);
+}
 
 class ClusterWatch {
  public:
