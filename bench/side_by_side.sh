@@ -5,7 +5,8 @@
 # with its defaults (key policy and hygiene detectors, observe-only) against keyguard with both off,
 # keyguard with the hygiene detectors against keyguard without them, and keyguard with a static
 # tenant prefix against keyguard without tenancy; keyguard with shared upstream connections
-# (kg-shared) against the best multiplexing peer measured: predixy when PREDIXY names a build of
+# (kg-shared; kg-shared1 with one worker thread, like for like) against the best multiplexing
+# peer measured: predixy when PREDIXY names a build of
 # it (from a fetched checkout, never committed; one worker thread), else twemproxy.
 # usage: bench/side_by_side.sh [KEYGUARD_BIN]   env: N (requests, 200000), C (clients, 50), ROUNDS (2),
 #        PREDIXY (path to a predixy binary)
@@ -20,7 +21,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RP=$(port); HP=$(port); TP=$(port); TS=$(port); KP=$(port); KA=$(port); NP=$(port); NA=$(port); XP=$(port); XA=$(port)
-DP=$(port); DA=$(port); SP=$(port); SA=$(port); PXP=$(port)
+DP=$(port); DA=$(port); SP=$(port); SA=$(port); PXP=$(port); S1P=$(port); S1A=$(port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$D/redis.log" &
 pids+=($!)
 cat > "$D/haproxy.cfg" <<CFG
@@ -64,6 +65,10 @@ printf 'tenancy: {prefix: "tenant:bench:"}\n' > "$D/tenant.yaml"
 # Shared upstream connections: many clients' commands per write to Redis.
 "$KG" --listen "127.0.0.1:$SP" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$SA" --upstream-connections shared \
   >"$D/kg-shared.log" 2>&1 & pids+=($!); SPP=$!
+# The same with one worker thread, as predixy runs here (WorkerThreads 1): like for like against
+# the peer (with a worker per core, 50 clients are split over two sets of shared connections).
+"$KG" --threads 1 --listen "127.0.0.1:$S1P" --upstream "127.0.0.1:$RP" --admin "127.0.0.1:$S1A" \
+  --upstream-connections shared >"$D/kg-shared1.log" 2>&1 & pids+=($!); S1PP=$!
 PEERS=""
 if [ -n "${PREDIXY:-}" ]; then
   cat > "$D/predixy.conf" <<CFG
@@ -99,7 +104,7 @@ declare -A US OPS
 for r in $(seq "$ROUNDS"); do
   for P in 1 16; do
     for t in "direct:$RP:0" "haproxy:$HP:$HAP" "twemproxy:$TP:$NUT" $PEERS "keyguard:$KP:$KGP" "kg-bare:$NP:$NPP" "kg-nodetect:$DP:$DPP" "kg-tenant:$XP:$XPP" \
-      "kg-shared:$SP:$SPP"; do
+      "kg-shared:$SP:$SPP" "kg-shared1:$S1P:$S1PP"; do
       IFS=: read -r name p pid <<<"$t"
       c0=$(cpu "$pid")
       out=$(redis-benchmark -h 127.0.0.1 -p "$p" -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv 2>/dev/null)
@@ -121,5 +126,8 @@ for r in $(seq "$ROUNDS"); do
     peer=twemproxy; [ -n "$PEERS" ] && peer=predixy
     awk -v s="${US[$r.$P.kg-shared]}" -v k="${US[$r.$P.keyguard]}" -v m="${US[$r.$P.$peer]}" -v peer="$peer" -v p="$P" \
       'BEGIN{printf "  pipeline %s: kg-shared CPU/cmd = %.2fx %s, %.2fx keyguard with dedicated connections\n", p, (m>0?s/m:0), peer, (k>0?s/k:0)}'
+    awk -v s="${US[$r.$P.kg-shared1]}" -v m="${US[$r.$P.$peer]}" -v a="${OPS[$r.$P.kg-shared1]}" -v b="${OPS[$r.$P.$peer]}" \
+      -v peer="$peer" -v p="$P" \
+      'BEGIN{printf "  pipeline %s: kg-shared1 (one worker) CPU/cmd = %.2fx %s, %.2fx its throughput\n", p, (m>0?s/m:0), peer, (b>0?a/b:0)}'
   done
 done
