@@ -646,7 +646,11 @@ void ClusterClient::HoldForRetry(uint64_t seq) {
 bool ClusterClient::StillBouncing(int32_t slot) {
   const int64_t now = NowNs();
   constexpr int64_t kWindow = int64_t{10'000'000} * kMaxTryAgain * (kMaxTryAgain + 1) / 2;  // the pauses' sum
-  const int64_t until = bouncing_.try_emplace(slot, now + kWindow).first->second;
+  int64_t& until = bouncing_.try_emplace(slot, now + kWindow).first->second;
+  // A window that ended a while ago (its slot's replies since were all errors, or none came)
+  // says nothing of this disagreement: a new one starts. (Right after one ends, the commands that
+  // waited behind it fail at once.)
+  if (now >= until + kWindow) until = now + kWindow;
   return now < until;
 }
 

@@ -250,7 +250,7 @@ class ClusterClient final : public LinkClient {
   // Slots whose nodes send commands back and forth (a MOVED after a MOVED), and until when their
   // commands wait for the nodes to agree (kMaxTryAgain's pauses, about 2 s, from the first): a
   // slot whose nodes never agree costs its pipelined commands that wait once, not each in turn.
-  // Forgotten at the slot's next reply that is not an error.
+  // Forgotten at the slot's next reply that is not an error; one long over starts anew.
   absl::flat_hash_map<int32_t, int64_t> bouncing_;
   size_t buffered_ = 0;  // bytes of replies kept until their turn
   // WaitBelow's wait while buffered_ is over `buffered_low_` (DeliverReady ends it).
