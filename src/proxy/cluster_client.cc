@@ -832,7 +832,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       return;
     }
   }
-  if (!bouncing_.empty() && f.type() != '-') [[unlikely]]
+  if (!bouncing_.empty() && f.type() != '-' && f.type() != '!') [[unlikely]]
     bouncing_.erase(SlotOf(*e, part));  // (not for the -MOVED of a command out of tries)
   if (seq == entries_.front_seq() && e->merge == cluster::Merge::kNone && !e->scan) [[likely]] {
     // In order: handed over as the link framed it.
