@@ -584,7 +584,8 @@ const KnownCommands& Known() {
       LookupCommand("quit"),        LookupCommand("client"),       LookupCommand("watch"),
       LookupCommand("unwatch"),     LookupCommand("auth"),         LookupCommand("sync"),
       LookupCommand("psync"),       LookupCommand("eval"),         LookupCommand("keys"),
-      LookupCommand("scan"),        LookupCommand("sort"),         LookupCommand("sort_ro")};
+      LookupCommand("scan"),        LookupCommand("sort"),         LookupCommand("sort_ro"),
+      LookupCommand("debug"),       LookupCommand("module")};
   return known;
 }
 

@@ -1040,8 +1040,7 @@ bool Connection::OnSharedFrame(std::string_view frame, const resp::ReplyFramer& 
 bool Connection::OnSharedPush(std::string_view frame, const resp::ReplyFramer& f, int64_t now) {
   // DEBUG PROTOCOL push's is the client's; any other (a CLIENT TRACKING REDIRECT someone aimed
   // at the shared connection) is nobody's.
-  static const commands::CommandId kDebug = commands::LookupCommand("debug");
-  if (queue_.empty() || queue_.front().command != kDebug) return true;
+  if (queue_.empty() || queue_.front().command != commands::Known().debug) return true;
   return OnFrame(frame, f, now);
 }
 

@@ -27,9 +27,8 @@ int8_t HelloVersion(std::span<const std::string_view> args) {
 
 bool QueuedAsIs(commands::CommandId id, std::span<const std::string_view> args) {
   static const uint32_t kNoMulti = commands::CommandFlagMask("no_multi");
-  static const commands::CommandId kDebug = commands::LookupCommand("debug");
-  static const commands::CommandId kModule = commands::LookupCommand("module");
-  if (id == kDebug || id == kModule) return false;
+  const commands::KnownCommands& k = commands::Known();
+  if (id == k.debug || id == k.module) return false;
   const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
   // ResolveSpec is the subcommand's spec for a container command (containers carry no flags of
   // their own), else the command's.

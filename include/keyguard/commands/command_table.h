@@ -133,7 +133,7 @@ absl::StatusOr<int> ExtendFromCommandInfo(std::string_view reply);
 // Ids the proxy treats specially, resolved once.
 struct KnownCommands {
   CommandId multi, exec, discard, subscribe, psubscribe, ssubscribe, unsubscribe, punsubscribe, sunsubscribe, hello,
-      monitor, reset, quit, client, watch, unwatch, auth, sync, psync, eval, keys, scan, sort, sort_ro;
+      monitor, reset, quit, client, watch, unwatch, auth, sync, psync, eval, keys, scan, sort, sort_ro, debug, module;
 };
 const KnownCommands& Known();
 
