@@ -766,8 +766,9 @@ def test_keyless_commands_first_in_a_transaction_sent_alone_wait_for_its_node(fr
         # Discarded: nothing was sent, nothing pinned.
         (["MULTI"], ok), (["PING"], queued), (["DISCARD"], ok), (["EXEC"], b"-ERR EXEC without MULTI\r\n"),
         # A keyless command the server refuses as it queues, an unknown subcommand, one of a
-        # wrong count or one not allowed in a transaction (no_multi), is not held: the client sees the server's error (it saw +QUEUED, found by
-        # helper-43), and EXEC aborts, as it would have.
+        # wrong count or one not allowed in a transaction (no_multi), is not held: the client
+        # sees the server's error (it saw +QUEUED, found by helper-43), and EXEC aborts, as it
+        # would have.
         (["MULTI"], ok), (["CONFIG", "NOSUCH"], b"-ERR unknown subcommand 'NOSUCH'. Try CONFIG HELP.\r\n"),
         (["OBJECT", "ENCODING"], b"-ERR wrong number of arguments for 'object|encoding' command\r\n"),
         (["SAVE"], b"-ERR Command not allowed inside a transaction\r\n"),
