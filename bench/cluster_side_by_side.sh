@@ -12,7 +12,12 @@
 # usage: bench/cluster_side_by_side.sh [KEYGUARD_BIN [PREDIXY_BIN]]
 #        env: N (requests per test, 100000), C (clients, 50), ROUNDS (2), PREDIXY,
 #             MAX_LOAD (wait until the 1-minute load average is below it, checked every 30 s for
-#             up to WAIT_LOAD seconds, 1200; empty: do not wait)
+#             up to WAIT_LOAD seconds, 1200; empty: do not wait),
+#             PIN=1 (the proxies on the last CPU, the cluster and redis-benchmark on the others: each
+#             proxy then sees the same load, unperturbed by the scheduler's placement; the
+#             throughput is that of the other CPUs, so only the CPU per command compares)
+# The proxies take turns in a different order each round (round r starts at the r-th), so none
+# always runs right after another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KG=${1:-build/keyguard}
@@ -21,6 +26,11 @@ PREDIXY=${2:-${PREDIXY:-}}
 N=${N:-100000}; C=${C:-50}; ROUNDS=${ROUNDS:-2}
 MAX_LOAD=${MAX_LOAD-1.0}; WAIT_LOAD=${WAIT_LOAD:-1200}
 D=$(mktemp -d /tmp/kg-cbench.XXXX)
+ON_PROXY=(); ON_REST=()
+if [ -n "${PIN:-}" ]; then
+  last=$(($(nproc) - 1)); [ "$last" -ge 1 ] || { echo "PIN needs 2 CPUs" >&2; exit 1; }
+  ON_PROXY=(taskset -c "$last"); ON_REST=(taskset -c "0-$((last - 1))")
+fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$D"; }
 trap cleanup EXIT
@@ -39,7 +49,7 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 NODES=(); SEEDS=""
 for i in 1 2 3; do
   p=$(port); bp=$(port); mkdir -p "$D/n$i"
-  redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes --cluster-port "$bp" \
+  "${ON_REST[@]}" redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes --cluster-port "$bp" \
     --cluster-config-file "$D/n$i/nodes.conf" --dir "$D/n$i" --save '' --appendonly no \
     --daemonize no --logfile "$D/n$i/redis.log" & pids+=($!)
   NODES+=("$p"); SEEDS="$SEEDS${SEEDS:+,}127.0.0.1:$p"
@@ -56,10 +66,10 @@ for p in "${NODES[@]}"; do
 done
 
 KP=$(port); KA=$(port); NP=$(port); NA=$(port); PXP=$(port)
-"$KG" --threads 1 --listen "127.0.0.1:$KP" --upstream "redis-cluster://$SEEDS" --admin "127.0.0.1:$KA" \
+"${ON_PROXY[@]}" "$KG" --threads 1 --listen "127.0.0.1:$KP" --upstream "redis-cluster://$SEEDS" --admin "127.0.0.1:$KA" \
   >"$D/kg.log" 2>&1 & pids+=($!); KGP=$!
 printf 'key_policy: {enabled: false}\nhygiene: {enabled: false}\n' > "$D/bare.yaml"
-"$KG" --config "$D/bare.yaml" --threads 1 --listen "127.0.0.1:$NP" --upstream "redis-cluster://$SEEDS" \
+"${ON_PROXY[@]}" "$KG" --config "$D/bare.yaml" --threads 1 --listen "127.0.0.1:$NP" --upstream "redis-cluster://$SEEDS" \
   --admin "127.0.0.1:$NA" >"$D/kg-bare.log" 2>&1 & pids+=($!); NPP=$!
 TARGETS=()
 if [ -n "$PREDIXY" ]; then
@@ -86,7 +96,7 @@ ClusterServerPool {
     }
 }
 CFG
-  "$PREDIXY" "$D/predixy.conf" >"$D/predixy.out" 2>&1 & pids+=($!)
+  "${ON_PROXY[@]}" "$PREDIXY" "$D/predixy.conf" >"$D/predixy.out" 2>&1 & pids+=($!)
   TARGETS+=("predixy:$PXP:$!")
 fi
 TARGETS+=("keyguard:$KP:$KGP" "kg-bare:$NP:$NPP")
@@ -107,14 +117,15 @@ printf "%-10s %-4s %12s %12s   %s\n" target pipe "ops/s" "proxy_us/op" "keys per
 declare -A US OPS
 for r in $(seq "$ROUNDS"); do
   for P in 1 16; do
-    for t in "direct:${NODES[0]}:0" "${TARGETS[@]}"; do
+    order=("${TARGETS[@]:$(((r - 1) % ${#TARGETS[@]}))}" "${TARGETS[@]:0:$(((r - 1) % ${#TARGETS[@]}))}")
+    for t in "direct:${NODES[0]}:0" "${order[@]}"; do
       IFS=: read -r name p pid <<<"$t"
       # --threads 1: redis-benchmark's cluster mode otherwise runs a thread per node and times each
       # test in steps of 250 ms (100000 requests in 0.25 s printed as 400000 ops/s)
       cl=""; [ "$name" = direct ] && cl="--cluster --threads 1"
       flush
       c0=$(cpu "$pid")
-      out=$(redis-benchmark -h 127.0.0.1 -p "$p" $cl -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv \
+      out=$("${ON_REST[@]}" redis-benchmark -h 127.0.0.1 -p "$p" $cl -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv \
         2>"$D/bench.err") || true
       c1=$(cpu "$pid")
       keys=$(sizes)

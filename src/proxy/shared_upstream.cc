@@ -254,7 +254,10 @@ awaitable<metrics::UpstreamError> SharedLink::Pump() {
     worker_.shard->upstream_bytes_received.Add(n);
     last_read_ns_ = NowNs();
     slow_.clear();
-    if (!Deliver(&hint, &slow_)) co_return metrics::UpstreamError::kProtocol;
+    if (!Deliver(&hint, &slow_)) [[unlikely]] {
+      slow_.clear();  // (each holds its session, which holds what holds this link)
+      co_return metrics::UpstreamError::kProtocol;
+    }
     if (!slow_.empty()) [[unlikely]] {
       // Clients whose output is over its bound: the replies after theirs wait until they read, as
       // on connections of their own (the others' are delivered already). One window for all of
