@@ -20,6 +20,7 @@
 # always runs right after another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 KG=${1:-build/keyguard}
 PREDIXY=${2:-${PREDIXY:-}}
 [ -x "$KG" ] || bash scripts/build.sh release >/dev/null
@@ -31,19 +32,8 @@ if [ -n "${PIN:-}" ]; then
   last=$(($(nproc) - 1)); [ "$last" -ge 1 ] || { echo "PIN needs 2 CPUs" >&2; exit 1; }
   ON_PROXY=(taskset -c "$last"); ON_REST=(taskset -c "0-$((last - 1))")
 fi
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$D"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-load1() { awk '{print $1}' /proc/loadavg; }
-if [ -n "$MAX_LOAD" ]; then
-  waited=0
-  while awk -v l="$(load1)" -v m="$MAX_LOAD" 'BEGIN{exit !(l >= m)}' && [ "$waited" -lt "$WAIT_LOAD" ]; do
-    echo "load average $(load1) >= $MAX_LOAD, waiting 30 s" >&2
-    sleep 30; waited=$((waited + 30))
-  done
-fi
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+trap bench_cleanup EXIT
+wait_for_quiet "$WAIT_LOAD"
 
 # The cluster: 3 primaries, each with its own dir and an explicit bus port.
 NODES=(); SEEDS=""
@@ -109,8 +99,6 @@ for t in "${TARGETS[@]}"; do
   ready "$p" || { echo "$name on $p does not answer" >&2; exit 1; }
 done
 
-hz=$(getconf CLK_TCK)
-cpu() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
 flush() { local n; for n in "${NODES[@]}"; do redis-cli -p "$n" flushall >/dev/null; done; }
 sizes() { local n; for n in "${NODES[@]}"; do redis-cli -p "$n" dbsize; done | paste -sd/; }
 printf "%-10s %-4s %12s %12s   %s\n" target pipe "ops/s" "proxy_us/op" "keys per node"
@@ -134,7 +122,7 @@ for r in $(seq "$ROUNDS"); do
         echo "$name, pipeline $P: did not answer every command (keys per node $keys):" >&2
         head -5 "$D/bench.err" >&2; echo "$out" >&2; exit 1
       fi
-      us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$N" 'BEGIN{printf "%.2f", (b-a)/hz*1e6/(2*n)}')
+      us=$(us_per_cmd "$c0" "$c1" "$N")
       printf "%-10s %-4s %12s %12s   %s\n" "$name" "$P" "$ops" "$us" "$keys"
       US[$r.$P.$name]=$us; OPS[$r.$P.$name]=$ops
       US[$P.$name]=$(awk -v a="${US[$P.$name]:-0}" -v b="$us" 'BEGIN{print a+b}')

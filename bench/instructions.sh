@@ -7,10 +7,10 @@
 #        VARIANTS (default: bare nodetect defaults tenant shared)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 KG=${1:-build/keyguard}
 N=${N:-50000}; P=${P:-16}
 D=$(mktemp -d /tmp/kg-instr.XXXX)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RP=$(port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --logfile "$D/redis.log" & RPID=$!
 trap 'kill $RPID 2>/dev/null; rm -rf "$D"' EXIT

@@ -12,14 +12,12 @@
 #        PREDIXY (path to a predixy binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 KG=${1:-build/keyguard}
 [ -x "$KG" ] || bash scripts/build.sh release >/dev/null
 N=${N:-200000}; C=${C:-50}; ROUNDS=${ROUNDS:-2}
 D=$(mktemp -d /tmp/kg-bench.XXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$D"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+trap bench_cleanup EXIT
 RP=$(port); HP=$(port); TP=$(port); TS=$(port); KP=$(port); KA=$(port); NP=$(port); NA=$(port); XP=$(port); XA=$(port)
 DP=$(port); DA=$(port); SP=$(port); SA=$(port); PXP=$(port); S1P=$(port); S1A=$(port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$D/redis.log" &
@@ -97,8 +95,6 @@ CFG
   PEERS="predixy:$PXP:$!"
 fi
 sleep 1
-hz=$(getconf CLK_TCK)
-cpu() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
 printf "%-10s %-4s %12s %12s\n" target pipe "ops/s" "proxy_us/op"
 declare -A US OPS
 for r in $(seq "$ROUNDS"); do
@@ -110,7 +106,7 @@ for r in $(seq "$ROUNDS"); do
       out=$(redis-benchmark -h 127.0.0.1 -p "$p" -t set,get -n "$N" -c "$C" -P "$P" -r 100000 -q --csv 2>/dev/null)
       c1=$(cpu "$pid")
       ops=$(echo "$out" | awk -F'"' '/"SET"|"GET"/{s+=$4; n++} END{if(n) printf "%.0f", s/n; else print 0}')
-      us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$N" 'BEGIN{printf "%.2f", (b-a)/hz*1e6/(2*n)}')
+      us=$(us_per_cmd "$c0" "$c1" "$N")
       printf "%-10s %-4s %12s %12s\n" "$name" "$P" "$ops" "$us"
       US[$r.$P.$name]=$us
       OPS[$r.$P.$name]=$ops

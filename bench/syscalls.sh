@@ -8,10 +8,10 @@
 #        C (clients, 50), KG_FLAGS (more keyguard flags, e.g. "--upstream-connections shared")
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 KG=${1:-build/keyguard}
 N=${N:-20000}; P=${P:-1}; C=${C:-50}
 D=$(mktemp -d /tmp/kg-sys.XXXX)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RP=$(port)
 while :; do KP=$(port); KA=$(port); [[ $KP != "$RP" && $KA != "$RP" && $KP != "$KA" ]] && break; done
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --logfile "$D/redis.log" & RPID=$!

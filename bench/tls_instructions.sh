@@ -8,6 +8,7 @@
 #        VARIANTS (bare defaults shared-bare), NO_HAPROXY, KEEP_DIR (keep the profiles there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 KG=$(realpath "${1:-build/keyguard}")
 N=${N:-20000}; P=${P:-1}; C=${C:-50}
 D=${KEEP_DIR:-$(mktemp -d /tmp/kg-tinstr.XXXX)}; mkdir -p "$D"
@@ -18,7 +19,6 @@ cleanup() {
   [ -n "${KEEP_DIR:-}" ] || rm -rf "$D"
 }
 trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 ossl() { (cd "$D" && openssl "$@") >/dev/null 2>&1; }
 ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -keyout ca.key -out ca.crt -subj /CN=bench-ca
 ossl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key -out server.csr -subj /CN=localhost

@@ -19,16 +19,13 @@
 #             up to WAIT_LOAD seconds, 900; empty: do not wait), KEEP (keep the temp dir)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 KG=${1:-build/keyguard}
 [ -x "$KG" ] || bash scripts/build.sh release >/dev/null
 N=${N:-100000}; C=${C:-50}; ROUNDS=${ROUNDS:-2}
 MAX_LOAD=${MAX_LOAD-1.0}; WAIT_LOAD=${WAIT_LOAD:-900}
 D=$(mktemp -d /tmp/kg-tbench.XXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$D"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-load1() { awk '{print $1}' /proc/loadavg; }
+trap bench_cleanup EXIT
 
 # The certificates: a CA, and the server's for CN localhost with DNS:localhost and IP:127.0.0.1.
 ossl() { (cd "$D" && openssl "$@") >/dev/null 2>&1; }
@@ -93,19 +90,10 @@ for t in "${TARGETS[@]}"; do
   ready "$p" || { echo "$name on $p does not answer:" >&2; redis-cli -p "$p" set probe 1 >&2; exit 1; }
 done
 
-if [ -n "$MAX_LOAD" ]; then
-  waited=0
-  while awk -v l="$(load1)" -v m="$MAX_LOAD" 'BEGIN{exit !(l >= m)}' && [ "$waited" -lt "$WAIT_LOAD" ]; do
-    echo "load average $(load1) >= $MAX_LOAD, waiting 30 s" >&2
-    sleep 30; waited=$((waited + 30))
-  done
-fi
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+wait_for_quiet "$WAIT_LOAD"
 echo "haproxy threads: $(ls /proc/$HAP/task | wc -l) (nbthread 1), $(ls /proc/$HAM/task | wc -l) (default);" \
   "keyguard threads: $(ls /proc/${TARGETS[1]##*:}/task | wc -l) (--threads 1), $(ls /proc/${TARGETS[5]##*:}/task | wc -l) (default)"
 
-hz=$(getconf CLK_TCK)
-cpu() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
 conns() { rcli info stats | tr -d '\r' | awk -F: '/^total_connections_received:/{print $2}'; }
 printf "%-10s %-4s %12s %12s %8s %10s\n" target pipe "ops/s" "proxy_us/op" keys "srv_conns"
 declare -A US OPS
@@ -126,7 +114,7 @@ for r in $(seq "$ROUNDS"); do
         echo "$name, pipeline $P: did not answer every command (keys $keys):" >&2
         head -5 "$D/bench.err" >&2; echo "$out" >&2; exit 1
       fi
-      us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$N" 'BEGIN{printf "%.2f", (b-a)/hz*1e6/(2*n)}')
+      us=$(us_per_cmd "$c0" "$c1" "$N")
       # connections the server accepted during the run, less redis-cli's own two (INFO, DBSIZE
       # come after n1; FLUSHALL before n0), so: the proxy's (or redis-benchmark's) upstream connections
       printf "%-10s %-4s %12s %12s %8s %10s\n" "$name" "$P" "$ops" "$us" "$keys" "$((n1 - n0 - 1))"
