@@ -182,7 +182,8 @@ std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot) 
 void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {
   ClusterState& c = *worker.cluster;
   if (c.map == nullptr) return;
-  c.map->owner[r.slot] = c.map->NodeIndex(r.host, r.port);
+  // Only to a primary the cluster itself named (the text may be a script's: RedirectFor).
+  if (const std::optional<uint16_t> to = c.map->PrimaryAt(r.host, r.port); to.has_value()) c.map->owner[r.slot] = *to;
   worker.shard->cluster_redirects[0].Add();
   if (c.refresh) c.refresh();
 }
@@ -659,6 +660,16 @@ int32_t ClusterClient::SlotOf(const Entry& e, int part) {
                                                                        : e.slot;
 }
 
+std::optional<cluster::Redirect> ClusterClient::RedirectFor(const Entry& e, int part, std::string_view error) {
+  std::optional<cluster::Redirect> r = cluster::ParseRedirect(error);
+  // A node redirects a command for the slot of its keys, which keyguard routed by. Any other
+  // "MOVED"/"ASK" is a reply, passed on as it is: a script's (EVAL "return
+  // redis.error_reply('MOVED ...')" 0), followed, would take the slot to an address of the
+  // script's choosing for every client of the worker, with keyguard's upstream credentials.
+  if (r.has_value() && static_cast<int32_t>(r->slot) != SlotOf(e, part)) r.reset();
+  return r;
+}
+
 void ClusterClient::RetryAfterPause(uint64_t seq, int part) {
   Entry& e = entries_.At(seq);
   if (Single(e)) {
@@ -778,7 +789,22 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     // (The budget is per part: each part of a split command may be redirected on its own.)
     const size_t budget = kMaxRedirects * std::max<size_t>(1, e->parts.size());
     Tries& t = TriesOf(*e, part);
-    auto r = cluster::ParseRedirect(text);
+    auto r = RedirectFor(*e, part, text);
+    if (r.has_value() && !worker_.cluster->map->PrimaryAt(r->host, r->port).has_value()) [[unlikely]] {
+      // A node the map does not have as a primary: one that joined or was promoted since it was
+      // read, or an address a script made up. Nothing is sent there before the cluster itself
+      // names it: the map is asked for again, and the command waits like a TRYAGAIN and goes
+      // where the map then says (a node's own redirect comes back, and is followed once the map
+      // has its target; a script's error is the client's reply once the tries are used up).
+      if (worker_.cluster->refresh) worker_.cluster->refresh();
+      if (t.count < kMaxTryAgain) {
+        ++t.count;
+        t.ask = nullptr;
+        RetryAfterPause(seq, part);
+        return;
+      }
+      r.reset();
+    }
     if (r.has_value() && !r->ask && t.moved && t.count < kMaxTryAgain && StillBouncing(SlotOf(*e, part))) {
       // A MOVED after a MOVED: the nodes disagree for a moment (a SETSLOT NODE done on the
       // slot's old owner before the new one, each naming the other). Followed at once, the
@@ -799,7 +825,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
         worker_.shard->cluster_redirects[1].Add();
       }
       ClusterState& c = *worker_.cluster;
-      SharedLink* target = ClusterNodeLink(worker_, c.map->NodeIndex(r->host, r->port), resp3_);
+      SharedLink* target = ClusterNodeLink(worker_, *c.map->PrimaryAt(r->host, r->port), resp3_);
       t.ask = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
       if (Single(*e)) {
         // In the client's order behind the earlier commands of its slot (ReleaseHeld).

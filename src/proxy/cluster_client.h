@@ -226,6 +226,9 @@ class ClusterClient final : public LinkClient {
   // Sends `seq` (its part `part`) again after a pause of 10 ms x its tries: a single command held
   // in its slot's order (HoldForRetry), a part on its own (RetryLater).
   void RetryAfterPause(uint64_t seq, int part);
+  // The redirection `error` (a node's reply to the command's part) is, if it is one a node sends:
+  // for the slot the part was routed by.
+  std::optional<cluster::Redirect> RedirectFor(const Entry& e, int part, std::string_view error);
   // Whether commands of `slot`, whose nodes send them back and forth, still wait for the nodes to
   // agree (bouncing_: from the first such MOVED, for as long as one command's pauses).
   bool StillBouncing(int32_t slot);

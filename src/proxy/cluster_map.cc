@@ -93,6 +93,13 @@ uint16_t SlotMap::NodeIndex(std::string_view host, uint16_t port) {
   return static_cast<uint16_t>(primaries.size() - 1);
 }
 
+std::optional<uint16_t> SlotMap::PrimaryAt(std::string_view host, uint16_t port) const {
+  for (size_t i = 0; i < primaries.size(); ++i) {
+    if (primaries[i].host == host && primaries[i].port == port) return static_cast<uint16_t>(i);
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_view default_host) {
   const std::optional<resp::Value> v = resp::ParseValue(frame);
   if (!v.has_value()) return absl::DataLossError("CLUSTER SLOTS: not one RESP value");

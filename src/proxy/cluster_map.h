@@ -43,8 +43,10 @@ struct SlotMap {
   bool complete() const;
   // The same primaries owning the same slots.
   bool SameAs(const SlotMap& o) const;
-  // The primary at `host:port`, added when new (MOVED names a node before the map does).
+  // The primary at `host:port`, added when new (the parser's).
   uint16_t NodeIndex(std::string_view host, uint16_t port);
+  // The primary at `host:port` (as the cluster announces it), if the map has it.
+  std::optional<uint16_t> PrimaryAt(std::string_view host, uint16_t port) const;
 };
 
 // The map of a CLUSTER SLOTS reply (one RESP2 frame). An empty host (a node that does not know its

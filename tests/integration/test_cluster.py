@@ -6,6 +6,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -1392,6 +1393,63 @@ def test_nodes_that_never_agree_cost_a_pipeline_one_wait(fresh):
     finally:
         set_slot_owner(c, slot, owner)
     assert conn.read()[1] == b"$1\r\nv\r\n"
+    conn.close()
+
+
+FORGE = "return redis.error_reply(ARGV[1])"  # a script's error: whatever text it is given
+
+
+def test_a_scripts_redirection_to_an_address_the_cluster_never_named_is_not_followed(fresh):
+    """A script answers any error text: EVAL "return redis.error_reply('MOVED <slot> host:port')"
+    with a key of that slot. keyguard took it for the node's redirection: the slot went to that
+    address for every client of the worker, and keyguard connected there with its upstream
+    credentials. Now nothing is sent to an address the map does not have as a primary: the map is
+    asked for again (a node may have just joined), the command waits like a TRYAGAIN (about 2 s)
+    and goes where the map says, and the error, still there, is the client's reply."""
+    c, kg = fresh
+    r = client(kg)
+    key = "fk"
+    slot = c.keyslot(key)
+    assert r.set(key, "v") is True
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(8)
+    forged = "MOVED %d 127.0.0.1:%d" % (slot, trap.getsockname()[1])
+    conn = RespConn(kg.port, timeout=30)
+    try:
+        start = time.monotonic()
+        assert conn.exchange(encode("EVAL", FORGE, 1, key, forged), replies=1) == b"-%s\r\n" % forged.encode()
+        assert 1.5 < time.monotonic() - start < 10
+        assert conn.exchange(encode("GET", key), replies=1) == b"$1\r\nv\r\n"
+        assert r.get(key) == "v"
+        trap.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            trap.accept()  # (the old binary: keyguard's connection, with AUTH or HELLO)
+    finally:
+        trap.close()
+        conn.close()
+
+
+def test_a_scripts_redirection_for_another_slot_is_its_reply(fresh):
+    """A node redirects a command for the slot of its keys. A "MOVED" naming another slot (here a
+    real primary's, one that does not own it) is a script's: passed on at once, and the map is
+    not changed by it (keyguard followed it, ran the script again there, and sent the other
+    slot's commands to the wrong primary until it redirected them back)."""
+    c, kg = fresh
+    r = client(kg)
+    key, other = "fk", "zz"
+    slot, _, _ = slot_owner_and_other(c, key)
+    other_slot, _, elsewhere = slot_owner_and_other(c, other)
+    assert other_slot != slot
+    assert r.set(other, "w") is True
+    forged = "MOVED %d 127.0.0.1:%d" % (other_slot, elsewhere)
+    moved = kg.metric('keyguard_cluster_redirects_total{kind="moved"}')
+    conn = RespConn(kg.port)
+    start = time.monotonic()
+    assert conn.exchange(encode("EVAL", FORGE, 1, key, forged), replies=1) == b"-%s\r\n" % forged.encode()
+    assert time.monotonic() - start < 1.0
+    assert conn.exchange(encode("GET", other), replies=1) == b"$1\r\nw\r\n"
+    assert kg.metric('keyguard_cluster_redirects_total{kind="moved"}') == moved
     conn.close()
 
 

@@ -52,6 +52,10 @@ TEST(SlotMap, ParsedFromClusterSlots) {
   EXPECT_TRUE(m->SameAs(*again));
   again->owner[100] = 2;
   EXPECT_FALSE(m->SameAs(*again));
+  // A redirection is followed only to a primary the map has: not a replica, not an unknown address.
+  EXPECT_EQ(m->PrimaryAt("127.0.0.1", 7102), std::optional<uint16_t>(2));
+  EXPECT_EQ(m->PrimaryAt("127.0.0.1", 7105), std::nullopt) << "a replica";
+  EXPECT_EQ(m->PrimaryAt("203.0.113.9", 7101), std::nullopt);
 }
 
 TEST(SlotMap, PrimariesInTheOrderOfTheirAddresses) {
