@@ -982,6 +982,35 @@ def test_a_tenants_key_walks_cover_every_primary(shared_cluster):
         conn.close()
 
 
+def test_a_tenants_keys_scan_and_split_commands_stay_its_own_on_every_primary(shared_cluster):
+    """KEYS and SCAN fan out over the primaries and MSET/MGET/EXISTS/DEL split by slot: on three
+    primaries, a tenant sees its own keys of every node (without the prefix) and nothing of
+    another tenant's keys of the same names, and its split deletes touch only its own."""
+    c = shared_cluster
+    c.flushall()
+    config = open(os.path.join(ROOT, "examples", "tenants.yaml")).read()
+    with keyguard_for(c, config=config) as kg:
+        alice = redis.Redis(port=kg.port, username="alice", password="alice-secret", decode_responses=True)
+        bob = redis.Redis(port=kg.port, username="bob", password="bob-secret", decode_responses=True)
+        names = ["k%d" % i for i in range(60)]
+        assert alice.mset({k: "a" for k in names}) is True
+        assert bob.mset({k: "b" for k in names}) is True
+        assert all(any(k.startswith("tenant:a:") for k in keys) for keys in c.all_keys().values())
+        assert sorted(alice.keys("*")) == sorted(names)
+        assert sorted(alice.keys("k1*")) == sorted(k for k in names if k.startswith("k1"))
+        assert sorted(alice.scan_iter(count=7)) == sorted(names)
+        assert sorted(bob.scan_iter(match="k2*")) == sorted(k for k in names if k.startswith("k2"))
+        assert alice.mget(names) == ["a"] * 60 and bob.mget(names) == ["b"] * 60
+        assert alice.exists(*names) == 60
+        assert alice.delete(*names[:30]) == 30
+        assert alice.exists(*names) == 30 and bob.exists(*names) == 60
+        assert sorted(bob.keys("*")) == sorted(names)
+        stored = set().union(*c.all_keys().values())
+        assert stored == {"tenant:a:%s" % k for k in names[30:]} | {"tenant:b:%s" % k for k in names}
+        alice.close()
+        bob.close()
+
+
 def test_blocking_pops_and_shard_channels_go_to_the_owning_node(fresh):
     c, kg = fresh
     r = client(kg)

@@ -134,14 +134,12 @@ def test_enumeration_sees_only_own_keys(kg, direct):
     assert raw(kg, "alice").call("COMMAND", "GETKEYS", "MSET", "x", "1", "y", "2") == [b"x", b"y"]
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s RANDOMKEY and DBSIZE are refused with a cluster (reason="cluster", documented)')
 def test_randomkey_of_an_empty_tenant_is_nil(kg, direct):
     as_user(kg, "bob").set("b", 1)
     assert as_user(kg, "alice").randomkey() is None
     assert as_user(kg, "alice").dbsize() == 0
 
 
-@pytest.mark.not_cluster(reason='a tenant\'s FLUSHDB/FLUSHALL/DBSIZE are refused with a cluster (reason="cluster", documented)')
 def test_flush_only_touches_own_keys(kg, direct):
     alice, bob = as_user(kg, "alice"), as_user(kg, "bob")
     for i in range(50):
@@ -357,7 +355,7 @@ def plain_redis_program(r):
     return out
 
 
-@pytest.mark.not_cluster(reason="the program's WATCH/MULTI over user:1:name and queue is CROSSSLOT even run directly on a cluster node; through keyguard a tenant's FLUSHDB/DBSIZE/RANDOMKEY are refused with a cluster (documented)")
+@pytest.mark.not_cluster(reason="the program's WATCH/MULTI over user:1:name and queue is CROSSSLOT even run directly on a cluster node")
 def test_a_plain_redis_py_program_runs_unchanged(kg, direct):
     expected = plain_redis_program(direct)
     direct.flushall()
