@@ -300,6 +300,8 @@ void ClusterClient::Entry::Reset() {
   merge = cluster::Merge::kNone;
   scan = false;
   read = false;
+  scripted = false;
+  keys_untold = false;
   held = false;
   buffered = 0;
   scan_node = 0;
@@ -381,6 +383,8 @@ void ClusterClient::Submit(std::span<const std::string_view> pieces, std::span<c
     e.merge = r.merge;
     e.scan = r.scan;
     e.read = r.read;
+    e.scripted = r.scripted;
+    e.keys_untold = r.keys_untold;
     if (r.split != 0) {
       take(r.bytes, &e.split_commands.emplace_back());
       e.split_slots.push_back(r.slot);
@@ -666,7 +670,10 @@ std::optional<cluster::Redirect> ClusterClient::RedirectFor(const Entry& e, int 
   // "MOVED"/"ASK" is a reply, passed on as it is: a script's (EVAL "return
   // redis.error_reply('MOVED ...')" 0), followed, would take the slot to an address of the
   // script's choosing for every client of the worker, with keyguard's upstream credentials.
-  if (r.has_value() && static_cast<int32_t>(r->slot) != SlotOf(e, part)) r.reset();
+  // (A command whose keys keyguard could not tell takes the node's word for their slot.)
+  if (r.has_value() && !(e.keys_untold && e.slot == kAnyNode) && static_cast<int32_t>(r->slot) != SlotOf(e, part)) {
+    r.reset();
+  }
   return r;
 }
 
@@ -790,14 +797,18 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     const size_t budget = kMaxRedirects * std::max<size_t>(1, e->parts.size());
     Tries& t = TriesOf(*e, part);
     auto r = RedirectFor(*e, part, text);
-    if (r.has_value() && !worker_.cluster->map->PrimaryAt(r->host, r->port).has_value()) [[unlikely]] {
-      // A node the map does not have as a primary: one that joined or was promoted since it was
-      // read, or an address a script made up. Nothing is sent there before the cluster itself
-      // names it: the map is asked for again, and the command waits like a TRYAGAIN and goes
-      // where the map then says (a node's own redirect comes back, and is followed once the map
-      // has its target; a script's error is the client's reply once the tries are used up).
+    if (r.has_value() && ((e->scripted && !r->ask) || !worker_.cluster->map->PrimaryAt(r->host, r->port).has_value()))
+        [[unlikely]] {
+      // Not followed at once: a node the map does not have as a primary (one that joined or was
+      // promoted since the map was read, or an address a script made up), or a script's MOVED
+      // (its text may be the script's own, and must not move a slot for every client). Nothing
+      // is sent to an address before the cluster itself names it, and the map is not changed:
+      // it is asked for again, and the command waits like a TRYAGAIN and goes where the map then
+      // says. A node's own redirection comes back and is followed once the map has its target;
+      // a script's error is its client's reply once the tries are used up (fewer for a script,
+      // which runs again with each).
       if (worker_.cluster->refresh) worker_.cluster->refresh();
-      if (t.count < kMaxTryAgain) {
+      if (t.count < (e->scripted ? kScriptRedirectTries : kMaxTryAgain)) {
         ++t.count;
         t.ask = nullptr;
         RetryAfterPause(seq, part);

@@ -77,6 +77,9 @@ class ClusterClient final : public LinkClient {
   // Redirections followed for one command before its error is given to the client.
   static constexpr int kMaxRedirects = 5;
   static constexpr int kMaxTryAgain = 20;
+  // A script's MOVED waits for the map this many times (10 + ... + 60 ms, as long as a refresh
+  // takes): the script runs again with each, and a made-up one should not run it 20 times.
+  static constexpr int kScriptRedirectTries = 6;
 
  private:
   // How a command (or one part of a fanned-out or split command) is being tried.
@@ -95,9 +98,11 @@ class ClusterClient final : public LinkClient {
     int32_t slot = kAnyNode;
     cluster::Merge merge = cluster::Merge::kNone;
     bool scan = false;
-    bool read = false;    // read-only: a replica may serve it (cluster.read_from)
-    bool held = false;    // in waiting_ (ReleaseHeld), behind earlier commands of a redirected slot
-    size_t buffered = 0;  // reply bytes kept for it (buffered_)
+    bool read = false;         // read-only: a replica may serve it (cluster.read_from)
+    bool scripted = false;     // Route::scripted
+    bool keys_untold = false;  // Route::keys_untold
+    bool held = false;         // in waiting_ (ReleaseHeld), behind earlier commands of a redirected slot
+    size_t buffered = 0;       // reply bytes kept for it (buffered_)
     int scan_node = 0;
     uint32_t redirects = 0;
     Tries own;                      // a single command's (a part's: part_tries)

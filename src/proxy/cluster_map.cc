@@ -100,7 +100,41 @@ std::optional<uint16_t> SlotMap::PrimaryAt(std::string_view host, uint16_t port)
   return std::nullopt;
 }
 
-absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_view default_host) {
+std::vector<Node> SlotlessPrimaries(std::string_view frame, std::string_view default_host, bool tls) {
+  std::vector<Node> out;
+  const std::optional<resp::Value> v = resp::ParseValue(frame);
+  if (!v.has_value() || v->type != '*') return out;
+  // A map (RESP2: a flat array) of `fields` as key, value, ...: the value of `key`, or nullptr.
+  auto field = [](const resp::Value& map, std::string_view key) -> const resp::Value* {
+    for (size_t i = 0; i + 1 < map.elements.size(); i += 2) {
+      if (map.elements[i].text == key) return &map.elements[i + 1];
+    }
+    return nullptr;
+  };
+  for (const resp::Value& shard : v->elements) {
+    const resp::Value* slots = field(shard, "slots");
+    const resp::Value* nodes = field(shard, "nodes");
+    if (slots == nullptr || nodes == nullptr || !slots->elements.empty()) continue;
+    for (const resp::Value& n : nodes->elements) {
+      const resp::Value *role = field(n, "role"), *health = field(n, "health"), *endpoint = field(n, "endpoint");
+      const resp::Value *port = field(n, "port"), *tls_port = field(n, "tls-port");
+      if (role == nullptr || role->text != "master" || health == nullptr || health->text != "online") continue;
+      const int64_t p = tls && tls_port != nullptr && tls_port->integer > 0 ? tls_port->integer
+                        : port != nullptr                                   ? port->integer
+                                                                            : 0;
+      if (p <= 0 || p > 65535) continue;
+      Node node;
+      node.host = endpoint == nullptr || endpoint->text.empty() || endpoint->text == "?" ? std::string(default_host)
+                                                                                         : std::string(endpoint->text);
+      node.port = static_cast<uint16_t>(p);
+      out.push_back(std::move(node));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_view default_host,
+                                          std::span<const Node> slotless) {
   const std::optional<resp::Value> v = resp::ParseValue(frame);
   if (!v.has_value()) return absl::DataLossError("CLUSTER SLOTS: not one RESP value");
   if (v->type == '-') return absl::FailedPreconditionError(absl::StrCat("CLUSTER SLOTS: ", AsAbsl(v->text)));
@@ -138,16 +172,11 @@ absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_vi
     for (int64_t s = lo; s <= hi; ++s) m.owner[static_cast<size_t>(s)] = idx;
   }
   if (m.primaries.empty()) return absl::FailedPreconditionError("CLUSTER SLOTS: no slot is served");
+  for (const Node& n : slotless) m.NodeIndex(n.host, n.port);
   // Primaries in the order of their addresses, so that the SCAN cursor's node index is the same
   // in every node's answer and across a reshard (which moves slots, not nodes).
-  std::vector<uint16_t> order;
-  std::vector<bool> seen(m.primaries.size(), false);
-  for (uint16_t o : m.owner) {
-    if (o != SlotMap::kNoOwner && !seen[o]) {
-      seen[o] = true;
-      order.push_back(o);
-    }
-  }
+  std::vector<uint16_t> order(m.primaries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint16_t>(i);
   std::sort(order.begin(), order.end(), [&](uint16_t a, uint16_t b) {
     const Node &x = m.primaries[a], &y = m.primaries[b];
     return std::tie(x.host, x.port) < std::tie(y.host, y.port);

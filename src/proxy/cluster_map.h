@@ -50,8 +50,14 @@ struct SlotMap {
 };
 
 // The map of a CLUSTER SLOTS reply (one RESP2 frame). An empty host (a node that does not know its
-// address) is `default_host`, the host that was asked.
-absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_view default_host);
+// address) is `default_host`, the host that was asked. `slotless`: primaries that serve no slot
+// yet (SlotlessPrimaries), in the map too, so that a redirection to one is followed (a slot's
+// first import to a node just added) and fan-outs reach it.
+absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_view default_host,
+                                          std::span<const Node> slotless = {});
+// The online primaries of a CLUSTER SHARDS reply (one RESP2 frame, Redis 7.0+) whose shard has no
+// slot, by the endpoint redirections name (`tls`: the TLS port where the node has one).
+std::vector<Node> SlotlessPrimaries(std::string_view frame, std::string_view default_host, bool tls);
 
 // A redirection in an error reply: "MOVED 3999 127.0.0.1:6381" or "ASK 3999 127.0.0.1:6381".
 struct Redirect {

@@ -38,7 +38,14 @@ awaitable<absl::StatusOr<std::shared_ptr<const cluster::SlotMap>>> ClusterWatch:
   const std::vector<std::string_view> slots = {"CLUSTER", "SLOTS"};
   auto r = co_await link.Call(slots, timeout);
   if (!r.ok()) co_return r.status();
-  auto m = cluster::ParseClusterSlots(r->frame, node.host);
+  // Primaries that serve no slot yet (a node just added, its first slot being imported: an ASK
+  // names it). CLUSTER SHARDS is Redis 7.0's; an older server's error leaves them out.
+  const std::vector<std::string_view> shards = {"CLUSTER", "SHARDS"};
+  std::vector<cluster::Node> slotless;
+  auto s = co_await link.Call(shards, timeout);
+  if (!s.ok()) co_return s.status();
+  if (s->type == '*') slotless = cluster::SlotlessPrimaries(s->frame, node.host, tls_ != nullptr);
+  auto m = cluster::ParseClusterSlots(r->frame, node.host, slotless);
   if (!m.ok()) co_return absl::Status(m.status().code(), absl::StrCat(node.ToString(), ": ", m.status().message()));
   // Nodes announced by name (cluster-announce-hostname): their addresses, resolved here so that
   // the workers never resolve (a name that does not resolve leaves the node unusable, logged).

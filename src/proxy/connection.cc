@@ -1234,8 +1234,12 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   // A write refused by a replica: the primary may have moved (the transport asks Sentinel again).
   if (error && bulk.starts_with("READONLY")) readonly_seen_ = true;
   // A cluster's redirection on a pinned connection (the client sees it): keyguard's map is wrong.
+  // A script's error may read as one (redis.error_reply("MOVED ...")): no node's word on the map,
+  // it only has the map asked for again.
   if (error && cluster_ && (bulk.starts_with("MOVED ") || bulk.starts_with("ASK "))) [[unlikely]] {
+    static const uint32_t kScripting = commands::AclCategoryMask("scripting");
     redirect_seen_.assign(bulk.data(), bulk.size());
+    redirect_scripted_ = (commands::Spec(p.command).acl & kScripting) != 0;
   }
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';

@@ -54,6 +54,12 @@ struct Route {
   uint8_t split = 0;
   std::span<const uint32_t> positions;
   bool read = false;  // a read-only command (a replica may serve it: cluster.read_from)
+  // A script's (EVAL, FCALL): its error reply's text may be any the script chose, so a
+  // redirection in it is not the node's word on the map (ClusterClient::OnLinkFrame).
+  bool scripted = false;
+  // keyguard could not tell its keys (a module's command; slot is kAnyNode): a redirection names
+  // their slot.
+  bool keys_untold = false;
 };
 
 // What a Connection asks of the transport that carries it, while a call runs.
@@ -260,6 +266,8 @@ class Connection {
   // A cluster's MOVED or ASK a reply on the client's own (pinned) connection carried since the
   // last call ("" for none): the transport corrects its slot map.
   std::string TakeRedirectSeen() { return std::exchange(redirect_seen_, std::string()); }
+  // Whether the redirection TakeRedirectSeen returns answered a script (EVAL, FCALL, ...).
+  bool redirect_scripted() const { return redirect_scripted_; }
 
   // The connection closes: nothing can follow what the detectors are waiting for.
   void OnClose();
@@ -459,6 +467,7 @@ class Connection {
   std::string upstream_failure_;  // set_upstream_failure
   bool readonly_seen_ = false;
   std::string redirect_seen_;
+  bool redirect_scripted_ = false;
   bool move_error_logged_ = false;  // legacy_move_failed is logged once per connection
   // The error reply for an upstream that is gone.
   std::string UpstreamUnavailable() const;
@@ -491,7 +500,9 @@ class Connection {
 
   // The walk in progress (holding_: later commands wait until it ends; resume_: process them).
   tenant::KeyWalk walk_;
-  std::vector<cluster::Node> walk_nodes_;  // with a cluster: the primaries the walk goes through
+  std::vector<cluster::Node> walk_nodes_;
+  bool keys_untold_ = false;  // SlotOf could not tell the command's keys (RouteByKeys)  // with a cluster: the
+                              // primaries the walk goes through
   int64_t walk_wait_ns_ = 0;
   bool holding_ = false;
   bool resume_ = false;

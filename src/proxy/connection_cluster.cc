@@ -153,9 +153,16 @@ int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_v
     return slot;
   }
   const commands::CommandSpec* spec = commands::ResolveSpec(id, args);
-  if (spec == nullptr) return kAnyNode;
+  if (spec == nullptr || id == commands::kUnknownCommand) {
+    keys_untold_ = true;
+    return kAnyNode;
+  }
   cluster_keys_.clear();
-  if (!commands::FindKeys(*spec, args, &cluster_keys_) || cluster_keys_.empty()) return kAnyNode;
+  if (!commands::FindKeys(*spec, args, &cluster_keys_)) {
+    keys_untold_ = true;
+    return kAnyNode;
+  }
+  if (cluster_keys_.empty()) return kAnyNode;
   int32_t slot = kAnyNode;
   for (const commands::KeyRef& k : cluster_keys_) {
     const int32_t s = cluster::KeySlot(args[k.pos]);
@@ -316,6 +323,7 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
 }
 
 bool Connection::RouteByKeys(const CommandContext& c, std::span<const std::string_view> args) {
+  keys_untold_ = false;
   const int32_t slot = SlotOf(c.id, args);
   if (slot == kCrossSlot) {
     if (!pinned_ && SplitBySlot(c.id, args)) return true;
@@ -333,6 +341,9 @@ bool Connection::RouteByKeys(const CommandContext& c, std::span<const std::strin
     return false;
   }
   route_.slot = slot;
+  static const uint32_t kScripting = commands::AclCategoryMask("scripting");
+  route_.scripted = (commands::Spec(c.id).acl & kScripting) != 0;
+  route_.keys_untold = keys_untold_;
   return true;
 }
 

@@ -226,7 +226,9 @@ awaitable<void> Session::UpstreamPump() {
       // A pinned connection got MOVED (passed on: it is the client's own connection): the next pin
       // of that slot goes to the node named, and the map is asked for again.
       if (const std::string moved = conn_.TakeRedirectSeen(); !moved.empty()) {
-        if (auto r = cluster::ParseRedirect(moved); r.has_value() && !r->ask) OnClusterMoved(worker_, *r);
+        if (auto r = cluster::ParseRedirect(moved); r.has_value() && !r->ask && !conn_.redirect_scripted()) {
+          OnClusterMoved(worker_, *r);
+        }
         if (worker_.cluster->refresh) worker_.cluster->refresh();
       }
     }

@@ -58,6 +58,40 @@ TEST(SlotMap, ParsedFromClusterSlots) {
   EXPECT_EQ(m->PrimaryAt("203.0.113.9", 7101), std::nullopt);
 }
 
+// CLUSTER SHARDS (RESP2) as redis-server 7.0 sent it: a primary just added (no slot yet), a
+// shard with slots, and a slotless shard whose primary is failed (ids shortened).
+std::string Shard(std::string_view slots, std::string_view port, std::string_view endpoint, std::string_view role,
+                  std::string_view health) {
+  auto bulk = [](std::string_view s) { return "$" + std::to_string(s.size()) + "\r\n" + std::string(s) + "\r\n"; };
+  return "*4\r\n" + bulk("slots") + std::string(slots) + bulk("nodes") + "*1\r\n*14\r\n" + bulk("id") + bulk("n1") +
+         bulk("port") + ":" + std::string(port) + "\r\n" + bulk("ip") + bulk("127.0.0.1") + bulk("endpoint") +
+         bulk(endpoint) + bulk("role") + bulk(role) + bulk("replication-offset") + ":0\r\n" + bulk("health") +
+         bulk(health);
+}
+
+TEST(SlotMap, SlotlessPrimariesOfClusterShards) {
+  const std::string shards = "*4\r\n" + Shard("*0\r\n", "7104", "127.0.0.1", "master", "online") +
+                             Shard("*2\r\n:1\r\n:3\r\n", "7101", "127.0.0.1", "master", "online") +
+                             Shard("*0\r\n", "7106", "127.0.0.1", "master", "failed") +
+                             Shard("*0\r\n", "7107", "?", "master", "online");
+  const std::vector<Node> slotless = SlotlessPrimaries(shards, "10.0.0.9", /*tls=*/false);
+  ASSERT_EQ(slotless.size(), 2u);
+  EXPECT_EQ(slotless[0].ToString(), "127.0.0.1:7104");
+  EXPECT_EQ(slotless[1].ToString(), "10.0.0.9:7107") << "an unknown endpoint is the host asked";
+  EXPECT_TRUE(SlotlessPrimaries("-ERR unknown subcommand 'SHARDS'\r\n", "h", false).empty());
+  // In the map, by address among the others, owning nothing: a redirection to it is followed.
+  auto m = ParseClusterSlots(kSlots, "10.0.0.9", slotless);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->primaries.size(), 5u);
+  EXPECT_EQ(m->primaries[0].ToString(), "10.0.0.9:7103");
+  EXPECT_EQ(m->primaries[1].ToString(), "10.0.0.9:7107");
+  EXPECT_EQ(m->primaries[4].ToString(), "127.0.0.1:7104");
+  EXPECT_EQ(m->PrimaryAt("127.0.0.1", 7104), std::optional<uint16_t>(4));
+  EXPECT_EQ(m->owner[0], 2);
+  EXPECT_TRUE(m->complete());
+  EXPECT_FALSE(m->SameAs(*ParseClusterSlots(kSlots, "10.0.0.9"))) << "a node added is a new map";
+}
+
 TEST(SlotMap, PrimariesInTheOrderOfTheirAddresses) {
   // The primaries' hosts, and the owner of `slot`, as parsed.
   auto parsed = [](std::string_view frame, size_t slot) {
