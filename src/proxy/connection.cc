@@ -310,12 +310,11 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     // A query (CLIENT ID, INFO, ...) sets nothing: unpinned, the first primary's shared connection
     // answers it, keyguard's (RouteCluster); pinned, its own connection, and the pin ends as it
     // would have. (A tenant's is pinned: a shared connection's CLIENT INFO names the last command
-    // another tenant ran.) A TRACKING REDIRECT is refused (RouteCluster), with no pin made; a
-    // tenant's names its own connections (pinned by their CLIENT ID), which tenancy checks, with
-    // a one-primary cluster (ids are counted per node).
+    // another tenant ran.) A TRACKING REDIRECT is refused (RouteCluster), with no pin made, a
+    // tenant's too (ids are counted per node).
     const bool tenancy = shared_.stages.config.tenancy != nullptr;
     if (ClientQuery(args) && (pinned_ || !tenancy)) return false;
-    if (TrackingRedirect(args) && RefusesTrackingRedirect()) return false;
+    if (TrackingRedirect(args)) return false;
   }
   if (r == PinReason::kNone) {
     if (pinned_ && id == client_id_ && args.size() >= 2 && !commands::EqualsIgnoreCase(args[1], "getname"))

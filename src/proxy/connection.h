@@ -339,9 +339,6 @@ class Connection {
   static bool ClientQuery(std::span<const std::string_view> args);
   // CLIENT TRACKING with a REDIRECT option (refused with a cluster: RouteCluster).
   static bool TrackingRedirect(std::span<const std::string_view> args);
-  // With a cluster, a TRACKING REDIRECT is refused: always without tenancy, and for a tenant when
-  // the map has several primaries (client ids are counted per node).
-  bool RefusesTrackingRedirect() const;
   // CLIENT SETNAME/GETNAME of a client on a shared connection: answered (true), or not (false:
   // forwarded).
   bool AnswerClientName(const CommandContext& c, std::span<const std::string_view> args);

@@ -115,12 +115,6 @@ bool Connection::ClientQuery(std::span<const std::string_view> args) {
   return false;
 }
 
-bool Connection::RefusesTrackingRedirect() const {
-  if (shared_.stages.config.tenancy == nullptr) return true;
-  return shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr &&
-         (*shared_.cluster_map)->primaries.size() > 1;
-}
-
 bool Connection::TrackingRedirect(std::span<const std::string_view> args) {
   // CLIENT TRACKING ON|OFF [REDIRECT id] [PREFIX p]... [BCAST] [OPTIN] [OPTOUT] [NOLOOP]: the
   // options from the third argument, PREFIX's and REDIRECT's values skipped.
@@ -290,21 +284,21 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     route_.scan = true;
     return true;
   }
-  if (c.id == client_id_ && RefusesTrackingRedirect() && TrackingRedirect(args)) {
+  if (c.id == client_id_ && TrackingRedirect(args)) {
     // The id a client without a connection of its own gets from CLIENT ID is keyguard's shared
     // connection's (ClientQuery), and an id names one node's connection: the invalidations would
     // go to keyguard, and the client's cache would never hear of a change. Refused. A tenant's
-    // CLIENT ID pins, and tenancy lets it name its own connections; but ids are counted per node,
-    // so with several primaries the id of its connection to one node is another connection's on
-    // the node its REDIRECT goes to (maybe another tenant's): refused too.
+    // CLIENT ID pins, and tenancy would let it name its own connections; but ids are counted per
+    // node, so the id of its connection to one node is another connection's (maybe another
+    // tenant's) on the node its REDIRECT goes to, or on a one-primary cluster's next primary
+    // after a failover (its registered connection to the old one stays open): refused too.
     Refuse(c, Refusal::kCluster,
            shared_.stages.config.tenancy == nullptr
                ? "ERR keyguard: CLIENT TRACKING REDIRECT is not served through a Redis Cluster upstream (a client id "
                  "names one node's connection, and CLIENT ID answers keyguard's); use RESP3 tracking (HELLO 3, then "
                  "CLIENT TRACKING ON)"
-               : "ERR keyguard: CLIENT TRACKING REDIRECT is not served through a Redis Cluster upstream of several "
-                 "primaries (a client id names one node's connection); use RESP3 tracking (HELLO 3, then CLIENT "
-                 "TRACKING ON)");
+               : "ERR keyguard: CLIENT TRACKING REDIRECT is not served through a Redis Cluster upstream (a client id "
+                 "names one node's connection); use RESP3 tracking (HELLO 3, then CLIENT TRACKING ON)");
     return false;
   }
   if (c.id == client_id_ && !pinned_) {

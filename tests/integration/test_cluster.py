@@ -1009,7 +1009,7 @@ def test_a_tenants_keys_scan_and_split_commands_stay_its_own_on_every_primary(sh
         assert stored == {"tenant:a:%s" % k for k in names[30:]} | {"tenant:b:%s" % k for k in names}
         # A tenant may name its own connection in a TRACKING REDIRECT, but client ids are counted
         # per node: its connection's id on one node is another connection's on the node the
-        # REDIRECT runs on (maybe another tenant's). With several primaries: refused, pinning nothing.
+        # REDIRECT runs on (maybe another tenant's). Refused, pinning nothing.
         mine, sink = RespConn(kg.port), RespConn(kg.port)
         for conn in (mine, sink):
             assert conn.call("AUTH", "alice", "alice-secret") == "OK"
@@ -1017,9 +1017,8 @@ def test_a_tenants_keys_scan_and_split_commands_stay_its_own_on_every_primary(sh
         pins = kg.metric('keyguard_upstream_pins_total{reason="client"}')
         assert mine.exchange(encode("CLIENT", "TRACKING", "ON", "REDIRECT", sink_id) + encode("GET", "k40"),
                              replies=2) == (
-            b"-ERR keyguard: CLIENT TRACKING REDIRECT is not served through a Redis Cluster upstream of several "
-            b"primaries (a client id names one node's connection); use RESP3 tracking (HELLO 3, then CLIENT "
-            b"TRACKING ON)\r\n$1\r\na\r\n")
+            b"-ERR keyguard: CLIENT TRACKING REDIRECT is not served through a Redis Cluster upstream (a client id "
+            b"names one node's connection); use RESP3 tracking (HELLO 3, then CLIENT TRACKING ON)\r\n$1\r\na\r\n")
         assert kg.metric('keyguard_upstream_pins_total{reason="client"}') == pins
         mine.close()
         sink.close()

@@ -241,6 +241,11 @@ def test_tracking_invalidations_are_confined(kg, direct):
     bob.set("k", 1)
     alice.set("k", 2)
     assert c.read() == (Push([b"invalidate", [b"k"]]), b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n")
+
+
+@pytest.mark.not_cluster(reason="CLIENT TRACKING REDIRECT is refused with a cluster, a tenant's too (client ids are per node)")
+def test_tracking_redirect_invalidations_are_confined(kg, direct):
+    alice, bob = as_user(kg, "alice"), as_user(kg, "bob")
     # RESP2 redirect: the sink sees alice's key only.
     sink = raw(kg, "alice")
     sink_id = sink.call("CLIENT", "ID")
