@@ -40,8 +40,9 @@ const ClusterIds& Ids() {
 
 // By command id: how RouteCluster treats it. kSingleKey: exactly one key, args[1] (GET, SET, HSET,
 // ...: one CRC and done); kSpecial: keyguard answers it, fans it out, splits it or reads its
-// channel; kGeneral: the key finder. Or'ed with kReadOnly for the table's readonly commands.
-enum : uint8_t { kGeneral, kSingleKey, kSpecial, kKindMask = 3, kReadOnly = 4 };
+// channel; kGeneral: the key finder. Or'ed with kReadOnly for the table's readonly commands, and
+// with kScripted for the @scripting ones (Route::scripted).
+enum : uint8_t { kGeneral, kSingleKey, kSpecial, kKindMask = 3, kReadOnly = 4, kScripted = 8 };
 const std::vector<uint8_t>& Classes() {
   static const std::vector<uint8_t> classes = [] {
     std::vector<uint8_t> c(commands::CommandCount(), kGeneral);
@@ -54,6 +55,7 @@ const std::vector<uint8_t>& Classes() {
         c[id] = kSingleKey;
       }
       if ((spec.flags & commands::CommandFlagMask("readonly")) != 0) c[id] |= kReadOnly;
+      if ((spec.acl & commands::AclCategoryMask("scripting")) != 0) c[id] |= kScripted;
     }
     const ClusterIds& ids = Ids();
     for (commands::CommandId id :
@@ -61,7 +63,7 @@ const std::vector<uint8_t>& Classes() {
           ids.function, ids.scan,   ids.client, ids.readonly, ids.readwrite, ids.mget,       ids.mset,
           ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe,
           ids.publish,  ids.pubsub, ids.wait,   ids.waitaof}) {
-      if (id != commands::kUnknownCommand) c[id] = static_cast<uint8_t>(kSpecial | (c[id] & kReadOnly));
+      if (id != commands::kUnknownCommand) c[id] = static_cast<uint8_t>(kSpecial | (c[id] & (kReadOnly | kScripted)));
     }
     return c;
   }();
@@ -206,8 +208,9 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
   const ClusterIds& ids = Ids();
   const std::span<const std::string_view> args = v.args;
   route_ = Route{};
-  if ((Classes()[c.id] & kKindMask) != kSpecial) [[likely]] {
-    route_.read = (Classes()[c.id] & kReadOnly) != 0;
+  if (const uint8_t kind = Classes()[c.id]; (kind & kKindMask) != kSpecial) [[likely]] {
+    route_.read = (kind & kReadOnly) != 0;
+    route_.scripted = (kind & kScripted) != 0;
     return RouteByKeys(c, args);
   }
   auto answer = [&](std::string reply) {
@@ -335,8 +338,6 @@ bool Connection::RouteByKeys(const CommandContext& c, std::span<const std::strin
     return false;
   }
   route_.slot = slot;
-  static const uint32_t kScripting = commands::AclCategoryMask("scripting");
-  route_.scripted = (commands::Spec(c.id).acl & kScripting) != 0;
   route_.keys_untold = keys_untold_;
   return true;
 }
