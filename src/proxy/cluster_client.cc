@@ -184,7 +184,6 @@ void OnClusterMoved(Worker& worker, const cluster::Redirect& r) {
   if (c.map == nullptr) return;
   // Only to a primary the cluster itself named (the text may be a script's: RedirectFor).
   if (const std::optional<uint16_t> to = c.map->PrimaryAt(r.host, r.port); to.has_value()) c.map->owner[r.slot] = *to;
-  worker.shard->cluster_redirects[0].Add();
   if (c.refresh) c.refresh();
 }
 
@@ -614,7 +613,7 @@ void ClusterClient::ReleaseHeld() {
         SharedLink* l = e.own.ask != nullptr ? e.own.ask.get() : LinkForSlot(e.slot);
         if (std::find(given_up.begin(), given_up.end(), slot) != given_up.end()) {
           Fail(&e, 0, NodeUnavailable(l));
-        } else if (Send(w.seq, 0, l, e.own.ask != nullptr)) {
+        } else if (Send(w.seq, 0, l, e.own.ask != nullptr && e.own.asking)) {
           continue;
         } else if (e.own.count < kMaxTryAgain) {
           ++e.own.count;
@@ -797,16 +796,16 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     const size_t budget = kMaxRedirects * std::max<size_t>(1, e->parts.size());
     Tries& t = TriesOf(*e, part);
     auto r = RedirectFor(*e, part, text);
-    if (r.has_value() && ((e->scripted && !r->ask) || !worker_.cluster->map->PrimaryAt(r->host, r->port).has_value()))
-        [[unlikely]] {
-      // Not followed at once: a node the map does not have as a primary (one that joined or was
-      // promoted since the map was read, or an address a script made up), or a script's MOVED
-      // (its text may be the script's own, and must not move a slot for every client). Nothing
-      // is sent to an address before the cluster itself names it, and the map is not changed:
-      // it is asked for again, and the command waits like a TRYAGAIN and goes where the map then
-      // says. A node's own redirection comes back and is followed once the map has its target;
-      // a script's error is its client's reply once the tries are used up (fewer for a script,
-      // which runs again with each).
+    const cluster::SlotMap& map = *worker_.cluster->map;
+    const std::optional<uint16_t> primary = r.has_value() ? map.PrimaryAt(r->host, r->port) : std::nullopt;
+    const cluster::Node* slotless = r.has_value() && !primary ? map.SlotlessAt(r->host, r->port) : nullptr;
+    if (r.has_value() && !primary && slotless == nullptr) [[unlikely]] {
+      // A node the map does not have (one that joined or was promoted since the map was read, or
+      // an address a script made up): nothing is sent there before the cluster itself names it,
+      // and the map is not changed. It is asked for again, and the command waits like a TRYAGAIN
+      // and goes where the map then says: a node's own redirection comes back and is followed
+      // once the map has its target; a script's error is its client's reply once the tries are
+      // used up (fewer for a script, which runs again with each).
       if (worker_.cluster->refresh) worker_.cluster->refresh();
       if (t.count < (e->scripted ? kScriptRedirectTries : kMaxTryAgain)) {
         ++t.count;
@@ -821,6 +820,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       // slot's old owner before the new one, each naming the other). Followed at once, the
       // command ran out of redirects in a few round trips; it waits like a TRYAGAIN instead,
       // then goes where this MOVED says (or the refreshed map).
+      worker_.shard->cluster_redirects[0].Add();
       OnClusterMoved(worker_, *r);
       ++t.count;
       t.ask = nullptr;
@@ -829,15 +829,22 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     }
     if (r.has_value() && e->redirects < budget) {
       ++e->redirects;
-      t.moved = !r->ask;  // (an ASK: the owner knows where the slot goes)
-      if (!r->ask) {
+      // Followed for this command alone, the map unchanged: an ASK (the owner knows where the
+      // slot goes), a script's MOVED or one for keys keyguard could not tell (the text may be the
+      // command's own, and must not move a slot for every client: the map is asked for again),
+      // and a MOVED to a primary the map has with no slot yet (until the map has it own the slot).
+      const bool once = r->ask || e->scripted || e->keys_untold || !primary;
+      t.moved = !once;
+      worker_.shard->cluster_redirects[r->ask ? 1 : 0].Add();
+      if (!once) {
         OnClusterMoved(worker_, *r);
-      } else {
-        worker_.shard->cluster_redirects[1].Add();
+      } else if (!r->ask && worker_.cluster->refresh) {
+        worker_.cluster->refresh();
       }
-      ClusterState& c = *worker_.cluster;
-      SharedLink* target = ClusterNodeLink(worker_, *c.map->PrimaryAt(r->host, r->port), resp3_);
-      t.ask = r->ask && target != nullptr ? target->shared_from_this() : nullptr;
+      SharedLink* target =
+          primary ? ClusterNodeLink(worker_, *primary, resp3_) : LinkTo(worker_, *slotless, /*replica=*/false, resp3_);
+      t.ask = once && target != nullptr ? target->shared_from_this() : nullptr;
+      t.asking = r->ask;
       if (Single(*e)) {
         // In the client's order behind the earlier commands of its slot (ReleaseHeld).
         Hold(seq);
@@ -913,8 +920,8 @@ void ClusterClient::OnLinkFailed(SharedLink* from, metrics::UpstreamError /*reas
 
 void ClusterClient::SendOrRetry(uint64_t seq, int part, SharedLink* link) {
   Entry* e = &entries_.At(seq);
-  const std::shared_ptr<SharedLink>& ask = TriesOf(*e, part).ask;
-  if (Send(seq, part, link, ask != nullptr && link == ask.get())) return;
+  const Tries& tries = TriesOf(*e, part);
+  if (Send(seq, part, link, tries.ask != nullptr && link == tries.ask.get() && tries.asking)) return;
   // The node is down, still connecting, or not known: ask for the map, and try again a little
   // later (10 ms more each time, about 2 s in all) before the command gets an error.
   if (worker_.cluster->refresh) worker_.cluster->refresh();

@@ -88,9 +88,11 @@ class ClusterClient final : public LinkClient {
     // followed by a pause of 10 ms x the count.
     uint8_t count = 0;
     bool moved = false;  // it followed a MOVED (and no ASK since)
-    // The node an ASK named: tries go there, ASKING first. Held, so that a link retired while
-    // the entry waits (held behind its slot's earlier commands) is not freed under it.
+    // The node an ASK named: tries go there, ASKING first (`asking`; false: a redirection
+    // followed for this command alone, OnLinkFrame). Held, so that a link retired while the
+    // entry waits (held behind its slot's earlier commands) is not freed under it.
     std::shared_ptr<SharedLink> ask;
+    bool asking = true;
   };
   // One client command: its bytes (kept to send again), and its reply once it is complete.
   struct Entry {

@@ -75,7 +75,7 @@ bool SlotMap::complete() const {
 }
 
 bool SlotMap::SameAs(const SlotMap& o) const {
-  if (primaries.size() != o.primaries.size()) return false;
+  if (primaries.size() != o.primaries.size() || slotless != o.slotless) return false;
   for (size_t s = 0; s < owner.size(); ++s) {
     const bool a = owner[s] == kNoOwner, b = o.owner[s] == kNoOwner;
     if (a != b) return false;
@@ -98,6 +98,13 @@ std::optional<uint16_t> SlotMap::PrimaryAt(std::string_view host, uint16_t port)
     if (primaries[i].host == host && primaries[i].port == port) return static_cast<uint16_t>(i);
   }
   return std::nullopt;
+}
+
+const Node* SlotMap::SlotlessAt(std::string_view host, uint16_t port) const {
+  for (const Node& n : slotless) {
+    if (n.host == host && n.port == port) return &n;
+  }
+  return nullptr;
 }
 
 std::vector<Node> SlotlessPrimaries(std::string_view frame, std::string_view default_host, bool tls) {
@@ -172,7 +179,6 @@ absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_vi
     for (int64_t s = lo; s <= hi; ++s) m.owner[static_cast<size_t>(s)] = idx;
   }
   if (m.primaries.empty()) return absl::FailedPreconditionError("CLUSTER SLOTS: no slot is served");
-  for (const Node& n : slotless) m.NodeIndex(n.host, n.port);
   // Primaries in the order of their addresses, so that the SCAN cursor's node index is the same
   // in every node's answer and across a reshard (which moves slots, not nodes).
   std::vector<uint16_t> order(m.primaries.size());
@@ -191,6 +197,13 @@ absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_vi
   for (size_t s = 0; s < m.owner.size(); ++s) {
     if (m.owner[s] != SlotMap::kNoOwner) sorted.owner[s] = rank[m.owner[s]];
   }
+  for (const Node& n : slotless) {
+    if (!sorted.PrimaryAt(n.host, n.port).has_value() && sorted.SlotlessAt(n.host, n.port) == nullptr) {
+      sorted.slotless.push_back(n);
+    }
+  }
+  std::sort(sorted.slotless.begin(), sorted.slotless.end(),
+            [](const Node& x, const Node& y) { return std::tie(x.host, x.port) < std::tie(y.host, y.port); });
   return sorted;
 }
 

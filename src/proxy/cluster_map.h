@@ -38,6 +38,9 @@ struct SlotMap {
   std::vector<Node> primaries;              // in the order of their addresses
   std::vector<std::vector<Node>> replicas;  // by primary
   std::array<uint16_t, kSlots> owner;       // index into primaries, or kNoOwner
+  // Primaries that serve no slot yet (a node just added), by address: in no fan-out, walk or
+  // cursor, only known (a slot's first import to one is followed: an ASK names it).
+  std::vector<Node> slotless;
   SlotMap() { owner.fill(kNoOwner); }
   // Every slot has an owner.
   bool complete() const;
@@ -47,12 +50,13 @@ struct SlotMap {
   uint16_t NodeIndex(std::string_view host, uint16_t port);
   // The primary at `host:port` (as the cluster announces it), if the map has it.
   std::optional<uint16_t> PrimaryAt(std::string_view host, uint16_t port) const;
+  // The slotless primary at `host:port`, or nullptr.
+  const Node* SlotlessAt(std::string_view host, uint16_t port) const;
 };
 
 // The map of a CLUSTER SLOTS reply (one RESP2 frame). An empty host (a node that does not know its
 // address) is `default_host`, the host that was asked. `slotless`: primaries that serve no slot
-// yet (SlotlessPrimaries), in the map too, so that a redirection to one is followed (a slot's
-// first import to a node just added) and fan-outs reach it.
+// yet (SlotlessPrimaries), kept apart in SlotMap::slotless.
 absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_view default_host,
                                           std::span<const Node> slotless = {});
 // The online primaries of a CLUSTER SHARDS reply (one RESP2 frame, Redis 7.0+) whose shard has no

@@ -227,6 +227,7 @@ awaitable<void> Session::UpstreamPump() {
       // of that slot goes to the node named, and the map is asked for again.
       if (const std::string moved = conn_.TakeRedirectSeen(); !moved.empty()) {
         if (auto r = cluster::ParseRedirect(moved); r.has_value() && !r->ask && !conn_.redirect_scripted()) {
+          worker_.shard->cluster_redirects[0].Add();
           OnClusterMoved(worker_, *r);
         }
         if (worker_.cluster->refresh) worker_.cluster->refresh();

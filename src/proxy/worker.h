@@ -151,7 +151,8 @@ std::optional<UpstreamAddress> ClusterNodeAddress(Worker& worker, int32_t slot);
 // cluster.read_from: replica_preferred: a replica of the slot's primary whose link is up (in
 // turn), else nullptr.
 SharedLink* ClusterReplicaLink(Worker& worker, int32_t slot, bool resp3 = false);
-// A MOVED: the slot's owner is the node named, and the control thread is asked for the map.
+// A MOVED a node sent (the caller counts it): the slot's owner is the node named, when the map has it
+// as a primary, and the control thread is asked for the map.
 void OnClusterMoved(Worker& worker, const cluster::Redirect& r);
 
 // Counts a finding (keyguard_findings_total, keyguard_bigkey_access_total) and hands it to the

@@ -79,17 +79,20 @@ TEST(SlotMap, SlotlessPrimariesOfClusterShards) {
   EXPECT_EQ(slotless[0].ToString(), "127.0.0.1:7104");
   EXPECT_EQ(slotless[1].ToString(), "10.0.0.9:7107") << "an unknown endpoint is the host asked";
   EXPECT_TRUE(SlotlessPrimaries("-ERR unknown subcommand 'SHARDS'\r\n", "h", false).empty());
-  // In the map, by address among the others, owning nothing: a redirection to it is followed.
+  // Kept apart, by address: known (a redirection to one is followed), in no fan-out or walk.
   auto m = ParseClusterSlots(kSlots, "10.0.0.9", slotless);
   ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ(m->primaries.size(), 5u);
-  EXPECT_EQ(m->primaries[0].ToString(), "10.0.0.9:7103");
-  EXPECT_EQ(m->primaries[1].ToString(), "10.0.0.9:7107");
-  EXPECT_EQ(m->primaries[4].ToString(), "127.0.0.1:7104");
-  EXPECT_EQ(m->PrimaryAt("127.0.0.1", 7104), std::optional<uint16_t>(4));
-  EXPECT_EQ(m->owner[0], 2);
+  ASSERT_EQ(m->primaries.size(), 3u);
+  ASSERT_EQ(m->slotless.size(), 2u);
+  EXPECT_EQ(m->slotless[0].ToString(), "10.0.0.9:7107");
+  EXPECT_EQ(m->slotless[1].ToString(), "127.0.0.1:7104");
+  EXPECT_EQ(m->PrimaryAt("127.0.0.1", 7104), std::nullopt);
+  ASSERT_NE(m->SlotlessAt("127.0.0.1", 7104), nullptr);
+  EXPECT_EQ(m->SlotlessAt("127.0.0.1", 7101), nullptr) << "a primary with slots";
+  EXPECT_EQ(m->owner[0], 1);
   EXPECT_TRUE(m->complete());
   EXPECT_FALSE(m->SameAs(*ParseClusterSlots(kSlots, "10.0.0.9"))) << "a node added is a new map";
+  EXPECT_TRUE(m->SameAs(*ParseClusterSlots(kSlots, "10.0.0.9", slotless)));
 }
 
 TEST(SlotMap, PrimariesInTheOrderOfTheirAddresses) {
