@@ -2058,7 +2058,9 @@ def test_migrate_leaves_a_collection_too_big_to_compare_across_nodes(fresh, migr
 def test_an_idle_keyguard_does_not_poll_for_map_refreshes(shared_cluster):
     """The map watcher slept in 50 ms steps to notice a worker's refresh request (20 wake-ups a
     second, idle or not); a request now wakes it directly. An idle keyguard with one worker wakes
-    about once a second (the liveness tick)."""
+    about twice a second (the worker's liveness tick, the config file's poll) and for the map's
+    poll every 5 s (a connection, CLUSTER SLOTS and CLUSTER SHARDS: about 10 switches; 5.25 a
+    second in all under ASan, in the 4 s looked at)."""
     import glob
 
     def switches(pid):
@@ -2074,7 +2076,7 @@ def test_an_idle_keyguard_does_not_poll_for_map_refreshes(shared_cluster):
         before = switches(kg.proc.pid)
         time.sleep(4)
         per_second = (switches(kg.proc.pid) - before) / 4
-        assert per_second < 5, per_second
+        assert per_second < 8, per_second
         # A MOVED still brings the new map at once (the watcher is woken, not polled).
         refreshes = kg.metric("keyguard_cluster_map_refreshes_total")
         slot = shared_cluster.keyslot("idle:x")
