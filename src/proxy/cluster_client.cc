@@ -78,8 +78,10 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
   for (auto& [key, link] : c.links) {
     const std::string_view addr = std::string_view(key).substr(key.starts_with("3:") ? 2 : 0);
     if (addr.starts_with("r:") || !link->owes()) continue;
-    const bool primary = std::any_of(c.map->primaries.begin(), c.map->primaries.end(),
-                                     [&](const cluster::Node& n) { return n.ToString() == addr; });
+    auto named = [&](const cluster::Node& n) { return n.ToString() == addr; };
+    // (A primary without slots yet takes its first import: an ASK's commands are in flight there.)
+    const bool primary = std::any_of(c.map->primaries.begin(), c.map->primaries.end(), named) ||
+                         std::any_of(c.map->slotless.begin(), c.map->slotless.end(), named);
     if (!primary) link->Restart();
   }
   c.replica_links.assign(c.map->primaries.size(), {});
@@ -100,9 +102,12 @@ void RetireDepartedLinks(Worker& worker) {
   for (auto it = c.links.begin(); it != c.links.end();) {
     SharedLink* l = it->second.get();
     auto in = [l](const std::vector<SharedLink*>& v) { return std::find(v.begin(), v.end(), l) != v.end(); };
+    const std::string_view addr = std::string_view(it->first).substr(it->first.starts_with("3:") ? 2 : 0);
     const bool used = in(c.node_links) || in(c.node_links3) ||
                       std::any_of(c.replica_links.begin(), c.replica_links.end(), in) ||
-                      std::any_of(c.replica_links3.begin(), c.replica_links3.end(), in);
+                      std::any_of(c.replica_links3.begin(), c.replica_links3.end(), in) ||
+                      std::any_of(c.map->slotless.begin(), c.map->slotless.end(),
+                                  [&](const cluster::Node& n) { return n.ToString() == addr; });
     if (used || l->owes()) {
       ++it;
       continue;
@@ -815,13 +820,22 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       }
       r.reset();
     }
+    // Followed for this command alone, the map unchanged: an ASK (the owner knows where the slot
+    // goes), a script's MOVED or one for keys keyguard could not tell (the text may be the
+    // command's own, and must not move a slot for every client: the map is asked for again), and
+    // a MOVED to a primary the map has with no slot yet (until the map has it own the slot).
+    const bool once = r.has_value() && (r->ask || e->scripted || e->keys_untold || !primary);
     if (r.has_value() && !r->ask && t.moved && t.count < kMaxTryAgain && StillBouncing(SlotOf(*e, part))) {
       // A MOVED after a MOVED: the nodes disagree for a moment (a SETSLOT NODE done on the
       // slot's old owner before the new one, each naming the other). Followed at once, the
       // command ran out of redirects in a few round trips; it waits like a TRYAGAIN instead,
       // then goes where this MOVED says (or the refreshed map).
       worker_.shard->cluster_redirects[0].Add();
-      OnClusterMoved(worker_, *r);
+      if (!once) {
+        OnClusterMoved(worker_, *r);
+      } else if (worker_.cluster->refresh) {
+        worker_.cluster->refresh();
+      }
       ++t.count;
       t.ask = nullptr;
       RetryAfterPause(seq, part);
@@ -829,12 +843,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     }
     if (r.has_value() && e->redirects < budget) {
       ++e->redirects;
-      // Followed for this command alone, the map unchanged: an ASK (the owner knows where the
-      // slot goes), a script's MOVED or one for keys keyguard could not tell (the text may be the
-      // command's own, and must not move a slot for every client: the map is asked for again),
-      // and a MOVED to a primary the map has with no slot yet (until the map has it own the slot).
-      const bool once = r->ask || e->scripted || e->keys_untold || !primary;
-      t.moved = !once;
+      t.moved = !r->ask;  // (an ASK: the owner knows where the slot goes)
       worker_.shard->cluster_redirects[r->ask ? 1 : 0].Add();
       if (!once) {
         OnClusterMoved(worker_, *r);
@@ -870,7 +879,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       // as long as the migration and is bounded by the tries: its ASK is not counted as a
       // redirect (10 cycles, about 0.5 s, used up a split MGET's redirects, and the next MOVED
       // reached the client: CI, test_a_pipeline_keeps_its_order_while_its_slot_moves).
-      if (t.ask != nullptr && e->redirects > 0) --e->redirects;
+      if (t.ask != nullptr && t.asking && e->redirects > 0) --e->redirects;
       t.ask = nullptr;
       RetryAfterPause(seq, part);
       return;

@@ -65,6 +65,7 @@ awaitable<absl::StatusOr<std::shared_ptr<const cluster::SlotMap>>> ClusterWatch:
   for (auto& list : m->replicas) {
     for (cluster::Node& n : list) co_await resolve(n);
   }
+  for (cluster::Node& n : m->slotless) co_await resolve(n);
   co_return std::make_shared<const cluster::SlotMap>(*std::move(m));
 }
 
