@@ -825,7 +825,8 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     // command's own, and must not move a slot for every client: the map is asked for again), and
     // a MOVED to a primary the map has with no slot yet (until the map has it own the slot).
     const bool once = r.has_value() && (r->ask || e->scripted || e->keys_untold || !primary);
-    if (r.has_value() && !r->ask && t.moved && t.count < kMaxTryAgain && StillBouncing(SlotOf(*e, part))) {
+    if (r.has_value() && !r->ask && t.moved && t.count < (e->scripted ? kScriptRedirectTries : kMaxTryAgain) &&
+        StillBouncing(SlotOf(*e, part))) {
       // A MOVED after a MOVED: the nodes disagree for a moment (a SETSLOT NODE done on the
       // slot's old owner before the new one, each naming the other). Followed at once, the
       // command ran out of redirects in a few round trips; it waits like a TRYAGAIN instead,
@@ -847,7 +848,8 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       worker_.shard->cluster_redirects[r->ask ? 1 : 0].Add();
       if (!once) {
         OnClusterMoved(worker_, *r);
-      } else if (!r->ask && worker_.cluster->refresh) {
+      } else if (!r->ask && !e->keys_untold && worker_.cluster->refresh) {
+        // (A command whose keys keyguard could not tell went to any node: the map is not wrong.)
         worker_.cluster->refresh();
       }
       SharedLink* target =

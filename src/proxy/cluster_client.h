@@ -77,8 +77,9 @@ class ClusterClient final : public LinkClient {
   // Redirections followed for one command before its error is given to the client.
   static constexpr int kMaxRedirects = 5;
   static constexpr int kMaxTryAgain = 20;
-  // A script's MOVED waits for the map this many times (10 + ... + 60 ms, as long as a refresh
-  // takes): the script runs again with each, and a made-up one should not run it 20 times.
+  // A script's redirection to a node the map does not have, or its MOVED after a MOVED, waits
+  // this many times (10 + ... + 60 ms, as long as a refresh takes): the script runs again with
+  // each, and a made-up one should not run it 20 times.
   static constexpr int kScriptRedirectTries = 6;
 
  private:
