@@ -448,14 +448,6 @@ namespace {
 
 using resp::Value;
 
-// A flat [name, value, name, value, ...] array as a lookup.
-const Value* Field(const Value& flat, std::string_view name) {
-  for (size_t i = 0; i + 1 < flat.elements.size(); i += 2) {
-    if (EqualsIgnoreCase(flat.elements[i].text, name)) return &flat.elements[i + 1];
-  }
-  return nullptr;
-}
-
 int16_t Small(const Value* v) {
   if (v == nullptr) return 0;
   return static_cast<int16_t>(std::clamp<int64_t>(v->integer, INT16_MIN, INT16_MAX));
@@ -481,35 +473,35 @@ uint32_t KeyFlagMask(std::string_view name) {
 
 KeySpec ParseKeySpec(const Value& v, Table& t) {
   KeySpec k{KeySpec::kUnknownBegin, 0, nullptr, 0, KeySpec::kUnknownFind, 0, 0, 0, 0, 0, 0};
-  if (const Value* flags = Field(v, "flags")) {
+  if (const Value* flags = resp::FieldOf(v, "flags")) {
     for (const Value& f : flags->elements) k.flags |= KeyFlagMask(f.text);
   }
-  if (const Value* bs = Field(v, "begin_search")) {
-    const Value* type = Field(*bs, "type");
-    const Value* spec = Field(*bs, "spec");
+  if (const Value* bs = resp::FieldOf(v, "begin_search")) {
+    const Value* type = resp::FieldOf(*bs, "type");
+    const Value* spec = resp::FieldOf(*bs, "spec");
     if (type != nullptr && spec != nullptr && type->text == "index") {
       k.begin = KeySpec::kIndex;
-      k.index = Small(Field(*spec, "index"));
+      k.index = Small(resp::FieldOf(*spec, "index"));
     } else if (type != nullptr && spec != nullptr && type->text == "keyword") {
       k.begin = KeySpec::kKeyword;
-      const Value* kw = Field(*spec, "keyword");
+      const Value* kw = resp::FieldOf(*spec, "keyword");
       k.keyword = t.strings.emplace_back(kw ? std::string(kw->text) : std::string()).c_str();
-      k.startfrom = Small(Field(*spec, "startfrom"));
+      k.startfrom = Small(resp::FieldOf(*spec, "startfrom"));
     }
   }
-  if (const Value* fk = Field(v, "find_keys")) {
-    const Value* type = Field(*fk, "type");
-    const Value* spec = Field(*fk, "spec");
+  if (const Value* fk = resp::FieldOf(v, "find_keys")) {
+    const Value* type = resp::FieldOf(*fk, "type");
+    const Value* spec = resp::FieldOf(*fk, "spec");
     if (type != nullptr && spec != nullptr && type->text == "range") {
       k.find = KeySpec::kRange;
-      k.lastkey = Small(Field(*spec, "lastkey"));
-      k.keystep = Small(Field(*spec, "keystep"));
-      k.limit = Small(Field(*spec, "limit"));
+      k.lastkey = Small(resp::FieldOf(*spec, "lastkey"));
+      k.keystep = Small(resp::FieldOf(*spec, "keystep"));
+      k.limit = Small(resp::FieldOf(*spec, "limit"));
     } else if (type != nullptr && spec != nullptr && type->text == "keynum") {
       k.find = KeySpec::kKeynum;
-      k.keynumidx = Small(Field(*spec, "keynumidx"));
-      k.firstkey = Small(Field(*spec, "firstkey"));
-      k.keystep = Small(Field(*spec, "keystep"));
+      k.keynumidx = Small(resp::FieldOf(*spec, "keynumidx"));
+      k.firstkey = Small(resp::FieldOf(*spec, "firstkey"));
+      k.keystep = Small(resp::FieldOf(*spec, "keystep"));
     }
   }
   if (k.keystep <= 0) k.keystep = 1;

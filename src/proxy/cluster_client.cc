@@ -20,6 +20,11 @@ std::string NodeUnavailable(const SharedLink* link) {
                       " unavailable\r\n");
 }
 
+// Whether one of `nodes` is at `addr` ("host:port").
+bool Names(const std::vector<cluster::Node>& nodes, std::string_view addr) {
+  return std::any_of(nodes.begin(), nodes.end(), [&](const cluster::Node& n) { return n.ToString() == addr; });
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -78,10 +83,8 @@ void AdoptClusterMap(Worker& worker, std::shared_ptr<const cluster::SlotMap> map
   for (auto& [key, link] : c.links) {
     const std::string_view addr = std::string_view(key).substr(key.starts_with("3:") ? 2 : 0);
     if (addr.starts_with("r:") || !link->owes()) continue;
-    auto named = [&](const cluster::Node& n) { return n.ToString() == addr; };
     // (A primary without slots yet takes its first import: an ASK's commands are in flight there.)
-    const bool primary = std::any_of(c.map->primaries.begin(), c.map->primaries.end(), named) ||
-                         std::any_of(c.map->slotless.begin(), c.map->slotless.end(), named);
+    const bool primary = Names(c.map->primaries, addr) || Names(c.map->slotless, addr);
     if (!primary) link->Restart();
   }
   c.replica_links.assign(c.map->primaries.size(), {});
@@ -105,9 +108,7 @@ void RetireDepartedLinks(Worker& worker) {
     const std::string_view addr = std::string_view(it->first).substr(it->first.starts_with("3:") ? 2 : 0);
     const bool used = in(c.node_links) || in(c.node_links3) ||
                       std::any_of(c.replica_links.begin(), c.replica_links.end(), in) ||
-                      std::any_of(c.replica_links3.begin(), c.replica_links3.end(), in) ||
-                      std::any_of(c.map->slotless.begin(), c.map->slotless.end(),
-                                  [&](const cluster::Node& n) { return n.ToString() == addr; });
+                      std::any_of(c.replica_links3.begin(), c.replica_links3.end(), in) || Names(c.map->slotless, addr);
     if (used || l->owes()) {
       ++it;
       continue;
@@ -804,6 +805,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     const cluster::SlotMap& map = *worker_.cluster->map;
     const std::optional<uint16_t> primary = r.has_value() ? map.PrimaryAt(r->host, r->port) : std::nullopt;
     const cluster::Node* slotless = r.has_value() && !primary ? map.SlotlessAt(r->host, r->port) : nullptr;
+    const int max_tries = e->scripted ? kScriptRedirectTries : kMaxTryAgain;  // (a script runs again each time)
     if (r.has_value() && !primary && slotless == nullptr) [[unlikely]] {
       // A node the map does not have (one that joined or was promoted since the map was read, or
       // an address a script made up): nothing is sent there before the cluster itself names it,
@@ -812,7 +814,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       // once the map has its target; a script's error is its client's reply once the tries are
       // used up (fewer for a script, which runs again with each).
       if (worker_.cluster->refresh) worker_.cluster->refresh();
-      if (t.count < (e->scripted ? kScriptRedirectTries : kMaxTryAgain)) {
+      if (t.count < max_tries) {
         ++t.count;
         t.ask = nullptr;
         RetryAfterPause(seq, part);
@@ -825,8 +827,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
     // command's own, and must not move a slot for every client: the map is asked for again), and
     // a MOVED to a primary the map has with no slot yet (until the map has it own the slot).
     const bool once = r.has_value() && (r->ask || e->scripted || e->keys_untold || !primary);
-    if (r.has_value() && !r->ask && t.moved && t.count < (e->scripted ? kScriptRedirectTries : kMaxTryAgain) &&
-        StillBouncing(SlotOf(*e, part))) {
+    if (r.has_value() && !r->ask && t.moved && t.count < max_tries && StillBouncing(SlotOf(*e, part))) {
       // A MOVED after a MOVED: the nodes disagree for a moment (a SETSLOT NODE done on the
       // slot's old owner before the new one, each naming the other). Followed at once, the
       // command ran out of redirects in a few round trips; it waits like a TRYAGAIN instead,

@@ -44,6 +44,9 @@ std::string NodeId(std::string_view host, uint16_t port) {
   return std::string(buf, 40);
 }
 
+// Nodes in the order of their addresses (SlotMap's primaries and slotless).
+bool ByAddress(const Node& x, const Node& y) { return std::tie(x.host, x.port) < std::tie(y.host, y.port); }
+
 // The first error among `replies`, if any.
 const std::string* FirstError(std::span<const std::string> replies) {
   for (const std::string& r : replies) {
@@ -85,9 +88,7 @@ bool SlotMap::SameAs(const SlotMap& o) const {
 }
 
 uint16_t SlotMap::NodeIndex(std::string_view host, uint16_t port) {
-  for (size_t i = 0; i < primaries.size(); ++i) {
-    if (primaries[i].host == host && primaries[i].port == port) return static_cast<uint16_t>(i);
-  }
+  if (const std::optional<uint16_t> i = PrimaryAt(host, port); i.has_value()) return *i;
   primaries.push_back(Node{std::string(host), port, ""});
   replicas.emplace_back();
   return static_cast<uint16_t>(primaries.size() - 1);
@@ -111,13 +112,7 @@ std::vector<Node> SlotlessPrimaries(std::string_view frame, std::string_view def
   std::vector<Node> out;
   const std::optional<resp::Value> v = resp::ParseValue(frame);
   if (!v.has_value() || v->type != '*') return out;
-  // A map (RESP2: a flat array) of `fields` as key, value, ...: the value of `key`, or nullptr.
-  auto field = [](const resp::Value& map, std::string_view key) -> const resp::Value* {
-    for (size_t i = 0; i + 1 < map.elements.size(); i += 2) {
-      if (map.elements[i].text == key) return &map.elements[i + 1];
-    }
-    return nullptr;
-  };
+  const auto field = resp::FieldOf;
   for (const resp::Value& shard : v->elements) {
     const resp::Value* slots = field(shard, "slots");
     const resp::Value* nodes = field(shard, "nodes");
@@ -183,10 +178,8 @@ absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_vi
   // in every node's answer and across a reshard (which moves slots, not nodes).
   std::vector<uint16_t> order(m.primaries.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint16_t>(i);
-  std::sort(order.begin(), order.end(), [&](uint16_t a, uint16_t b) {
-    const Node &x = m.primaries[a], &y = m.primaries[b];
-    return std::tie(x.host, x.port) < std::tie(y.host, y.port);
-  });
+  std::sort(order.begin(), order.end(),
+            [&](uint16_t a, uint16_t b) { return ByAddress(m.primaries[a], m.primaries[b]); });
   std::vector<uint16_t> rank(m.primaries.size());
   SlotMap sorted;
   for (uint16_t i : order) {
@@ -202,8 +195,7 @@ absl::StatusOr<SlotMap> ParseClusterSlots(std::string_view frame, std::string_vi
       sorted.slotless.push_back(n);
     }
   }
-  std::sort(sorted.slotless.begin(), sorted.slotless.end(),
-            [](const Node& x, const Node& y) { return std::tie(x.host, x.port) < std::tie(y.host, y.port); });
+  std::sort(sorted.slotless.begin(), sorted.slotless.end(), ByAddress);
   return sorted;
 }
 

@@ -21,7 +21,7 @@
 namespace keyguard::proxy {
 
 // Where to connect to node `n`: its address (as announced, or as ClusterWatch resolved its name),
-// or nullopt for a name not resolved yet (a MOVED named it; the next map has its address).
+// or nullopt for a name ClusterWatch could not resolve.
 inline std::optional<tcp::endpoint> NodeEndpoint(const cluster::Node& n) {
   error_code ec;
   const auto ip = asio::ip::make_address(n.address(), ec);

@@ -1236,10 +1236,9 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   // A script's error may read as one (redis.error_reply("MOVED ...")): no node's word on the map,
   // it only has the map asked for again.
   if (error && cluster_ && (bulk.starts_with("MOVED ") || bulk.starts_with("ASK "))) [[unlikely]] {
-    static const uint32_t kScripting = commands::AclCategoryMask("scripting");
     redirect_seen_.assign(bulk.data(), bulk.size());
     // (An unknown command's too: a module's may answer any text.)
-    redirect_scripted_ = p.command == commands::kUnknownCommand || (commands::Spec(p.command).acl & kScripting) != 0;
+    redirect_scripted_ = p.command == commands::kUnknownCommand || Scripted(p.command);
   }
   if (frame_len > 0 && p.kind != Kind::kExecAbort) {
     const bool aggregate = reply_type == '*' || reply_type == '%' || reply_type == '~';

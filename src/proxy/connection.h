@@ -339,6 +339,8 @@ class Connection {
   static bool ClientQuery(std::span<const std::string_view> args);
   // CLIENT TRACKING with a REDIRECT option (refused with a cluster: RouteCluster).
   static bool TrackingRedirect(std::span<const std::string_view> args);
+  // An @scripting command (EVAL, FCALL, ...): its error text may be any the script chose.
+  static bool Scripted(commands::CommandId id);
   // CLIENT SETNAME/GETNAME of a client on a shared connection: answered (true), or not (false:
   // forwarded).
   bool AnswerClientName(const CommandContext& c, std::span<const std::string_view> args);
@@ -497,9 +499,8 @@ class Connection {
 
   // The walk in progress (holding_: later commands wait until it ends; resume_: process them).
   tenant::KeyWalk walk_;
-  std::vector<cluster::Node> walk_nodes_;
-  bool keys_untold_ = false;  // SlotOf could not tell the command's keys (RouteByKeys)  // with a cluster: the
-                              // primaries the walk goes through
+  std::vector<cluster::Node> walk_nodes_;  // with a cluster: the primaries the walk goes through
+  bool keys_untold_ = false;               // SlotOf could not tell the command's keys (RouteByKeys)
   int64_t walk_wait_ns_ = 0;
   bool holding_ = false;
   bool resume_ = false;

@@ -117,6 +117,8 @@ bool Connection::ClientQuery(std::span<const std::string_view> args) {
   return false;
 }
 
+bool Connection::Scripted(commands::CommandId id) { return (Classes()[id] & kScripted) != 0; }
+
 bool Connection::TrackingRedirect(std::span<const std::string_view> args) {
   // CLIENT TRACKING ON|OFF [REDIRECT id] [PREFIX p]... [BCAST] [OPTIN] [OPTOUT] [NOLOOP]: the
   // options from the third argument, PREFIX's and REDIRECT's values skipped.

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "keyguard/resp/framer.h"
 
 namespace keyguard::resp {
@@ -97,6 +98,17 @@ std::optional<Value> ParseValue(std::string_view frame) {
   size_t pos = 0;
   if (!ParseAt(frame, &pos, &v, 0) || pos != frame.size()) return std::nullopt;
   return v;
+}
+
+const Value* FieldOf(const Value& map, std::string_view name) {
+  for (size_t i = 0; i + 1 < map.elements.size(); i += 2) {
+    const std::string_view key = map.elements[i].text;
+    if (key.size() == name.size() && absl::EqualsIgnoreCase(absl::string_view(key.data(), key.size()),
+                                                            absl::string_view(name.data(), name.size()))) {
+      return &map.elements[i + 1];
+    }
+  }
+  return nullptr;
 }
 
 }  // namespace keyguard::resp

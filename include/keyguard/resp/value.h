@@ -30,4 +30,8 @@ struct Value {
 // Returns nullopt if `frame` is not exactly one well-formed value.
 std::optional<Value> ParseValue(std::string_view frame);
 
+// A map's value of `name` (ASCII case ignored), or nullptr: `map` a RESP3 map or a RESP2 flat
+// [name, value, name, value, ...] array, as both hold their elements.
+const Value* FieldOf(const Value& map, std::string_view name);
+
 }  // namespace keyguard::resp
