@@ -71,7 +71,7 @@ KEYGUARD_UPSTREAM_CONNECTIONS=shared KEYGUARD_BIN=$PWD/build/keyguard integratio
   --ignore=tests/integration/test_maintenance_upstreams.py \
   --ignore=tests/integration/test_admin_cli.py --ignore=tests/integration/test_detector_memory.py \
   --ignore=tests/integration/test_shared_upstream.py --ignore=tests/integration/test_shared_review.py \
-  --ignore=tests/integration/test_cluster.py
+  --ignore=tests/integration/test_cluster.py --ignore=tests/integration/test_every_mode.py
 
 step "integration tests with a Redis Cluster upstream (release)"
 # The proxy core, key policy, tenancy and hygiene suites again, each redis-server a one-node

@@ -284,10 +284,10 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     if (!switch_failure_.empty() && v != 0 && !pinned_) {
       // The shared connections of that protocol are down (or the server refuses their HELLO 3):
       // the HELLO fails, and the client stays with its protocol.
-      const ConnectionState::ReplyMode mode = state_.TakeReplyMode();
-      shard_.CountCommand(id, metrics::Outcome::kError);
-      std::string error = std::exchange(switch_failure_, std::string());
-      if (!mode.silent) Reply(std::move(error), id, false);
+      CommandContext c;
+      c.id = id;
+      c.mode = state_.TakeReplyMode();
+      Answer(c, std::exchange(switch_failure_, std::string()), metrics::Outcome::kError);
       hello_answered_ = true;
       return false;
     }
@@ -454,15 +454,12 @@ bool Connection::AnswerClientName(const CommandContext& c, std::span<const std::
     state_.set_client_name(args[2]);
     reply = "+OK\r\n";
   }
-  shard_.CountCommand(c.id, reply[0] == '-' ? metrics::Outcome::kError : metrics::Outcome::kOk);
-  if (!c.mode.silent) Reply(std::move(reply), c.id, false);
+  const metrics::Outcome outcome = reply[0] == '-' ? metrics::Outcome::kError : metrics::Outcome::kOk;
+  Answer(c, std::move(reply), outcome);
   return true;
 }
 
-void Connection::QuitLocally(commands::CommandId id) {
-  shard_.CountCommand(id, metrics::Outcome::kOk);
-  Reply("+OK\r\n", id, /*close_after=*/true);
-}
+void Connection::QuitLocally(const CommandContext& c) { Answer(c, "+OK\r\n", metrics::Outcome::kOk, true); }
 
 void Connection::HandleCommand(commands::CommandId id, std::span<const std::string_view> args, const char* raw,
                                size_t raw_len, int64_t now) {
@@ -519,7 +516,9 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   }
   std::string_view bytes(raw, raw_len);
   splice_.clear();
-  if (v.modified && !Splice(raw, raw_len, args, v.args, &bytes)) {
+  // Nothing but multibulk goes upstream: an inline command is re-encoded too (on a shared
+  // connection the server would frame its line among other clients' commands, by rules of its own).
+  if ((v.modified || raw[0] != '*') && !Splice(raw, raw_len, args, v.args, &bytes)) {
     // The command goes upstream re-encoded; everything but the rewritten arguments is unchanged.
     bytes = Encode(v.args);
   }
@@ -540,7 +539,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
   if (e.stop_reading) [[unlikely]] {
     stop_reading_ = true;
     if (multiplexed_ && !pinned_) {
-      QuitLocally(c.id);
+      QuitLocally(c);
       return;
     }
   }
@@ -559,7 +558,7 @@ void Connection::HandleCommand(commands::CommandId id, std::span<const std::stri
         HoldInTransaction(c, bytes, p, e.silent, !v.renamed.empty());
         return;
       }
-      if (AnswerDeferredMulti(c.id, c.args.size(), e.silent, p.kind == Kind::kExecAbort)) return;
+      if (AnswerDeferredMulti(c, p.kind == Kind::kExecAbort)) return;
     }
     ForwardRouted(bytes);
   } else if (!splice_.empty()) {
@@ -628,6 +627,7 @@ void Connection::HoldInTransaction(const CommandContext& c, std::string_view byt
   }
   held_in_multi_bytes_ += held.size();
   held_in_multi_.push_back(HeldCommand{c.id, staged.expect, std::move(held)});
+  // (Not Answer: it is counted once sent, with the server's outcome; and unpinned, no skip is owed.)
   if (!silent) Reply("+QUEUED\r\n", c.id, false);
 }
 
@@ -652,30 +652,31 @@ void Connection::DropHeldInTransaction(metrics::Outcome outcome) {
   held_in_multi_bytes_ = 0;
 }
 
-bool Connection::AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent, bool aborted) {
+bool Connection::AnswerDeferredMulti(const CommandContext& c, bool aborted) {
   // The state has taken the command (OnForward); the entry staged for it is not committed, as no
   // reply of the server's is the client's. MULTI: the server gets it right before the command
   // that pins the client (OnPinned), whose node this one cannot know yet. EXEC or DISCARD of the
   // transaction no command joined: its answer, and nothing was sent (EXEC of one whose only
   // commands keyguard refused, `aborted`: EXECABORT, as the server answers).
   const commands::KnownCommands& k = commands::Known();
+  const commands::CommandId id = c.id;
   const bool multi = defer_multi_ && id == k.multi;
   defer_multi_ = false;  // (set for this command, or for a MULTI keyguard refused)
   std::string_view reply;
   if (multi) {
     multi_deferred_ = true;
     reply = "+OK\r\n";
-  } else if (multi_deferred_ && (id == k.exec || id == k.discard) && argc == 1) {
+  } else if (multi_deferred_ && (id == k.exec || id == k.discard) && c.args.size() == 1) {
     multi_deferred_ = false;
     DropHeldInTransaction(metrics::Outcome::kOk);  // (DISCARD: an EXEC of held commands is pinned)
     reply = id == k.discard ? std::string_view("+OK\r\n") : aborted ? kExecAbort : std::string_view("*0\r\n");
   } else {
     return false;
   }
-  shard_.CountCommand(id, silent                ? metrics::Outcome::kNoReply
-                          : reply == kExecAbort ? metrics::Outcome::kError
-                                                : metrics::Outcome::kOk);
-  if (!silent) Reply(std::string(reply), id, false);
+  Answer(c, std::string(reply),
+         c.mode.silent         ? metrics::Outcome::kNoReply
+         : reply == kExecAbort ? metrics::Outcome::kError
+                               : metrics::Outcome::kOk);
   return true;
 }
 
@@ -745,9 +746,7 @@ void Connection::SendInternal(std::string_view command, commands::CommandId id) 
 void Connection::Login(const CommandContext& c, const Verdict& v, int64_t now) {
   if (v.bind) BindTenant(v.login);
   if (c.id != commands::Known().hello) {
-    shard_.CountCommand(c.id, metrics::Outcome::kOk);
-    if (c.mode.skipped) ForwardCommand(kPing);  // the upstream still owes the skip
-    if (!c.mode.silent) Reply("+OK\r\n", c.id, false);
+    Answer(c, "+OK\r\n", metrics::Outcome::kOk);
     return;
   }
   // HELLO goes upstream without its AUTH (keyguard's credentials are the connection's).
@@ -764,9 +763,14 @@ void Connection::Login(const CommandContext& c, const Verdict& v, int64_t now) {
   queue_.Push(std::move(p));
 }
 
+void Connection::Answer(const CommandContext& c, std::string reply, metrics::Outcome outcome, bool close_after) {
+  shard_.CountCommand(c.id, outcome);
+  // (A shared connection never has a reply mode: CLIENT REPLY pins.)
+  if (c.mode.skipped && (!multiplexed_ || pinned_)) ForwardCommand(kPing);
+  if (!c.mode.silent) Reply(std::move(reply), c.id, close_after);
+}
+
 void Connection::Refuse(const CommandContext& c, Refusal reason, std::string_view message) {
-  const commands::CommandId id = c.id;
-  shard_.CountCommand(id, metrics::Outcome::kRejected);
   const size_t r = static_cast<size_t>(reason);
   shared_.stages.rejected[r]->Add();
   if (tenant_ != nullptr) {
@@ -776,13 +780,10 @@ void Connection::Refuse(const CommandContext& c, Refusal reason, std::string_vie
     counter->Add();
   }
   state_.OnRefused();  // Redis fails EXEC after a refused queued command
-  // Redis still owes one skipped reply from CLIENT REPLY SKIP; without this PING it would
-  // swallow the reply of the next command we forward.
-  if (c.mode.skipped) ForwardCommand(kPing);
-  if (c.mode.silent) return;
   std::string text;
-  resp::AppendError(&text, message);
-  Reply(std::move(text), id, false);
+  if (!c.mode.silent) resp::AppendError(&text, message);
+  Answer(c, std::move(text), metrics::Outcome::kRejected);
+  if (c.mode.silent) return;
   if (pin_undo_ != kPinSettled) [[unlikely]]
     EndRefusedPin();
 }

@@ -312,7 +312,7 @@ class Connection {
   [[gnu::noinline]] bool NeedsPin(commands::CommandId id, std::span<const std::string_view> args);
   // A cluster's MULTI that no command has pinned yet (in the client's state, answered +OK here),
   // and the EXEC or DISCARD of such a transaction if nothing joined it. False: the command goes.
-  bool AnswerDeferredMulti(commands::CommandId id, size_t argc, bool silent, bool aborted);
+  bool AnswerDeferredMulti(const CommandContext& c, bool aborted);
   // A keyless command first in a deferred MULTI, read alone: held (hold_next_) rather than pinned.
   [[gnu::noinline]] bool HoldsInTransaction(commands::CommandId id, std::span<const std::string_view> args,
                                             size_t raw_len, const char* rest, size_t rest_len);
@@ -364,7 +364,7 @@ class Connection {
   bool SplitBySlot(commands::CommandId id, std::span<const std::string_view> args);
   void ForwardSplit();
   // QUIT on a shared connection: keyguard answers, the shared connection stays.
-  void QuitLocally(commands::CommandId id);
+  void QuitLocally(const CommandContext& c);
   void ForwardRaw(std::string_view bytes);
   // A whole command (one reply) for the upstream.
   [[gnu::always_inline]] void ForwardCommand(std::string_view bytes) {
@@ -406,8 +406,15 @@ class Connection {
   // The reply of keyguard's own command (Kind::kInternal: its AUTH, CLIENT ID, a legacy-key move,
   // a PING): counted and acted on, never the client's. False when the connection cannot go on.
   [[gnu::noinline]] bool OnInternalReply(const Pending& front, char type, std::string_view kind, int64_t now);
-  // Answers a refused command in its place, counts it by `reason`, keeps MULTI and CLIENT REPLY
-  // SKIP semantics.
+  // keyguard's own answer `reply` (a whole RESP frame, or "" for none) to the client's command `c`,
+  // in its place: the one path for every reply keyguard makes itself, in every mode. Counted by
+  // `outcome`; not shown when the client's reply mode suppresses it (c.mode.silent). When the
+  // command took a CLIENT REPLY SKIP, the server still owes that skip on the client's own
+  // connection: a PING spends it there, or the server would skip the reply of the next command
+  // forwarded and every later reply would answer the command before it (another tenant's INFO
+  // for a PING). `close_after`: the connection closes once the answer is out.
+  void Answer(const CommandContext& c, std::string reply, metrics::Outcome outcome, bool close_after = false);
+  // Answers a refused command in its place (Answer), counts it by `reason`, keeps MULTI semantics.
   void Refuse(const CommandContext& c, Refusal reason, std::string_view message);
   // The command the client was pinned for was refused: the pin ends (no longer sticky) once a PING
   // sent after it is answered, rather than when the client closes. A refused command that made a

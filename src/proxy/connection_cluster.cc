@@ -216,8 +216,7 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     return RouteByKeys(c, args);
   }
   auto answer = [&](std::string reply) {
-    shard_.CountCommand(c.id, metrics::Outcome::kOk);
-    if (!c.mode.silent) Reply(std::move(reply), c.id, false);
+    Answer(c, std::move(reply), metrics::Outcome::kOk);
     return false;
   };
   if (state_.in_multi() && (c.id == ids.readonly || c.id == ids.readwrite)) [[unlikely]] {

@@ -409,7 +409,30 @@ bool CommandPipeline::KeyPolicy(const CommandContext& c, const commands::Command
   return true;
 }
 
+namespace {
+
+// With a Redis Cluster upstream keyguard answers these CLUSTER queries itself, as a one-node
+// cluster at its own address (Connection::RouteCluster): they name nothing of the real cluster nor
+// of another tenant, and cluster-aware clients (redis-py RedisCluster, ioredis Cluster, go-redis,
+// Lettuce) ask them to connect. COUNTKEYSINSLOT and GETKEYSINSLOT would count and name every
+// tenant's keys: not among them.
+bool OneNodeClusterQuery(std::span<const std::string_view> args) {
+  if (args.size() == 3) return commands::EqualsIgnoreCase(args[1], "keyslot");
+  if (args.size() != 2) return false;
+  for (std::string_view sub : {"slots", "shards", "nodes", "info", "myid"}) {
+    if (commands::EqualsIgnoreCase(args[1], sub)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool CommandPipeline::Tenant(const CommandContext& c, const commands::CommandSpec* spec, bool keys_ok) {
+  static const commands::CommandId kCluster = commands::LookupCommand("cluster");
+  if (c.id == kCluster && shared_.config.upstream.kind == config::Upstream::Kind::kCluster &&
+      OneNodeClusterQuery(v_.args)) [[unlikely]] {
+    return true;  // answered by keyguard, unchanged
+  }
   const tenant::RequestResult r =
       shared_.rewriter->Rewrite(*c.tenant, c.id, spec, v_.args, key_refs_, keys_ok, &tenant_args_);
   if (r.kind == tenant::RequestResult::Kind::kRefuse) return Refuse(Refusal::kTenant, r.message);

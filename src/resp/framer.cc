@@ -100,6 +100,7 @@ bool ParseRedisInt(std::string_view s, int64_t* out) {
 
 void RequestFramer::Reset() {
   in_frame_ = false;
+  inline_unended_ = false;
   scan_ = 0;
   pos_ = 0;
   remaining_ = 0;
@@ -250,11 +251,28 @@ Status RequestFramer::NextSlow(const char* data, size_t len) {
 
 Status RequestFramer::ParseInline(const char* data, size_t len) {
   is_inline_ = true;
-  const char* nl = static_cast<const char*>(memchr(data + scan_, '\n', len - scan_));
+  // Redis finds the end of the line with strchr (processInlineBuffer): a NUL byte before the
+  // newline hides it, and the server waits for an end it never finds until what it holds of the
+  // request passes PROTO_INLINE_MAX_SIZE. keyguard frames it the same way (it used to see a
+  // command there, which the server never runs).
+  const char* nl = nullptr;
+  if (!inline_unended_) {
+    const char* from = data + scan_;
+    nl = static_cast<const char*>(memchr(from, '\n', len - scan_));
+    if (memchr(from, '\0', static_cast<size_t>((nl != nullptr ? nl : data + len) - from)) != nullptr) {
+      inline_unended_ = true;
+      nl = nullptr;
+    }
+  }
   if (nl == nullptr) {
     if (len > limits_.max_inline_len) return Fail("ERR Protocol error: too big inline request");
     scan_ = len;
     return Status::kNeedMore;
+  }
+  // The server refuses a request that passes the limit before its end is read, which for a line
+  // longer than the limit depends on how its bytes arrive: keyguard refuses every such line.
+  if (static_cast<size_t>(nl - data) > limits_.max_inline_len) {
+    return Fail("ERR Protocol error: too big inline request");
   }
   scan_ = 0;
   size_t line_len = nl - data;

@@ -174,6 +174,23 @@ INSTANTIATE_TEST_SUITE_P(
                     "ERR Protocol error: invalid bulk length"},
         RequestCase{"then_inline", "*2\r\n$4\r\nECHO\r\n$1\r\nx\r\nPING\r\n", {{"ECHO", "x"}, {"PING"}}, ""},
         RequestCase{"inline_too_big", std::string(70000, 'x'), {}, "ERR Protocol error: too big inline request"},
+        // A line longer than the limit is refused also when its end is there (the server would
+        // refuse it whenever it reads past the limit before the end).
+        RequestCase{"inline_line_too_big",
+                    "PING\r\nECHO " + std::string(70000, 'x') + "\r\nPING\r\n",
+                    {{"PING"}},
+                    "ERR Protocol error: too big inline request"},
+        RequestCase{"inline_line_at_the_limit",
+                    "ECHO " + std::string(64 * 1024 - 5, 'x') + "\nPING\r\n",
+                    {{"ECHO", std::string(64 * 1024 - 5, 'x')}, {"PING"}},
+                    ""},
+        // The server finds the end of an inline line with strchr: a NUL before it hides it, and
+        // nothing on the connection runs again (until the limit is passed: the error).
+        RequestCase{"inline_nul_hides_the_end", std::string("PING\r\nPING a\0b\r\nPING\r\n", 22), {{"PING"}}, ""},
+        RequestCase{"inline_nul_then_too_big",
+                    std::string("PING a\0b\r\n", 10) + std::string(70000, 'x') + "\r\n",
+                    {},
+                    "ERR Protocol error: too big inline request"},
         RequestCase{
             "mbulk_count_too_big", "*" + std::string(70000, '1'), {}, "ERR Protocol error: too big mbulk count string"},
         RequestCase{"bulk_count_too_big",

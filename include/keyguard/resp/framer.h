@@ -71,9 +71,10 @@ class RequestFramer {
   // State of the frame in progress; offsets are relative to the frame start.
   bool in_frame_ = false;
   size_t pos_ = 0;
-  size_t scan_ = 0;        // where the search for the current line's end resumes (0 = fresh)
-  int64_t remaining_ = 0;  // arguments still to read
-  int64_t bulk_len_ = -1;  // length of the argument whose header was read, or -1
+  size_t scan_ = 0;              // where the search for the current line's end resumes (0 = fresh)
+  bool inline_unended_ = false;  // a NUL came before the inline line's newline: it never ends
+  int64_t remaining_ = 0;        // arguments still to read
+  int64_t bulk_len_ = -1;        // length of the argument whose header was read, or -1
   // (offset, length) of each argument of a frame left incomplete by the last call.
   std::vector<std::pair<size_t, size_t>> offsets_;
   // Result of the last call.
