@@ -20,14 +20,30 @@ namespace {
 #include "command_table.inc"
 
 // The commands whose keys Redis finds with its own code rather than (only) the key specs.
-enum class KeyParser : uint8_t { kSpecs, kGeoradius, kGeoradiusByMember, kSort, kSortRo, kMigrate, kSet, kBitfield };
+enum class KeyParser : uint8_t {
+  kSpecs,
+  kGeoradius,
+  kGeoradiusByMember,
+  kSort,
+  kSortRo,
+  kMigrate,
+  kSet,
+  kBitfield,
+  kXread,
+  kXreadGroup
+};
 
 KeyParser KeyParserByName(std::string_view name) {
   static constexpr std::pair<std::string_view, KeyParser> kNamed[] = {
-      {"georadius", KeyParser::kGeoradius}, {"georadiusbymember", KeyParser::kGeoradiusByMember},
-      {"sort", KeyParser::kSort},           {"sort_ro", KeyParser::kSortRo},
-      {"migrate", KeyParser::kMigrate},     {"set", KeyParser::kSet},
+      {"georadius", KeyParser::kGeoradius},
+      {"georadiusbymember", KeyParser::kGeoradiusByMember},
+      {"sort", KeyParser::kSort},
+      {"sort_ro", KeyParser::kSortRo},
+      {"migrate", KeyParser::kMigrate},
+      {"set", KeyParser::kSet},
       {"bitfield", KeyParser::kBitfield},
+      {"xread", KeyParser::kXread},
+      {"xreadgroup", KeyParser::kXreadGroup},
   };
   for (const auto& [n, parser] : kNamed) {
     if (n == name) return parser;
@@ -349,6 +365,36 @@ SortOptions ParseSort(bool read_only, std::span<const std::string_view> args) {
   return o;
 }
 
+XreadOptions ParseXread(bool xreadgroup, std::span<const std::string_view> args) {
+  auto is = [](std::string_view arg, std::string_view word) {
+    return EqualsIgnoreCase(arg.substr(0, arg.find('\0')), word);
+  };
+  XreadOptions o;
+  const int argc = static_cast<int>(args.size());
+  for (int i = 1; i < argc; ++i) {
+    const int more = argc - i - 1;
+    const std::string_view a = args[i];
+    if (is(a, "block") && more >= 1) {
+      o.block = true;
+      ++i;
+    } else if (is(a, "count") && more >= 1) {
+      ++i;
+    } else if (is(a, "streams") && more >= 1) {
+      if (more % 2 != 0 || (xreadgroup && !o.group)) break;  // unbalanced, or no GROUP: refused
+      o.streams = i;
+      o.keys = more / 2;
+      return o;
+    } else if (is(a, "group") && more >= 2 && xreadgroup) {
+      o.group = true;
+      i += 2;
+    } else if (!(is(a, "noack") && xreadgroup)) {
+      break;  // a syntax error (GROUP and NOACK too, in XREAD)
+    }
+  }
+  o.block = false;
+  return o;
+}
+
 int GeoRadiusStore(std::span<const std::string_view> args, int base) {
   const int argc = static_cast<int>(args.size());
   int store = -1;
@@ -403,6 +449,16 @@ bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, s
   const bool has_keyspec = (missing & kKeyNotKey) != 0;
   const bool variable_flags = (all & kKeyVariableFlags) != 0;
   const KeyParser parser = ParserOf(spec);
+  if (parser == KeyParser::kXread || parser == KeyParser::kXreadGroup) {
+    // The streams the server reads; when it refuses the options nothing runs, and the keys are
+    // those of the specs (as COMMAND GETKEYS says).
+    const XreadOptions o = ParseXread(parser == KeyParser::kXreadGroup, args);
+    if (o.streams > 0 && spec.spec_count > 0) {
+      const uint32_t flags = KeySpecs(spec)[0].flags;
+      for (int i = 1; i <= o.keys; ++i) out->push_back(KeyRef{static_cast<uint32_t>(o.streams + i), flags});
+      return true;
+    }
+  }
   if (has_keyspec && !variable_flags) {
     if (parser == KeyParser::kGeoradius || parser == KeyParser::kGeoradiusByMember) {
       const bool specs_ok = KeysFromSpecs(spec, args, out);

@@ -326,8 +326,9 @@ class Connection {
   // The route of a command by the slot of its keys (CROSSSLOT, a split, or refused on a pinned
   // connection of another node).
   bool RouteByKeys(const CommandContext& c, std::span<const std::string_view> args);
-  // The slot of the keys of `args`: kAnyNode when it has none, -3 when they are in different slots.
-  int32_t SlotOf(commands::CommandId id, std::span<const std::string_view> args);
+  // The slot of the keys of `args` (stored under `prefix`): kAnyNode when it has none, -3 when they
+  // are in different slots.
+  int32_t SlotOf(commands::CommandId id, std::span<const std::string_view> args, std::string_view prefix = {});
   // The same for the client's own arguments, before the pipeline: on the names the server will
   // store (the tenant's prefix).
   int32_t StoredSlotOf(commands::CommandId id, std::span<const std::string_view> args);

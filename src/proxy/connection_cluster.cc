@@ -136,17 +136,28 @@ bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::str
   return id == ids.readonly || id == ids.readwrite || id == ids.wait || id == ids.waitaof;
 }
 
-int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_view> args) {
+namespace {
+
+// The slot of `key` as stored under `prefix`.
+int32_t StoredKeySlot(std::string_view prefix, std::string_view key) {
+  if (prefix.empty()) [[likely]]
+    return cluster::KeySlot(key);
+  return cluster::KeySlot(absl::StrCat(AsAbsl(prefix), AsAbsl(key)));
+}
+
+}  // namespace
+
+int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_view> args, std::string_view prefix) {
   if ((Classes()[id] & kKindMask) == kSingleKey && args.size() >= 2) [[likely]] {
-    return cluster::KeySlot(args[1]);
+    return StoredKeySlot(prefix, args[1]);
   }
   const ClusterIds& ids = Ids();
   if ((id == ids.spublish || id == ids.ssubscribe || id == ids.sunsubscribe) && args.size() >= 2) {
     // Shard channels hash as keys do (their specs are not keys): every channel of one command in one slot.
     const size_t last = id == ids.spublish ? 2 : args.size();
-    int32_t slot = cluster::KeySlot(args[1]);
+    int32_t slot = StoredKeySlot(prefix, args[1]);
     for (size_t i = 2; i < last; ++i) {
-      if (cluster::KeySlot(args[i]) != slot) return kCrossSlot;
+      if (StoredKeySlot(prefix, args[i]) != slot) return kCrossSlot;
     }
     return slot;
   }
@@ -163,7 +174,7 @@ int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_v
   if (cluster_keys_.empty()) return kAnyNode;
   int32_t slot = kAnyNode;
   for (const commands::KeyRef& k : cluster_keys_) {
-    const int32_t s = cluster::KeySlot(args[k.pos]);
+    const int32_t s = StoredKeySlot(prefix, args[k.pos]);
     if (slot == kAnyNode) {
       slot = s;
     } else if (slot != s) {
@@ -174,18 +185,9 @@ int32_t Connection::SlotOf(commands::CommandId id, std::span<const std::string_v
 }
 
 int32_t Connection::StoredSlotOf(commands::CommandId id, std::span<const std::string_view> args) {
-  if (tenant_ == nullptr || tenant_->prefix.empty()) return SlotOf(id, args);
-  // The names the server will store: every argument but the name with the tenant's prefix (only
-  // the keys' count, and a prefix changes no hash tag inside a key).
-  std::vector<std::string> stored;
-  std::vector<std::string_view> views;
-  stored.reserve(args.size());
-  views.push_back(args[0]);
-  for (size_t i = 1; i < args.size(); ++i) {
-    stored.push_back(absl::StrCat(AsAbsl(tenant_->prefix), AsAbsl(args[i])));
-    views.push_back(stored.back());
-  }
-  return SlotOf(id, views);
+  // The keys are found in the client's arguments (a prefix on every argument would hide option
+  // words: XREAD's STREAMS), and hashed as the server will store them, with the tenant's prefix.
+  return SlotOf(id, args, tenant_ != nullptr ? std::string_view(tenant_->prefix) : std::string_view());
 }
 
 int32_t Connection::LookAheadSlot(const char* data, size_t len, bool* ends) {

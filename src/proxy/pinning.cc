@@ -75,26 +75,6 @@ const Table& PinTable() {
   return table;
 }
 
-// XREAD and XREADGROUP block only with a BLOCK option, among the options before STREAMS:
-// XREAD [COUNT n] [BLOCK ms] STREAMS ..., XREADGROUP GROUP g c [COUNT n] [BLOCK ms] [NOACK]
-// STREAMS ... (a group or consumer may be named "streams" or "block"). An option's value is
-// skipped; an unknown word ends the options (the server refuses the command).
-bool HasBlockOption(std::span<const std::string_view> args, bool group) {
-  size_t i = group ? 4 : 1;
-  if (group && (args.size() < 4 || !commands::EqualsIgnoreCase(args[1], "group"))) return false;
-  while (i < args.size()) {
-    if (commands::EqualsIgnoreCase(args[i], "block")) return true;
-    if (commands::EqualsIgnoreCase(args[i], "count")) {
-      i += 2;
-    } else if (group && commands::EqualsIgnoreCase(args[i], "noack")) {
-      i += 1;
-    } else {
-      return false;  // STREAMS, or a word the server refuses
-    }
-  }
-  return false;
-}
-
 }  // namespace
 
 static_assert(static_cast<size_t>(PinReason::kCount) == metrics::kPinReasons, "a name for each reason");
@@ -137,7 +117,9 @@ PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args,
     const bool plain = !tenancy && (args.size() == 1 || (args.size() == 2 && args[1] == "2"));
     return plain ? PinReason::kNone : PinReason::kHello;
   }
-  return HasBlockOption(args, id == t.xreadgroup) ? PinReason::kBlocking : PinReason::kNone;
+  // XREAD, XREADGROUP: with a BLOCK among options the server accepts (a bad timeout is then its
+  // error: a pin for nothing, never a block missed).
+  return commands::ParseXread(id == t.xreadgroup, args).block ? PinReason::kBlocking : PinReason::kNone;
 }
 
 }  // namespace keyguard::proxy

@@ -442,6 +442,14 @@ bool CommandPipeline::Tenant(const CommandContext& c, const commands::CommandSpe
   }
   v_.rewrite = static_cast<uint8_t>(r.reply);
   v_.walk = r.walk;
+  if (v_.walk != tenant::Walk::kNone && c.state->protocol() == 2 && MayBeSubscribed(*c.state, *c.queue)) [[unlikely]] {
+    // A RESP2 subscribed connection runs no DBSIZE, FLUSH* or RANDOMKEY: the server's error, naming
+    // the command (the walk's EVAL would have it name 'eval').
+    return Refuse(Refusal::kTenant,
+                  absl::StrCat("ERR Can't execute '", commands::Spec(c.id).name,
+                               "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this "
+                               "context"));
+  }
   if (v_.walk != tenant::Walk::kNone && (c.state->in_multi() || c.mode.silent)) {
     // A walk takes several round trips: it cannot be queued in a transaction, and under CLIENT
     // REPLY OFF/SKIP the server would not answer its steps.

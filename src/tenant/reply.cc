@@ -142,8 +142,10 @@ class Editor {
   void Info(Value& v) {
     if (!IsString(v)) return;
     static constexpr std::string_view kShared[] = {"Server", "Modules", "Cluster"};
-    const std::string_view text = v.text;
-    std::string s;
+    // A RESP3 verbatim string starts with its format ("txt:"): kept, and the text after it filtered.
+    const size_t format = v.type == '=' && v.text.size() >= 4 && v.text[3] == ':' ? 4 : 0;
+    const std::string_view text = v.text.substr(format);
+    std::string s(v.text.substr(0, format));
     bool keep = false;
     for (size_t pos = 0; pos < text.size();) {
       size_t eol = text.find("\r\n", pos);
@@ -156,8 +158,8 @@ class Editor {
       if (keep) s.append(line.data(), line.size());
       pos = next;
     }
-    while (s.size() >= 4 && s.compare(s.size() - 4, 4, "\r\n\r\n") == 0) s.resize(s.size() - 2);
-    if (s.size() == text.size()) return;
+    while (s.size() >= format + 4 && s.compare(s.size() - 4, 4, "\r\n\r\n") == 0) s.resize(s.size() - 2);
+    if (s.size() == v.text.size()) return;
     v.text = Own(std::move(s));
     changed_ = true;
   }

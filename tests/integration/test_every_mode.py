@@ -9,19 +9,24 @@ What is proved here is a rule, with a generator rather than a list:
   command;
 - keyguard frames an inline command as the server does (processInlineBuffer, sdssplitargs,
   PROTO_INLINE_MAX_SIZE), and nothing but multibulk goes upstream, so one client's inline line
-  cannot freeze or close a connection other clients' commands share.
+  cannot freeze or close a connection other clients' commands share;
+- a command that blocks on the server is never sent on a shared connection: XREAD and XREADGROUP
+  options are read as the server reads them (in any order), checked against the server itself.
 """
 import contextlib
 import os
 import random
+import select
 import socket
+import subprocess
 import threading
+import time
 
 import pytest
 import redis
 
 from cluster import cluster, seed_url
-from conftest import ROOT, Keyguard, Redis
+from conftest import ROOT, Keyguard, Redis, blocked_clients, wait_until
 from resp import EXTRA_WINDOW, PATIENCE, Closed, RespConn
 
 MODES = ["dedicated", "shared", "cluster"]
@@ -261,9 +266,10 @@ def test_inline_commands_are_framed_as_the_server_frames_them_generated(mode, se
     direct.close()
 
 
-def neighbour_pings(mode, n, out):
-    """Another tenant's `n` pipelined PINGs, answered (the replies in `out`)."""
-    b = mode.tenant("bob")
+def neighbour_pings(mode, n, out, timeout=PATIENCE):
+    """Another tenant's `n` pipelined PINGs, answered (the replies in `out`) within `timeout`."""
+    b = RespConn(mode.kg.port, timeout=timeout)
+    assert b.call("AUTH", "bob", "bob-secret") == "OK"
     b.send_raw(b"*1\r\n$4\r\nPING\r\n" * n)
     out.extend(b.value() for _ in range(n))
     b.close()
@@ -304,3 +310,201 @@ def test_a_long_inline_line_reaches_no_shared_connection(mode):
     t.join(PATIENCE)
     assert out == b"-ERR Protocol error: too big inline request\r\n"
     assert replies == ["PONG"] * 200
+
+
+# -------------------------------------------------------------------------------------------------
+# Blocking commands: decided as the server decides, never on a shared connection
+
+def random_xread(rng, group, key, last_id):
+    """XREAD or XREADGROUP with options drawn in any order, mostly valid, sometimes not (a value
+    that is a keyword, a NUL-ended option word, GROUP in XREAD, a missing STREAMS)."""
+    options = []
+    valid = True
+    if rng.random() < 0.7:
+        options.append([rng.choice(["BLOCK", "block", "BLOCK\x00x"]), "0"])
+    if group and rng.random() < 0.85:
+        options.append(["GROUP", rng.choice(["g", "g", "streams"]), rng.choice(["c", "block", "STREAMS"])])
+    for _ in range(rng.randint(0, 3)):
+        r = rng.random()
+        if r < 0.2:
+            options.append(["BLOCK", "0"])
+        elif r < 0.5:
+            v = rng.choice(["1", "5", "1", "streams", "x"])
+            valid &= v in ("1", "5")
+            options.append(["COUNT", v])
+        elif r < 0.7:
+            options.append(["NOACK"])
+            valid &= group
+        elif r < 0.85:
+            options.append(["GROUP", rng.choice(["g", "streams"]), rng.choice(["c", "block", "STREAMS"])])
+            valid &= group
+        else:
+            options.append([rng.choice(["JUNK", "BLOCK"])])  # (a last BLOCK with no value is a syntax error too)
+            valid = False
+    rng.shuffle(options)
+    args = ["XREADGROUP" if group else "XREAD"] + [a for o in options for a in o]
+    if rng.random() < 0.9:
+        args += ["STREAMS", key, last_id]
+    else:
+        valid = False
+    return args, valid
+
+
+def server_blocks(port, conn, args):
+    """Whether `args` sent on `conn` blocks on the server at `port` (its blocked_clients goes up)
+    rather than being answered; a blocked one is released by closing `conn`."""
+    before = blocked_clients(port)
+    conn.send(*args)
+    deadline = time.monotonic() + PATIENCE
+    while time.monotonic() < deadline:
+        if conn.buf or select.select([conn.sock], [], [], 0.005)[0]:
+            conn.value()
+            return False
+        if blocked_clients(port) > before:
+            return True
+    raise AssertionError("neither answered nor blocked: %r" % (args,))
+
+
+PINS = 'keyguard_upstream_pins_total{reason="blocking"}'
+
+
+@pytest.mark.parametrize("options", [
+    ["COUNT", "1", "BLOCK", "0", "GROUP", "g", "c"],
+    ["NOACK", "BLOCK", "0", "GROUP", "g", "c"],
+    ["GROUP", "g", "c", "GROUP", "g", "c2", "BLOCK", "0"],
+    ["GROUP", "g", "STREAMS", "BLOCK", "0"],
+], ids=["block-before-group", "block-after-noack", "second-group", "consumer-named-streams"])
+def test_xreadgroup_blocks_only_its_own_client_whatever_the_option_order(mode, options):
+    """The orders a review found: each blocked the shared connection of every client of the worker
+    (or node), for as long as it blocked, also after its client hung up."""
+    mode.flush()
+    ctl = mode.direct_for("tenant:a:{s}")
+    port = ctl.sock.getpeername()[1]
+    assert ctl.call("XGROUP", "CREATE", "tenant:a:{s}", "g", "$", "MKSTREAM") == "OK"
+    alice = mode.tenant()
+    alice.send("XREADGROUP", *options, "STREAMS", "{s}", ">")
+    wait_until(lambda: blocked_clients(port) == 1, "alice's read blocked on the server")
+    replies = []
+    neighbour_pings(mode, 5, replies, timeout=10)
+    assert replies == ["PONG"] * 5
+    assert ctl.call("XADD", "tenant:a:{s}", "1-1", "f", "v") == b"1-1"
+    assert alice.value() == [[b"{s}", [[b"1-1", [b"f", b"v"]]]]]
+    alice.close()
+    ctl.close()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_blocking_reads_never_hold_a_shared_connection_generated(mode, seed):
+    """XREAD/XREADGROUP with random option orders, against the server itself: every one that
+    blocks the server blocks only its own client through keyguard (pinned first: another tenant
+    on the same worker is answered meanwhile), and keyguard pins exactly those (the valid ones)."""
+    rng = random.Random(seed * 15485863 + MODES.index(mode.name))
+    mode.flush()
+    key, stored = "{s}", "direct:{s}"
+    ctl = mode.direct_for(stored)
+    port = ctl.sock.getpeername()[1]
+    for k in (stored, "tenant:a:{s}"):
+        for g in ("g", "streams"):
+            assert ctl.call("XGROUP", "CREATE", k, g, "$", "MKSTREAM") == "OK"
+    seen = {True: 0, False: 0}
+    for _ in range(40):
+        group = rng.random() < 0.6
+        args, valid = random_xread(rng, group, key, ">" if group else "$")
+        direct = mode.direct_for(stored)
+        blocks = server_blocks(port, direct, [a if a != key else stored for a in args])
+        direct.close()
+        wait_until(lambda: blocked_clients(port) == 0, "the direct client released")
+        seen[blocks] += 1
+        pins = mode.kg.metric(PINS)
+        alice = mode.tenant()
+        alice.send(*args)
+        replies = []
+        neighbour_pings(mode, 1, replies, timeout=10)
+        assert replies == ["PONG"], args
+        if blocks:
+            got = []
+            wait_until(lambda: blocked_clients(port) == 1 or got.append(alice.quiet(0.001)) or any(got),
+                       "alice's read blocked on the server")
+            assert not any(got), "%r %r" % (args, got)
+        else:
+            alice.value()
+        if mode.name != "dedicated":
+            pinned = mode.kg.metric(PINS) - pins
+            assert pinned == (1 if blocks else 0) or (pinned == 1 and not valid), (args, blocks, pinned)
+        alice.close()
+        wait_until(lambda: blocked_clients(port) == 0, "alice's read released")
+    assert seen[True] >= 5 and seen[False] >= 5, seen
+    ctl.close()
+
+
+# -------------------------------------------------------------------------------------------------
+# What a well-behaved client gets
+
+def test_a_tenants_resp3_info_is_a_whole_verbatim_string(mode):
+    """INFO's reply is RESP3 verbatim text ("txt:" first); the tenant filter took "txt:# Server"
+    for no section and sent `=0` with no format, which hiredis and redis-cli -3 drop the
+    connection for."""
+    c = RespConn(mode.kg.port)
+    assert c.call("HELLO", "3", "AUTH", "alice", "alice-secret")[b"proto"] == 3
+    c.send("INFO", "everything")
+    _, raw = c.read()
+    header, _, body = raw.partition(b"\r\n")
+    assert header[:1] == b"=" and int(header[1:]) == len(body) - 2, raw[:100]
+    assert body.startswith(b"txt:# Server\r\nredis_version:"), body[:100]
+    assert b"# Keyspace" not in body and b"cmdstat_" not in body and b"# Clients" not in body
+    out = subprocess.run(["redis-cli", "-3", "-p", str(mode.kg.port), "--user", "alice", "--pass", "alice-secret",
+                          "--no-auth-warning", "INFO", "server"], capture_output=True, text=True, timeout=PATIENCE)
+    text = out.stdout.replace("\r\n", "\n")
+    assert out.returncode == 0 and text.startswith("# Server\nredis_version:"), (out.stdout[:200], out.stderr)
+
+
+@pytest.mark.parametrize("command", ["DBSIZE", "RANDOMKEY", "FLUSHDB"])
+def test_a_subscribed_tenants_walk_command_gets_the_servers_error(mode, command):
+    """keyguard answers a tenant's DBSIZE, RANDOMKEY and FLUSH* by walking its keys with a script;
+    on a RESP2 subscribed connection the server's error named 'eval' rather than the command."""
+    direct = RespConn(mode.direct_ports[0])
+    c = mode.tenant()
+    for conn in (direct, c):
+        conn.send("SUBSCRIBE", "ch")
+        assert conn.value() == [b"subscribe", b"ch", 1]
+    want = str(direct.call(command))
+    assert want.startswith("ERR Can't execute '%s'" % command.lower()), want
+    assert str(c.call(command)) == want
+    direct.close()
+    c.close()
+
+
+def test_a_cluster_aware_client_connects_as_a_tenant(mode):
+    """redis-py's RedisCluster (it asks CLUSTER SLOTS, COMMAND, ...) through keyguard in front of a
+    three-primary cluster, logged in as a tenant: it sees one node, keyguard, and each tenant only
+    its own keys, stored with its prefix on the primaries that own them."""
+    if mode.name != "cluster":
+        pytest.skip("a Redis Cluster upstream only")
+    from redis.cluster import RedisCluster
+    mode.flush()
+    alice = RedisCluster(host="127.0.0.1", port=mode.kg.port, username="alice", password="alice-secret",
+                         decode_responses=True)
+    bob = RedisCluster(host="127.0.0.1", port=mode.kg.port, username="bob", password="bob-secret",
+                       decode_responses=True)
+    try:
+        assert [(n.host, n.port) for n in alice.get_nodes()] == [("127.0.0.1", mode.kg.port)]
+        expected = {"rc:%d" % i: "v%d" % i for i in range(60)}
+        for k, v in expected.items():
+            assert alice.set(k, v) is True
+        assert alice.mget_nonatomic(list(expected)) == list(expected.values())
+        assert alice.execute_command("MGET", "{t}a", "{t}b") == [None, None]
+        assert alice.dbsize() == 60 and bob.dbsize() == 0
+        assert sorted(alice.keys("*")) == sorted(expected) and bob.keys("*") == []
+        assert bob.get("rc:1") is None and bob.set("rc:1", "b") is True and alice.get("rc:1") == "v1"
+        stored = {}
+        for p in mode.direct_ports:
+            d = redis.Redis(port=p, decode_responses=True)
+            for k in d.keys("*"):
+                assert d.execute_command("CLUSTER", "KEYSLOT", k) in range(16384)
+                stored[k] = d.get(k)
+        assert stored == {**{"tenant:a:" + k: v for k, v in expected.items()}, "tenant:b:rc:1": "b"}
+        assert len({p for p in mode.direct_ports
+                    if redis.Redis(port=p).dbsize() > 0}) == 3, "the keys are spread over every primary"
+    finally:
+        alice.close()
+        bob.close()

@@ -96,7 +96,8 @@ struct KeyRef {
 // Appends the keys of `args` (a whole request, name included) to `out`, as Redis's COMMAND
 // GETKEYS finds them: key specs first, and for commands whose specs are incomplete or carry
 // variable flags (MIGRATE, SET, BITFIELD) the same parsing Redis does; for SORT/SORT_RO and
-// GEORADIUS(BYMEMBER) the destination the command really writes (ParseSort, GeoRadiusStore). Returns
+// GEORADIUS(BYMEMBER) the destination the command really writes (ParseSort, GeoRadiusStore), for
+// XREAD/XREADGROUP the streams the command really reads when its options parse (ParseXread). Returns
 // false when the arguments do not fit the specs (Redis will refuse the command); `out` then
 // holds nothing for this request. Channel specs (SPUBLISH, SSUBSCRIBE: not_key) are skipped.
 bool FindKeys(const CommandSpec& spec, std::span<const std::string_view> args, std::vector<KeyRef>* out);
@@ -118,6 +119,20 @@ struct SortOptions {
   bool alpha = false;
 };
 SortOptions ParseSort(bool read_only, std::span<const std::string_view> args);
+
+// XREAD/XREADGROUP's options as xreadCommand (t_stream.c) reads them: from args[1], in any order
+// and as often as given, up to STREAMS; BLOCK and COUNT take a value and GROUP two words, each only
+// when that many arguments follow it; NOACK takes none; option words compare as the server's
+// strcasecmp does (a NUL ends them: "BLOCK\0x" is BLOCK). Their key specs (the first "STREAMS"
+// from a fixed place) name other arguments when a group or consumer is called "streams" or the
+// options come in another order; these are the keys the server reads.
+struct XreadOptions {
+  int streams = -1;    // the position of STREAMS; -1 when the server refuses the options
+  int keys = 0;        // how many keys follow it (then as many IDs)
+  bool block = false;  // a BLOCK option (its timeout unchecked: a bad one is the server's error)
+  bool group = false;  // a GROUP option (XREADGROUP needs one)
+};
+XreadOptions ParseXread(bool xreadgroup, std::span<const std::string_view> args);
 
 // GEORADIUS(BYMEMBER)'s destination as georadiusGeneric parses its options (from args[base],
 // base 6 for GEORADIUS, 5 for GEORADIUSBYMEMBER): the last STORE or STOREDIST, whose argument is
