@@ -237,6 +237,10 @@ absl::StatusOr<ProxyConfig> Compile(const v1::Config& p) {
     if (auto s = range("shared_connections", p.shared_connections(), 1, 64); !s.ok()) return s;
     c.shared_connections = static_cast<int>(p.shared_connections());
   }
+  if (p.has_shared_reply_timeout_ms()) {
+    if (auto s = range("shared_reply_timeout_ms", p.shared_reply_timeout_ms(), 0, 86400000); !s.ok()) return s;
+    c.shared_reply_timeout_ms = static_cast<int>(p.shared_reply_timeout_ms());
+  }
   if (p.has_pinned_idle_connections()) {
     if (auto s = range("pinned_idle_connections", p.pinned_idle_connections(), 0, 1024); !s.ok()) return s;
     c.pinned_idle_connections = static_cast<int>(p.pinned_idle_connections());

@@ -90,7 +90,8 @@ std::string DescribeConfig(const ProxyConfig& c) {
       "\nthreads: ", c.threads, "\nupstream_connect_timeout_ms: ", c.upstream_connect_timeout_ms,
       "\nupstream_connections: ", c.shared_upstream ? "shared" : "dedicated",
       c.shared_upstream ? absl::StrCat("\nshared_connections: ", c.shared_connections,
-                                       "\npinned_idle_connections: ", c.pinned_idle_connections)
+                                       "\npinned_idle_connections: ", c.pinned_idle_connections,
+                                       "\nshared_reply_timeout_ms: ", c.shared_reply_timeout_ms)
                         : std::string(),
       c.upstream.kind == Upstream::Kind::kCluster
           ? absl::StrCat("\ncluster:\n  read_from: ", c.read_from_replicas ? "replica_preferred" : "primary")

@@ -332,7 +332,7 @@ class Connection {
   // The same for the client's own arguments, before the pipeline: on the names the server will
   // store (the tenant's prefix).
   int32_t StoredSlotOf(commands::CommandId id, std::span<const std::string_view> args);
-  // CLIENT SETNAME/GETNAME/SETINFO, READONLY, READWRITE: keyguard answers them (a shared
+  // CLIENT SETNAME/GETNAME/SETINFO, READONLY, READWRITE, ASKING: keyguard answers them (a shared
   // connection per node cannot carry the client's name or mode); WAIT, WAITAOF: refused.
   bool ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const;
   // CLIENT ID, INFO, LIST, TRACKINGINFO, GETREDIR: a cluster client without a connection of its

@@ -19,7 +19,7 @@ constexpr std::string_view kCrossSlotError = "CROSSSLOT Keys in request don't ha
 struct ClusterIds {
   commands::CommandId cluster, dbsize, keys, flushall, flushdb, randomkey, script, function, scan, client, readonly,
       readwrite, mget, mset, del, unlink, exists, touch, spublish, ssubscribe, sunsubscribe, publish, pubsub, wait,
-      waitaof;
+      waitaof, asking;
 };
 const ClusterIds& Ids() {
   static const ClusterIds ids{commands::LookupCommand("cluster"),      commands::LookupCommand("dbsize"),
@@ -34,7 +34,7 @@ const ClusterIds& Ids() {
                               commands::LookupCommand("spublish"),     commands::LookupCommand("ssubscribe"),
                               commands::LookupCommand("sunsubscribe"), commands::LookupCommand("publish"),
                               commands::LookupCommand("pubsub"),       commands::LookupCommand("wait"),
-                              commands::LookupCommand("waitaof")};
+                              commands::LookupCommand("waitaof"),      commands::LookupCommand("asking")};
   return ids;
 }
 
@@ -62,7 +62,7 @@ const std::vector<uint8_t>& Classes() {
          {ids.cluster,  ids.dbsize, ids.keys,   ids.flushall, ids.flushdb,   ids.randomkey,  ids.script,
           ids.function, ids.scan,   ids.client, ids.readonly, ids.readwrite, ids.mget,       ids.mset,
           ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe,
-          ids.publish,  ids.pubsub, ids.wait,   ids.waitaof}) {
+          ids.publish,  ids.pubsub, ids.wait,   ids.waitaof,  ids.asking}) {
       if (id != commands::kUnknownCommand) c[id] = static_cast<uint8_t>(kSpecial | (c[id] & (kReadOnly | kScripted)));
     }
     return c;
@@ -133,7 +133,7 @@ bool Connection::TrackingRedirect(std::span<const std::string_view> args) {
 bool Connection::ClusterAnswers(commands::CommandId id, std::span<const std::string_view> args) const {
   const ClusterIds& ids = Ids();
   if (id == commands::kUnknownCommand) return false;  // (WAITAOF is unknown to a 7.0 table: its id is 0)
-  return id == ids.readonly || id == ids.readwrite || id == ids.wait || id == ids.waitaof;
+  return id == ids.readonly || id == ids.readwrite || id == ids.asking || id == ids.wait || id == ids.waitaof;
 }
 
 namespace {
@@ -221,7 +221,7 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     Answer(c, std::move(reply), metrics::Outcome::kOk);
     return false;
   };
-  if (state_.in_multi() && (c.id == ids.readonly || c.id == ids.readwrite)) [[unlikely]] {
+  if (state_.in_multi() && (c.id == ids.readonly || c.id == ids.readwrite || c.id == ids.asking)) [[unlikely]] {
     // Inside a transaction the server queues what it gets and answers in EXEC's array: keyguard's
     // +OK would come at once, out of it. The transaction's node queues it (a primary ignores it).
     return RouteByKeys(c, args);
@@ -269,7 +269,10 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
                           "shared connections to several nodes)"));
       return false;
     }
-    return answer("+OK\r\n");  // READONLY, READWRITE: reads go to the primaries
+    // READONLY, READWRITE: reads go to the primaries (or replicas, by cluster.read_from). ASKING: the
+    // client of a one-node cluster is never sent an ASK (keyguard follows each itself), so it
+    // asks for nothing; pinned for it, the client was on one node for good (CROSSSLOT after).
+    return answer("+OK\r\n");
   }
   // Every primary, the replies merged.
   auto every = [&](cluster::Merge how) {

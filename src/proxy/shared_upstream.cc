@@ -264,7 +264,10 @@ awaitable<metrics::UpstreamError> SharedLink::Pump() {
       // them: a client that wrote nothing by its end is cut off, however many there are.
       const auto deadline = std::chrono::steady_clock::now() + kSlowClientWindow;
       std::vector<Slow> slow = std::move(slow_);
+      waiting_for_clients_ = true;  // (nothing is read meanwhile: not the server's silence)
       for (Slow& s : slow) co_await s.client->WaitForClient(s.progress, deadline);
+      waiting_for_clients_ = false;
+      last_read_ns_ = NowNs();
     }
   }
 }
@@ -324,6 +327,7 @@ bool SharedLink::Submit(LinkClient* client, std::span<const std::string_view> pi
   for (std::string_view p : pieces) batch_.append(p.data(), p.size());
   batch_commands_ += commands;
   if (node_commands_ != nullptr) node_commands_->Add(commands);
+  if (owed_.empty()) owed_since_ns_ = NowNs();
   if (!owed_.empty() && owed_.back().client == client) {
     owed_.back().frames += commands;
   } else {
@@ -351,6 +355,20 @@ void SharedLink::Flush() {
 
 void SharedLink::CheckLiveness(int64_t now_ns) {
   if (!up_ || owed_.empty() || eof_ || now_ns - last_read_ns_ < 1'000'000'000) return;
+  const int64_t bound_ns = int64_t{worker_.config.shared_reply_timeout_ms} * 1'000'000;
+  if (bound_ns > 0 && !waiting_for_clients_ && now_ns - std::max(last_read_ns_, owed_since_ns_) >= bound_ns)
+      [[unlikely]] {
+    // A reply owed and nothing read for the bound (a command the server holds: one keyguard could
+    // not tell blocks, a paused or hung server): the link closes, so no client's command holds
+    // the others' any longer; the commands in flight fail, the server drops what it held.
+    EventLine("warn", "shared_upstream_reply_timeout")
+        .Int("waited_ms", (now_ns - std::max(last_read_ns_, owed_since_ns_)) / 1'000'000)
+        .Int("commands_in_flight", static_cast<int64_t>(InFlight()))
+        .Str("node", address())
+        .Write(stderr);
+    Fail(metrics::UpstreamError::kTimeout);
+    return;
+  }
   // A cluster node silent for a second with commands in flight may be failing over: the map is
   // asked for (a new one closes this link when the node is no longer a primary).
   if (to_.endpoint.has_value() && worker_.cluster != nullptr && worker_.cluster->refresh) worker_.cluster->refresh();

@@ -154,7 +154,8 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   // `client` goes away: the replies it still owes are read and dropped.
   void Forget(LinkClient* client);
   // Called about once a second: owing replies and silent for a second, the link asks (a peek)
-  // whether the server closed it (Session::CheckUpstream says why).
+  // whether the server closed it (Session::CheckUpstream says why); silent for
+  // shared_reply_timeout_ms, it fails (reason timeout) and connects again.
   void CheckLiveness(int64_t now_ns);
   // Bytes queued or being written: clients stop reading while it is over the output bound.
   // (What this turn queued goes out with the turn: not counted, so a waiter never spins on it.)
@@ -234,6 +235,14 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   bool retired_ = false;
   std::string failure_;
   int64_t last_read_ns_ = 0;
+  int64_t owed_since_ns_ = 0;         // when the first reply now owed was submitted (from none owed)
+  bool waiting_for_clients_ = false;  // Pump waits for slow clients: nothing is read meanwhile
+  // The replies owed, for the log.
+  uint64_t InFlight() {
+    uint64_t n = 0;
+    for (const Owed& o : owed_.entries()) n += o.frames;
+    return n;
+  }
   bool eof_ = false;  // CheckLiveness found the server closed the connection
   Timer backoff_;
   // WaitForConnect's timers, each set to its waiter's limit and cancelled at the end of a connect.

@@ -17,6 +17,7 @@ import contextlib
 import os
 import random
 import select
+import signal
 import socket
 import subprocess
 import threading
@@ -508,3 +509,57 @@ def test_a_cluster_aware_client_connects_as_a_tenant(mode):
     finally:
         alice.close()
         bob.close()
+
+
+def test_a_shared_connection_that_owes_a_reply_for_too_long_is_closed():
+    """The backstop: whatever holds a shared connection's reply (a command keyguard could not tell
+    blocks, a paused server) holds it for shared_reply_timeout_ms at most; then the connection is
+    closed, its commands in flight get an error, and it is made again. A command answered within
+    the bound is not touched."""
+    r = Redis()
+    kg = Keyguard(r.port, config="upstream_connections: shared\nshared_reply_timeout_ms: 1500\n", threads=1)
+    try:
+        c = RespConn(kg.port)
+        assert c.call("DEBUG", "SLEEP", "0.5") == "OK"  # (slow, within the bound)
+        assert kg.metric('keyguard_upstream_errors_total{reason="timeout"}') == 0
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            c.send("SET", "k", "v")
+            reply = c.value()
+            waited = time.monotonic() - started
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        assert str(reply) == "ERR keyguard: upstream unavailable", reply
+        assert 1.4 <= waited < 10, waited
+        assert kg.metric('keyguard_upstream_errors_total{reason="timeout"}') == 1
+        [event] = kg.events("shared_upstream_reply_timeout")
+        assert event["commands_in_flight"] == 1 and event["waited_ms"] >= 1500, event
+        wait_until(lambda: c.call("PING") == "PONG", "the shared connection made again")
+        assert c.call("GET", "k") in (None, b"v")  # (the server may have read the SET before it stopped)
+        c.close()
+    finally:
+        assert kg.stop() == 0, kg.output()[-2000:]
+        r.stop()
+
+
+def test_asking_leaves_a_cluster_client_free_to_reach_every_node(mode):
+    """ASKING pinned a cluster client to one node's connection for good: its later multi-slot
+    MGET and DEL got CROSSSLOT. keyguard follows every ASK itself, so ASKING is answered +OK."""
+    if mode.name != "cluster":
+        pytest.skip("a Redis Cluster upstream only")
+    mode.flush()
+    c = mode.tenant()
+    pins = mode.kg.metric('keyguard_upstream_pins_total{reason="client"}')
+    assert c.call("ASKING") == "OK"
+    keys = ["a%d" % i for i in range(12)]  # (over every primary)
+    assert c.call("MSET", *[x for k in keys for x in (k, "v")]) == "OK"
+    assert c.call("MGET", *keys) == [b"v"] * 12
+    assert c.call("DEL", *keys) == 12
+    assert mode.kg.metric('keyguard_upstream_pins_total{reason="client"}') == pins
+    # In a transaction (pipelined: its node is the first keyed command's) the transaction's node
+    # queues it, as the server does.
+    for args in (("MULTI",), ("ASKING",), ("SET", "a1", "x"), ("EXEC",)):
+        c.send(*args)
+    assert [c.value() for _ in range(4)] == ["OK", "QUEUED", "QUEUED", ["OK", "OK"]]
+    c.close()

@@ -27,6 +27,7 @@ TEST(Config, EmptyDocumentGivesDefaults) {
   EXPECT_EQ(c->upstream.ToString(), "127.0.0.1:6379");
   EXPECT_EQ(c->limits.max_bulk_len, 512LL * 1024 * 1024);
   EXPECT_EQ(c->limits.max_inline_len, 64u * 1024);
+  EXPECT_EQ(c->shared_reply_timeout_ms, 30000);
 }
 
 TEST(Config, ParsesEverySetting) {
@@ -37,6 +38,7 @@ admin: 127.0.0.1:9999
 threads: 3
 upstream_connect_timeout_ms: 500
 drain_timeout_ms: 100
+shared_reply_timeout_ms: 0
 deny_commands: [FLUSHALL, flushdb]
 limits:
   max_bulk_len: 1024
@@ -58,6 +60,7 @@ limits:
   EXPECT_EQ(c->max_pending_commands, 5);
   EXPECT_EQ(c->read_buffer_size, 1024);
   EXPECT_EQ(c->slow_client_grace_ms, 2500);
+  EXPECT_EQ(c->shared_reply_timeout_ms, 0);
 }
 
 TEST(Config, ErrorsNameTheField) {
@@ -71,6 +74,7 @@ TEST(Config, ErrorsNameTheField) {
       {"threads: -1", "threads: must be between 0 and "},
       {"threads: 300", "threads: must be between 0 and 256"},
       {"limits:\n  slow_client_grace_ms: 50", "limits.slow_client_grace_ms: must be between 100 and 86400000"},
+      {"shared_reply_timeout_ms: 90000000", "shared_reply_timeout_ms: must be between 0 and 86400000"},
       {"upstream: localhost", "upstream: 'localhost' is not HOST:PORT"},
       {"upstream: host:99999", "upstream: 'host:99999' is not HOST:PORT with a port in 0..65535"},
       {"deny_commands: [FLUSHALL, NOPE]", "deny_commands[1]: 'NOPE' is not a Redis command"},

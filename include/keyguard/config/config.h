@@ -86,6 +86,7 @@ struct ProxyConfig {
   bool shared_upstream = false;
   int shared_connections = 1;
   int pinned_idle_connections = 2;
+  int shared_reply_timeout_ms = 30000;     // a shared connection owing a reply, silent this long, closes (0: never)
   int drain_timeout_ms = 10000;            // after SIGTERM, how long in-flight replies may take
   std::vector<std::string> deny_commands;  // lowercase command names refused with an error
   resp::Limits limits;

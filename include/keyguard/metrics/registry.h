@@ -93,7 +93,7 @@ struct CommandStats {
 
 // kRefused: the upstream refused a command keyguard sends on its own for the client (the MULTI
 // it answered for a cluster transaction, HELLO 3 on a RESP3 client's pinned connection).
-enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kTls, kRefused, kCount };
+enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth, kTls, kRefused, kTimeout, kCount };
 
 // The kinds of upstream connection (keyguard_upstream_connections_by_kind).
 enum class UpstreamKind : uint8_t { kDedicated, kShared, kPinned, kIdle, kCount };
@@ -102,8 +102,8 @@ inline constexpr const char* kUpstreamKindNames[] = {"dedicated", "shared", "pin
 inline constexpr const char* kPinReasonNames[] = {"none",   "transaction", "blocking", "pubsub", "monitor",    "client",
                                                   "select", "hello",       "auth",     "reset",  "replication"};
 inline constexpr size_t kPinReasons = std::size(kPinReasonNames);
-inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset",  "protocol",
-                                                      "auth",    "tls",    "refused"};
+inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset",   "protocol",
+                                                      "auth",    "tls",    "refused", "timeout"};
 static_assert(std::size(kUpstreamErrorNames) == static_cast<size_t>(UpstreamError::kCount), "a name for each");
 
 // The counters of one labeled family of the table, one per label-value set, created on first use.
