@@ -34,6 +34,20 @@ commands::CommandId PingId() {
   return id;
 }
 constexpr std::string_view kClientId = "*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n";
+
+// The commands whose success may close the connection after the reply (Connection::TakeCloseMayFollow).
+bool MayClose(commands::CommandId id) {
+  static const std::vector<bool> table = [] {
+    std::vector<bool> t(commands::CommandCount(), false);
+    const commands::KnownCommands& k = commands::Known();
+    for (commands::CommandId c :
+         {k.client, k.exec, k.debug, commands::LookupCommand("acl"), commands::LookupCommand("shutdown")}) {
+      if (c != commands::kUnknownCommand) t[c] = true;
+    }
+    return t;
+  }();
+  return id < table.size() && table[id];
+}
 constexpr std::string_view kClientReplySkip = "*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n";
 
 // Keeps one tenant's detector state and cached sizes apart from another's: the fingerprint of its
@@ -1233,6 +1247,8 @@ void Connection::CompleteHead(char reply_type, int64_t size, std::string_view bu
   }
   // A write refused by a replica: the primary may have moved (the transport asks Sentinel again).
   if (error && bulk.starts_with("READONLY")) readonly_seen_ = true;
+  if (error || MayClose(p.command)) [[unlikely]]
+    close_may_follow_ = true;
   // A cluster's redirection on a pinned connection (the client sees it): keyguard's map is wrong.
   // A script's error may read as one (redis.error_reply("MOVED ...")): no node's word on the map,
   // it only has the map asked for again.

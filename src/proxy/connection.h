@@ -263,6 +263,11 @@ class Connection {
   void set_upstream_failure(std::string why) { upstream_failure_ = std::move(why); }
   // Whether a reply since the last call was READONLY (a replica: the primary may have moved).
   bool TakeReadOnlySeen() { return std::exchange(readonly_seen_, false); }
+  // Whether a reply since the last call may be the server's last before it closes the connection
+  // (an error, or a reply to CLIENT, ACL, EXEC, DEBUG, SHUTDOWN: CLIENT KILL of itself, its
+  // user deleted, a protocol error): the transport looks for the close at once, as the end of the
+  // stream that came with the reply raises no event of its own (async_read.h).
+  bool TakeCloseMayFollow() { return std::exchange(close_may_follow_, false); }
   // A cluster's MOVED or ASK a reply on the client's own (pinned) connection carried since the
   // last call ("" for none): the transport corrects its slot map.
   std::string TakeRedirectSeen() { return std::exchange(redirect_seen_, std::string()); }
@@ -473,6 +478,7 @@ class Connection {
   Output out_;
   std::string upstream_failure_;  // set_upstream_failure
   bool readonly_seen_ = false;
+  bool close_may_follow_ = false;
   std::string redirect_seen_;
   bool redirect_scripted_ = false;
   bool move_error_logged_ = false;  // legacy_move_failed is logged once per connection

@@ -15,7 +15,7 @@ constexpr uint8_t kByArgs = static_cast<uint8_t>(PinReason::kCount);
 
 struct Table {
   std::vector<uint8_t> by_id;
-  commands::CommandId select, xread, xreadgroup, client, hello;
+  commands::CommandId select, xread, xreadgroup, client, hello, script, function;
 };
 
 PinReason ByRole(ConnectionRole role) {
@@ -49,6 +49,8 @@ const Table& PinTable() {
     t.xreadgroup = commands::LookupCommand("xreadgroup");
     t.client = commands::Known().client;
     t.hello = commands::Known().hello;
+    t.script = commands::LookupCommand("script");
+    t.function = commands::LookupCommand("function");
     const uint32_t blocking = commands::CommandFlagMask("blocking");
     const commands::CommandId client_state[] = {
         commands::LookupCommand("readonly"), commands::LookupCommand("readwrite"), commands::LookupCommand("asking")};
@@ -69,7 +71,9 @@ const Table& PinTable() {
       const commands::CommandId id = commands::LookupCommand(name);
       if (id != commands::kUnknownCommand) t.by_id[id] = static_cast<uint8_t>(PinReason::kBlocking);
     }
-    for (commands::CommandId id : {t.select, t.xread, t.xreadgroup, t.client, t.hello}) t.by_id[id] = kByArgs;
+    for (commands::CommandId id : {t.select, t.xread, t.xreadgroup, t.client, t.hello, t.script, t.function}) {
+      if (id != commands::kUnknownCommand) t.by_id[id] = kByArgs;
+    }
     return t;
   }();
   return table;
@@ -116,6 +120,13 @@ PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args,
     // (With tenancy, HELLO is how a client logs in: it pins as before.)
     const bool plain = !tenancy && (args.size() == 1 || (args.size() == 2 && args[1] == "2"));
     return plain ? PinReason::kNone : PinReason::kHello;
+  }
+  if (id == t.script || id == t.function) {
+    // SCRIPT KILL, FUNCTION KILL: the script to kill may be running on the client's shared
+    // connection (its reply is what every command behind it waits for), where the kill would wait
+    // behind it for ever. They go on a connection of their own, which the server reads while it
+    // runs the script (after busy-reply-threshold), and the client comes back with the reply.
+    return args.size() == 2 && commands::EqualsIgnoreCase(args[1], "kill") ? PinReason::kControl : PinReason::kNone;
   }
   // XREAD, XREADGROUP: with a BLOCK among options the server accepts (a bad timeout is then its
   // error: a pin for nothing, never a block missed).

@@ -29,6 +29,7 @@ enum class PinReason : uint8_t {
   kAuth,         // AUTH as a user of the client's own (not with tenancy: keyguard answers it)
   kReset,        // RESET
   kReplication,  // SYNC, PSYNC, REPLCONF: the connection becomes a replica's
+  kControl,      // SCRIPT KILL, FUNCTION KILL: heard while a script holds the shared connection: until the reply
   kCount,
 };
 
@@ -37,7 +38,9 @@ enum class PinReason : uint8_t {
 const char* PinReasonName(PinReason r);
 
 // Whether a pin for `r` ends with its state (the client goes back to the shared connection).
-inline bool PinEnds(PinReason r) { return r == PinReason::kTransaction || r == PinReason::kBlocking; }
+inline bool PinEnds(PinReason r) {
+  return r == PinReason::kTransaction || r == PinReason::kBlocking || r == PinReason::kControl;
+}
 
 // What command `id` with `args` (the name included) needs: kNone when a shared connection serves
 // it as a connection of the client's own would. `tenancy`: keyguard answers AUTH itself.

@@ -237,6 +237,12 @@ awaitable<void> Session::UpstreamPump() {
       FailUpstream(conn_.read_error());
       co_return;
     }
+    if (conn_.TakeCloseMayFollow() && upstream_buf_.size() == 0 && upstream_->PeerGone()) [[unlikely]] {
+      // The server closed after its reply (CLIENT KILL of this connection, ...): the client gets
+      // the reply, then the close, as direct.
+      FailUpstream(metrics::UpstreamError::kClosed);
+      co_return;
+    }
     if (multiplexed() && conn_.CanUnpin() && upstream_buf_.size() == 0 && upstream_out_.backlog() == 0) {
       // The transaction or blocking command ended: back to the shared connection.
       Unpin();

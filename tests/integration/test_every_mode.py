@@ -16,6 +16,7 @@ What is proved here is a rule, with a generator rather than a list:
 import contextlib
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -28,7 +29,7 @@ import redis
 
 from cluster import cluster, seed_url
 from conftest import ROOT, Keyguard, Redis, blocked_clients, wait_until
-from resp import EXTRA_WINDOW, PATIENCE, Closed, RespConn
+from resp import EXTRA_WINDOW, PATIENCE, Closed, RespConn, encode
 
 MODES = ["dedicated", "shared", "cluster"]
 CONFIG = open(os.path.join(ROOT, "examples", "tenants.yaml")).read() + "deny_commands: [FLUSHALL]\n"
@@ -563,3 +564,87 @@ def test_asking_leaves_a_cluster_client_free_to_reach_every_node(mode):
         c.send(*args)
     assert [c.value() for _ in range(4)] == ["OK", "QUEUED", "QUEUED", ["OK", "OK"]]
     c.close()
+
+
+@pytest.mark.parametrize("how", ["dedicated", "shared"])
+def test_a_server_close_after_its_reply_reaches_the_client_with_the_reply(how):
+    """When the server replies and then closes (CLIENT KILL of its own connection, alone or in a
+    transaction), the end of the stream comes with the reply's bytes and raises no event of its
+    own: the client got the reply and then waited, connected, until its next command (8 to 16 tries
+    of 20 here). Now it gets the reply and the close together, as direct; in shared mode the
+    command pinned the client, so it is that connection that closes. A client killed while idle by
+    another sees the close too."""
+    r = Redis()
+    kg = Keyguard(r.port, threads=1, extra=("--upstream-connections", how))
+    kill = encode("CLIENT", "KILL", "SKIPME", "no")
+    try:
+        for i in range(20):
+            c = RespConn(kg.port)
+            assert c.call("PING") == "PONG"
+            if i % 2:
+                got = c.exchange(encode("MULTI") + kill + encode("EXEC"), closed=True, timeout=5)
+                assert re.fullmatch(rb"\+OK\r\n\+QUEUED\r\n\*1\r\n:\d+\r\n<closed>", got), (i, got)
+            else:
+                got = c.exchange(kill, closed=True, timeout=5)
+                assert re.fullmatch(rb":\d+\r\n<closed>", got), (i, got)
+            c.close()
+        if how == "dedicated":
+            idle, killer = RespConn(kg.port), RespConn(kg.port)
+            assert idle.call("PING") == "PONG"
+            assert killer.call("CLIENT", "KILL", "SKIPME", "yes") >= 1
+            assert idle.read_until_closed(timeout=5) == b""
+            assert killer.call("PING") == "PONG"
+        assert kg.metric('keyguard_commands_total{command="client",outcome="failed"}') == 0
+    finally:
+        assert kg.stop() == 0, kg.output()[-2000:]
+        r.stop()
+
+
+SPIN_LIBRARY = "#!lua name=kgspin\nredis.register_function('spin', function() while true do end end)"
+
+
+@pytest.mark.parametrize("how", ["dedicated", "shared"])
+@pytest.mark.parametrize("kill", ["SCRIPT", "FUNCTION"])
+def test_a_runaway_script_can_be_killed_from_another_client(how, kill):
+    """A script that never ends holds the connection it runs on; with shared connections that was
+    every client's of the worker, their SCRIPT KILL and FUNCTION KILL included, which waited behind
+    it for ever (with one worker thread no client of keyguard could kill it). A kill goes on a
+    connection of the client's own, which the server reads while the script runs, and the client
+    comes back to the shared connection with the reply."""
+    r = Redis("--busy-reply-threshold", "100")
+    kg = Keyguard(r.port, threads=1, extra=("--upstream-connections", how))
+    try:
+        setup = RespConn(kg.port)
+        if kill == "FUNCTION":
+            assert setup.call("FUNCTION", "LOAD", SPIN_LIBRARY) == b"kgspin"
+        runner, neighbour, killer = RespConn(kg.port), RespConn(kg.port), RespConn(kg.port)
+        assert killer.call("PING") == "PONG" and neighbour.call("PING") == "PONG"
+        if kill == "FUNCTION":
+            runner.send("FCALL", "spin", "0")
+        else:
+            runner.send("EVAL", "while true do end", "0")
+        direct = RespConn(r.port)
+        wait_until(lambda: "BUSY" in str(direct.call("PING")), "the script running past the threshold")
+        neighbour.send("GET", "k")
+        killer.sock.settimeout(10)
+        assert killer.call(kill, "KILL") == "OK"
+        killed = runner.value()
+        assert isinstance(killed, Exception) and "killed by user" in str(killed), killed
+        # Direct (and dedicated), the neighbour's GET gets the server's BUSY; behind the script on
+        # a shared connection it waited for the kill (as behind any pooling proxy: docs/tenancy.md
+        # lists it), then got its reply.
+        late = neighbour.value()
+        if how == "shared":
+            assert late is None
+        else:
+            assert isinstance(late, Exception) and str(late).startswith("BUSY "), late
+        assert killer.call("SET", "k", "v") == "OK" and neighbour.call("GET", "k") == b"v"
+        if how == "shared":
+            assert kg.metric('keyguard_upstream_pins_total{reason="control"}') == 1
+            # (back on the shared connection: its own went to the idle pool)
+            assert kg.metric('keyguard_upstream_connections_by_kind{kind="pinned"}') == 0
+        for c in (setup, runner, neighbour, killer, direct):
+            c.close()
+    finally:
+        assert kg.stop() == 0, kg.output()[-2000:]
+        r.stop()

@@ -552,6 +552,13 @@ TEST(PinFor, ConnectionStateCommandsPinAndPlainOnesDoNot) {
   EXPECT_EQ(pin({"RESET"}), PinReason::kReset);
   EXPECT_EQ(pin({"PSYNC", "?", "-1"}), PinReason::kReplication);
   EXPECT_EQ(pin({"REPLCONF", "rdb-filter-only", "functions"}), PinReason::kReplication);
+  EXPECT_EQ(pin({"SCRIPT", "KILL"}), PinReason::kControl);
+  EXPECT_EQ(pin({"function", "kill"}), PinReason::kControl);
+  EXPECT_EQ(pin({"SCRIPT", std::string_view("KILL\0x", 6)}), PinReason::kControl);  // strcasecmp
+  EXPECT_EQ(pin({"SCRIPT", "LOAD", "return 1"}), PinReason::kNone);
+  EXPECT_EQ(pin({"SCRIPT", "KILL", "x"}), PinReason::kNone);  // the server's syntax error
+  EXPECT_TRUE(PinEnds(PinReason::kControl));
+  EXPECT_STREQ(PinReasonName(PinReason::kControl), "control");
   EXPECT_TRUE(PinEnds(PinReason::kTransaction));
   EXPECT_TRUE(PinEnds(PinReason::kBlocking));
   EXPECT_FALSE(PinEnds(PinReason::kSelect));

@@ -99,8 +99,9 @@ enum class UpstreamError : uint8_t { kConnect, kClosed, kReset, kProtocol, kAuth
 enum class UpstreamKind : uint8_t { kDedicated, kShared, kPinned, kIdle, kCount };
 inline constexpr const char* kUpstreamKindNames[] = {"dedicated", "shared", "pinned", "idle"};
 // Why a client was pinned (proxy::PinReason, in its order; keyguard_upstream_pins_total).
-inline constexpr const char* kPinReasonNames[] = {"none",   "transaction", "blocking", "pubsub", "monitor",    "client",
-                                                  "select", "hello",       "auth",     "reset",  "replication"};
+inline constexpr const char* kPinReasonNames[] = {"none",    "transaction", "blocking",    "pubsub",
+                                                  "monitor", "client",      "select",      "hello",
+                                                  "auth",    "reset",       "replication", "control"};
 inline constexpr size_t kPinReasons = std::size(kPinReasonNames);
 inline constexpr const char* kUpstreamErrorNames[] = {"connect", "closed", "reset",   "protocol",
                                                       "auth",    "tls",    "refused", "timeout"};
