@@ -330,6 +330,9 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     if (ClientQuery(args) && (pinned_ || !tenancy)) return false;
     if (TrackingRedirect(args)) return false;
   }
+  if (cluster_ && r == PinReason::kPubSub && RefusedKeyspaceSubscription(id, args)) [[unlikely]] {
+    return false;  // refused (RouteCluster)
+  }
   if (r == PinReason::kNone) {
     if (pinned_ && id == client_id_ && args.size() >= 2 && !commands::EqualsIgnoreCase(args[1], "getname"))
         [[unlikely]] {

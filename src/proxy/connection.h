@@ -345,6 +345,11 @@ class Connection {
   static bool ClientQuery(std::span<const std::string_view> args);
   // CLIENT TRACKING with a REDIRECT option (refused with a cluster: RouteCluster).
   static bool TrackingRedirect(std::span<const std::string_view> args);
+  // SUBSCRIBE or PSUBSCRIBE of a keyspace notification channel (`__keyspace@...`,
+  // `__keyevent@...`; a pattern that names them, not one that starts with a wildcard) through a
+  // cluster of several primaries: each notifies of its own keys only, and a subscription is on
+  // one node, so it is refused (RouteCluster), with no pin made (NeedsPin). `args`: the client's.
+  bool RefusedKeyspaceSubscription(commands::CommandId id, std::span<const std::string_view> args) const;
   // An @scripting command (EVAL, FCALL, ...): its error text may be any the script chose.
   static bool Scripted(commands::CommandId id);
   // CLIENT SETNAME/GETNAME of a client on a shared connection: answered (true), or not (false:

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "keyguard/common/views.h"
+#include "keyguard/tenant/tenancy.h"
 #include "proxy/connection.h"
 
 namespace keyguard::proxy {
@@ -19,22 +20,37 @@ constexpr std::string_view kCrossSlotError = "CROSSSLOT Keys in request don't ha
 struct ClusterIds {
   commands::CommandId cluster, dbsize, keys, flushall, flushdb, randomkey, script, function, scan, client, readonly,
       readwrite, mget, mset, del, unlink, exists, touch, spublish, ssubscribe, sunsubscribe, publish, pubsub, wait,
-      waitaof, asking;
+      waitaof, asking, subscribe, psubscribe;
 };
 const ClusterIds& Ids() {
-  static const ClusterIds ids{commands::LookupCommand("cluster"),      commands::LookupCommand("dbsize"),
-                              commands::LookupCommand("keys"),         commands::LookupCommand("flushall"),
-                              commands::LookupCommand("flushdb"),      commands::LookupCommand("randomkey"),
-                              commands::LookupCommand("script"),       commands::LookupCommand("function"),
-                              commands::LookupCommand("scan"),         commands::LookupCommand("client"),
-                              commands::LookupCommand("readonly"),     commands::LookupCommand("readwrite"),
-                              commands::LookupCommand("mget"),         commands::LookupCommand("mset"),
-                              commands::LookupCommand("del"),          commands::LookupCommand("unlink"),
-                              commands::LookupCommand("exists"),       commands::LookupCommand("touch"),
-                              commands::LookupCommand("spublish"),     commands::LookupCommand("ssubscribe"),
-                              commands::LookupCommand("sunsubscribe"), commands::LookupCommand("publish"),
-                              commands::LookupCommand("pubsub"),       commands::LookupCommand("wait"),
-                              commands::LookupCommand("waitaof"),      commands::LookupCommand("asking")};
+  static const ClusterIds ids{commands::LookupCommand("cluster"),
+                              commands::LookupCommand("dbsize"),
+                              commands::LookupCommand("keys"),
+                              commands::LookupCommand("flushall"),
+                              commands::LookupCommand("flushdb"),
+                              commands::LookupCommand("randomkey"),
+                              commands::LookupCommand("script"),
+                              commands::LookupCommand("function"),
+                              commands::LookupCommand("scan"),
+                              commands::LookupCommand("client"),
+                              commands::LookupCommand("readonly"),
+                              commands::LookupCommand("readwrite"),
+                              commands::LookupCommand("mget"),
+                              commands::LookupCommand("mset"),
+                              commands::LookupCommand("del"),
+                              commands::LookupCommand("unlink"),
+                              commands::LookupCommand("exists"),
+                              commands::LookupCommand("touch"),
+                              commands::LookupCommand("spublish"),
+                              commands::LookupCommand("ssubscribe"),
+                              commands::LookupCommand("sunsubscribe"),
+                              commands::LookupCommand("publish"),
+                              commands::LookupCommand("pubsub"),
+                              commands::LookupCommand("wait"),
+                              commands::LookupCommand("waitaof"),
+                              commands::LookupCommand("asking"),
+                              commands::Known().subscribe,
+                              commands::Known().psubscribe};
   return ids;
 }
 
@@ -62,7 +78,7 @@ const std::vector<uint8_t>& Classes() {
          {ids.cluster,  ids.dbsize, ids.keys,   ids.flushall, ids.flushdb,   ids.randomkey,  ids.script,
           ids.function, ids.scan,   ids.client, ids.readonly, ids.readwrite, ids.mget,       ids.mset,
           ids.del,      ids.unlink, ids.exists, ids.touch,    ids.spublish,  ids.ssubscribe, ids.sunsubscribe,
-          ids.publish,  ids.pubsub, ids.wait,   ids.waitaof,  ids.asking}) {
+          ids.publish,  ids.pubsub, ids.wait,   ids.waitaof,  ids.asking,    ids.subscribe,  ids.psubscribe}) {
       if (id != commands::kUnknownCommand) c[id] = static_cast<uint8_t>(kSpecial | (c[id] & (kReadOnly | kScripted)));
     }
     return c;
@@ -126,6 +142,25 @@ bool Connection::TrackingRedirect(std::span<const std::string_view> args) {
   for (size_t i = 3; i < args.size(); ++i) {
     if (commands::EqualsIgnoreCase(args[i], "redirect")) return true;
     if (commands::EqualsIgnoreCase(args[i], "prefix")) ++i;
+  }
+  return false;
+}
+
+bool Connection::RefusedKeyspaceSubscription(commands::CommandId id, std::span<const std::string_view> args) const {
+  const ClusterIds& ids = Ids();
+  if (!cluster_ || (id != ids.subscribe && id != ids.psubscribe)) return false;
+  // A one-primary cluster's node hears every key (a primary added later is not heard: documented).
+  if (shared_.cluster_map == nullptr || *shared_.cluster_map == nullptr) return false;
+  const cluster::SlotMap& m = **shared_.cluster_map;
+  if (m.primaries.size() + m.slotless.size() <= 1) return false;
+  const bool pattern = id == ids.psubscribe;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    if (a.starts_with("__keyspace@") || a.starts_with("__keyevent@")) return true;
+    if (pattern && !a.empty() && a[0] != '*' && a[0] != '?' && a[0] != '[' &&
+        (tenant::GlobMayMatchPrefix(a, "__keyspace@") || tenant::GlobMayMatchPrefix(a, "__keyevent@"))) {
+      return true;
+    }
   }
   return false;
 }
@@ -315,6 +350,15 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     // same one each time.
     route_.slot = kFirstNode;
     return true;
+  }
+  if ((c.id == ids.subscribe || c.id == ids.psubscribe) && RefusedKeyspaceSubscription(c.id, c.args)) {
+    // Each primary notifies of its own keys only (1 event in 3 was heard): refused, with no pin
+    // made (NeedsPin, which reads the same arguments: the client's), rather than heard from one
+    // node.
+    Refuse(c, Refusal::kCluster,
+           "ERR keyguard: keyspace notifications are not served through a Redis Cluster upstream (each primary "
+           "sends its own keys' events, and a subscription is on one node); subscribe on every primary directly");
+    return false;
   }
   if (c.id == ids.publish || c.id == ids.pubsub) {
     // The node subscriptions pin to (the first primary): one client's messages in its order,
