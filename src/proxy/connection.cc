@@ -1,5 +1,7 @@
 #include "proxy/connection.h"
 
+#include <cassert>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -181,6 +183,16 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
           continue;
         }
       }
+      if (lane_classes_ != nullptr && !pinned_ && (lane_classes_[id] != 0) != write_lane_) [[unlikely]] {
+        // The other lane (set_lanes). Nothing pending: nothing of the client's is on either.
+        if (queue_.empty()) {
+          assert(out_.upstream.empty());  // (flushed to one lane's connection)
+          write_lane_ = !write_lane_;
+        } else if (!write_lane_) {
+          reply_wait_ = true;  // a write behind reads
+          break;
+        }
+      }
       HandleCommand(id, args, data + pos, n, now);
     }
     pos += n;
@@ -285,7 +297,7 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     // (unread) rather than be refused on this node's connection.
     const int32_t slot = StoredSlotOf(id, args);
     if (slot == kCrossSlot || (slot >= 0 && (*shared_.cluster_map)->owner[static_cast<size_t>(slot)] != pinned_node_)) {
-      unpin_wait_ = true;  // (keys in several slots: split, which only an unpinned client is)
+      reply_wait_ = true;  // (keys in several slots: split, which only an unpinned client is)
       return true;
     }
   }

@@ -201,6 +201,14 @@ class Connection {
   PinReason pin_wanted() const { return pin_wanted_; }
   // Whether the shared connection is up (read before each OnClientBytes while not pinned).
   void set_shared_ready(bool up) { upstream_ready_ = up; }
+  // Shared connections in lanes (not a cluster's): a command a server under CLIENT PAUSE WRITE
+  // holds (WriteLaneClasses) goes to the write lane's connection, any other to the read lane's,
+  // so that a paused write holds no other client's read. A client moves from one to the other
+  // when nothing is pending; a write behind reads waits for them (reply_wait), a read behind
+  // writes goes behind them (as a direct client's waits behind its own paused write).
+  void set_lanes() { lane_classes_ = WriteLaneClasses(shared_.stages.config.tenancy != nullptr); }
+  // The lane of the client's commands (true: write), read at each flush.
+  bool write_lane() const { return write_lane_; }
   // The client has a connection of its own now: `fresh` (just made: keyguard's AUTH goes first)
   // or from the idle pool (authenticated). Returns the reason it was pinned for.
   PinReason OnPinned(bool fresh);
@@ -245,10 +253,11 @@ class Connection {
   void StopReading() { stop_reading_ = true; }
   // A walk runs: later commands wait unread in the client's buffer.
   bool holding() const { return holding_; }
-  // A cluster client's command for another node's slot waits, unread, for the end of a pin that
-  // ends once its pending replies are in (NeedsPin); the transport reads on after them.
-  bool unpin_wait() const { return unpin_wait_; }
-  void EndUnpinWait() { unpin_wait_ = false; }
+  // A command waits, unread, for every pending reply, and the transport reads on after them: a
+  // cluster client's command for another node's slot, at the end of a pin that ends once its
+  // pending replies are in (NeedsPin); a write behind reads on the read lane (set_lanes).
+  bool reply_wait() const { return reply_wait_; }
+  void EndReplyWait() { reply_wait_ = false; }
   // A walk ended: the commands read meanwhile are next (the next OnClientBytes).
   bool resume() const { return resume_; }
   // Nothing is pending and no command waits behind a walk.
@@ -523,7 +532,9 @@ class Connection {
   int64_t walk_wait_ns_ = 0;
   bool holding_ = false;
   bool resume_ = false;
-  bool unpin_wait_ = false;  // see unpin_wait()
+  bool reply_wait_ = false;                // see reply_wait()
+  const uint8_t* lane_classes_ = nullptr;  // set_lanes
+  bool write_lane_ = false;
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;

@@ -1,5 +1,6 @@
 #include "proxy/pinning.h"
 
+#include <array>
 #include <vector>
 
 #include "keyguard/commands/traits.h"
@@ -89,6 +90,24 @@ const char* PinReasonName(PinReason r) {
 }
 
 const uint8_t* PinClasses() { return PinTable().by_id.data(); }
+
+const uint8_t* WriteLaneClasses(bool tenancy) {
+  static const std::array<std::vector<uint8_t>, 2> tables = [] {
+    std::vector<uint8_t> t(commands::CommandCount(), 0);
+    const uint32_t write = commands::CommandFlagMask("write");
+    for (size_t i = 0; i < t.size(); ++i) {
+      if ((commands::Spec(static_cast<commands::CommandId>(i)).flags & write) != 0) t[i] = 1;
+    }
+    for (std::string_view name : {"eval", "evalsha", "fcall", "publish", "spublish", "pfcount"}) {
+      if (const commands::CommandId id = commands::LookupCommand(name); id != commands::kUnknownCommand) t[id] = 1;
+    }
+    t[commands::kUnknownCommand] = 1;
+    std::vector<uint8_t> walks = t;
+    for (std::string_view name : {"dbsize", "randomkey"}) walks[commands::LookupCommand(name)] = 1;
+    return std::array<std::vector<uint8_t>, 2>{std::move(t), std::move(walks)};
+  }();
+  return tables[tenancy ? 1 : 0].data();
+}
 
 PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args, bool tenancy) {
   const Table& t = PinTable();

@@ -51,4 +51,11 @@ PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args,
 // caller's check of the common command is one load.
 const uint8_t* PinClasses();
 
+// By command id: 1 for a command a server under CLIENT PAUSE WRITE holds (flagged `write`, or
+// one of 7.0's may-replicate commands, which COMMAND INFO does not show: EVAL, EVALSHA, FCALL,
+// PUBLISH, SPUBLISH, PFCOUNT; an unknown command), which goes on the write lane of a client's
+// shared connections, so that reads never wait behind one. `tenancy`: DBSIZE and RANDOMKEY too
+// (a tenant's run as walk scripts, EVAL).
+const uint8_t* WriteLaneClasses(bool tenancy);
+
 }  // namespace keyguard::proxy

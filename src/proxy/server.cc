@@ -67,7 +67,7 @@ void TickLiveness(Worker& w) {
     if (s->ClientHungUp(now)) hung_up.push_back(s);
   }
   for (const auto& s : hung_up) s->CloseHungUp();
-  for (const auto& link : w.links) link->CheckLiveness(now);
+  w.ForEachLink([now](SharedLink& link) { link.CheckLiveness(now); });
   if (w.cluster != nullptr) {
     for (const auto& [addr, link] : w.cluster->links) link->CheckLiveness(now);
   }
@@ -268,9 +268,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
       workers.back()->cluster = std::make_shared<ClusterState>();
       workers.back()->cluster->refresh = [w = cluster_watch.get()] { w->Refresh(); };
     } else if (config.shared_upstream) {
-      for (int j = 0; j < config.shared_connections; ++j) {
-        workers.back()->links.push_back(std::make_shared<SharedLink>(*workers.back()));
-      }
+      for (int j = 0; j < config.shared_connections; ++j) workers.back()->AddLink(/*resp3=*/false, /*start=*/false);
       workers.back()->pins = std::make_unique<PinPool>(*workers.back());
     }
     auto acceptor = std::make_unique<Acceptor>(workers.back()->io);
@@ -311,7 +309,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
   for (int i = 0; i < nthreads; ++i) {
     asio::co_spawn(workers[i]->io, Accept(*workers[i], *acceptors[i]), asio::detached);
     if (workers[i]->probe != nullptr) workers[i]->probe->Start();
-    for (auto& link : workers[i]->links) link->Start();
+    workers[i]->ForEachLink([](SharedLink& link) { link.Start(); });
     if (workers[i]->cluster != nullptr) AdoptClusterMap(*workers[i], first_map);
     TickLiveness(*workers[i]);
     if (workers[i]->pins != nullptr) workers[i]->pins->Fill();
@@ -332,7 +330,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
           std::vector<std::shared_ptr<Session>> sessions(worker->sessions.begin(), worker->sessions.end());
           for (auto& s : sessions) s->Drain();
           // Shared connections connect again, to the new primary (what was in flight fails).
-          for (auto& link : worker->links) link->Restart();
+          worker->ForEachLink([](SharedLink& link) { link.Restart(); });
           if (worker->pins != nullptr) worker->pins->Stop(/*for_good=*/false);
           if (worker->pins3 != nullptr) worker->pins3->Stop(/*for_good=*/false);
         });
@@ -423,7 +421,7 @@ absl::Status RunServer(const config::ProxyConfig& config, const std::string& con
     for (auto& s : sessions) s->Close();
     sessions.clear();
     if (w->probe != nullptr) w->probe->Stop();
-    for (auto& link : w->links) link->Stop();
+    w->ForEachLink([](SharedLink& link) { link.Stop(); });
     if (w->cluster != nullptr) {
       for (auto& [addr, link] : w->cluster->links) link->Stop();
     }

@@ -85,10 +85,9 @@ awaitable<void> Session::Run() {
     // them to the same one, so they stay in order) until it is pinned.
     conn_.set_multiplexed();
     link_ = worker_.PickLink();
-    if (!link_->up()) {
-      co_await link_->WaitForConnect();
-      if (closed_) co_return;
-    }
+    if (link_->partner() != nullptr) conn_.set_lanes();
+    co_await WaitForLanes(link_);
+    if (closed_) co_return;
     co_await ClientPump<true>();
     co_return;
   }
@@ -352,7 +351,10 @@ void Session::Close() {
   error_code ignored;
   client_.socket().shutdown(Socket::shutdown_both, ignored);
   client_.Close();
-  if (link_ != nullptr) link_->Forget(this);
+  if (link_ != nullptr) {
+    link_->Forget(this);
+    if (link_->partner() != nullptr) link_->partner()->Forget(this);
+  }
   if (cluster_ != nullptr) cluster_->Detach();
   if (multiplexed() && conn_.pinned()) ObservePin();
   CloseUpstream();

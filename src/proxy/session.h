@@ -115,8 +115,14 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
 
   Worker& worker_;
   Stream client_;
-  std::unique_ptr<Stream> upstream_;        // dedicated, or pinned (shared: nullptr while not pinned)
-  SharedLink* link_ = nullptr;              // upstream_connections: shared
+  std::unique_ptr<Stream> upstream_;  // dedicated, or pinned (shared: nullptr while not pinned)
+  SharedLink* link_ = nullptr;        // upstream_connections: shared (the read lane's)
+  // The link the client's commands go to now: its write lane's for writes (Connection::set_lanes).
+  SharedLink* lane_link() const { return conn_.write_lane() && link_->partner() != nullptr ? link_->partner() : link_; }
+  // Both lanes' connections are up (or the link has no write lane).
+  bool lanes_up() const { return link_->up() && (link_->partner() == nullptr || link_->partner()->up()); }
+  // Waits (each bounded by the connect timeout) for both lanes' connections of `link`.
+  awaitable<void> WaitForLanes(SharedLink* link);
   std::unique_ptr<ClusterClient> cluster_;  // a Redis Cluster upstream (instead of link_)
   int64_t pinned_at_ns_ = 0;
   int64_t link_now_ns_ = 0;       // the time of the link's run of replies

@@ -29,9 +29,9 @@ awaitable<void> Session::ClientPump() {
           co_await cluster_->WaitBelow(max_out / 2);
         }
       } else {
-        while (!closed_ && on_link() && link_->backlog() > max_out) {
+        while (!closed_ && on_link() && lane_link()->backlog() > max_out) {
           WaitingForUpstream();
-          co_await link_->WaitBelow(max_out / 2);
+          co_await lane_link()->WaitBelow(max_out / 2);
         }
       }
     } else {
@@ -43,7 +43,7 @@ awaitable<void> Session::ClientPump() {
     // A command that pins waits until every earlier one is answered.
     while (!closed_ &&
            (conn_.pending() >= max_pending || conn_.holding() ||
-            (kShared && (conn_.pin_wanted() != PinReason::kNone || conn_.unpin_wait()) && conn_.pending() != 0))) {
+            (kShared && (conn_.pin_wanted() != PinReason::kNone || conn_.reply_wait()) && conn_.pending() != 0))) {
       WaitingForUpstream();
       queue_waiter_ = true;
       queue_event_.expires_at(Timer::time_point::max());
@@ -62,10 +62,10 @@ awaitable<void> Session::ClientPump() {
       ProcessClientBytes<kShared>(&hint);  // the command that waited, and those after it
       continue;
     }
-    if (kShared && conn_.unpin_wait()) {
+    if (kShared && conn_.reply_wait()) {
       // The pin ended with the last pending reply (UpstreamPump unpinned), or lasts after all:
       // the command that waited, and those after it (refused on a pin that lasts, as before).
-      conn_.EndUnpinWait();
+      conn_.EndReplyWait();
       ProcessClientBytes<kShared>(&hint);
       continue;
     }
@@ -116,8 +116,10 @@ void Session::ProcessClientBytes(size_t* hint) {
     if (cluster_ != nullptr) {
       conn_.set_shared_ready(cluster_->ready());
     } else {
-      conn_.set_shared_ready(link_->up());
-      if (!link_->up()) conn_.set_upstream_failure(link_->failure());  // the TLS reason, if that is why
+      conn_.set_shared_ready(lanes_up());
+      if (!lanes_up()) {  // the TLS reason, if that is why
+        conn_.set_upstream_failure(link_->up() ? link_->partner()->failure() : link_->failure());
+      }
     }
   }
   const size_t used = conn_.OnClientBytes(client_buf_.data(), client_buf_.size(), NowNs(), hint);
@@ -136,9 +138,9 @@ void Session::FlushAs() {
       upstream_out_.Send(out.upstream);
     } else if (cluster_ != nullptr) {
       cluster_->Submit(out.upstream, out.routes);
-    } else if (!link_->Submit(this, out.upstream, out.commands)) [[unlikely]] {
+    } else if (SharedLink* link = lane_link(); !link->Submit(this, out.upstream, out.commands)) [[unlikely]] {
       // The link failed since this batch began: its commands fail as those in flight do.
-      OnLinkFailed(link_, metrics::UpstreamError::kClosed);
+      OnLinkFailed(link, metrics::UpstreamError::kClosed);
     }
   }
   if (const int64_t wait = conn_.TakeWalkWait(); wait != 0) ArmWalkTimer(wait);

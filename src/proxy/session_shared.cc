@@ -70,9 +70,9 @@ awaitable<void> Session::SwitchLink() {
   SharedLink* next = cluster_ != nullptr ? ClusterNodeLink(worker_, 0, resp3)
                      : resp3             ? PickResp3Link(worker_)
                                          : worker_.PickLink();
-  if (next != nullptr && !next->up()) co_await next->WaitForConnect();
+  if (next != nullptr) co_await WaitForLanes(next);
   if (closed_) co_return;
-  if (next == nullptr || !next->up()) {
+  if (next == nullptr || !next->up() || (next->partner() != nullptr && !next->partner()->up())) {
     conn_.OnSwitchFailed(next == nullptr || next->failure().empty()
                              ? std::string("-ERR keyguard: upstream unavailable\r\n")
                              : absl::StrCat("-ERR keyguard: ", next->failure(), "\r\n"));
@@ -84,6 +84,13 @@ awaitable<void> Session::SwitchLink() {
     link_ = next;
   }
   conn_.OnLinkSwitched();
+}
+
+awaitable<void> Session::WaitForLanes(SharedLink* link) {
+  auto self = shared_from_this();
+  if (!link->up()) co_await link->WaitForConnect();
+  if (closed_) co_return;
+  if (link->partner() != nullptr && !link->partner()->up()) co_await link->partner()->WaitForConnect();
 }
 
 void Session::Unpin() {

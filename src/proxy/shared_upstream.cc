@@ -136,13 +136,20 @@ awaitable<void> PinPool::Connect() {
 // ---------------------------------------------------------------------------------------------
 // SharedLink
 
+void Worker::AddLink(bool resp3, bool start) {
+  links.push_back(std::make_shared<SharedLink>(*this, resp3));
+  write_links.push_back(std::make_shared<SharedLink>(*this, resp3));
+  links.back()->set_partner(write_links.back().get());
+  if (start) {
+    links.back()->Start();
+    write_links.back()->Start();
+  }
+}
+
 SharedLink* PickResp3Link(Worker& worker) {
   const size_t n = static_cast<size_t>(worker.config.shared_connections);
   if (worker.links.size() == n) {
-    for (size_t i = 0; i < n; ++i) {
-      worker.links.push_back(std::make_shared<SharedLink>(worker, /*resp3=*/true));
-      worker.links.back()->Start();
-    }
+    for (size_t i = 0; i < n; ++i) worker.AddLink(/*resp3=*/true, /*start=*/true);
   }
   return worker.links[n + worker.next_link3++ % n].get();
 }

@@ -129,6 +129,10 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
     Stop();
   }
   bool retired() const { return retired_; }
+  // The write lane's connection of a read lane's (Connection::set_lanes): made, started and
+  // stopped with it; nullptr for a cluster node's.
+  SharedLink* partner() const { return partner_; }
+  void set_partner(SharedLink* write_lane) { partner_ = write_lane; }
   // Closes the connection (what is in flight fails) and connects again (the upstream moved).
   void Restart() {
     if (conn_ != nullptr) conn_->stream.Close();
@@ -233,6 +237,7 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   bool up_ = false;
   bool stopped_ = false;
   bool retired_ = false;
+  SharedLink* partner_ = nullptr;
   std::string failure_;
   int64_t last_read_ns_ = 0;
   int64_t owed_since_ns_ = 0;         // when the first reply now owed was submitted (from none owed)

@@ -98,6 +98,16 @@ struct Worker {
   // upstream_connections: shared. The pipelined connections new sessions are spread over, and
   // the idle connections pinned clients take.
   std::vector<std::shared_ptr<SharedLink>> links;
+  // The write lanes' connections, one per link (SharedLink::partner), in the same order.
+  std::vector<std::shared_ptr<SharedLink>> write_links;
+  // Every shared link of the worker's upstream, read and write lanes: for what is done to all.
+  template <typename F>
+  void ForEachLink(F f) {
+    for (auto& l : links) f(*l);
+    for (auto& l : write_links) f(*l);
+  }
+  // A new shared link with its write lane's (started when `start`).
+  void AddLink(bool resp3, bool start);
   std::unique_ptr<PinPool> pins;
   std::unique_ptr<PinPool> pins3;  // RESP3 clients' (Resp3Pins)
   // A Redis Cluster upstream (shared: each ClusterClient holds it, as sessions can end after the

@@ -118,7 +118,7 @@ def test_clients_that_have_not_authenticated_hold_no_upstream_connection():
     server = Redis()
     kg = Keyguard(server.port, config=config, threads=1)
     try:
-        wait_until(lambda: kind(kg, "shared") == 1 and kind(kg, "idle") == 2, "the shared connections")
+        wait_until(lambda: kind(kg, "shared") == 2 and kind(kg, "idle") == 2, "the shared connections")
         cs = []
         for cmd in (["CLIENT", "LIST"], ["SELECT", "1"], ["WATCH", "x"], ["SUBSCRIBE", "c"], ["MONITOR"]):
             for _ in range(4):
@@ -178,7 +178,7 @@ def test_killed_shared_connection_answers_every_client_in_flight():
         server = Redis()
         kg = Keyguard(server.port, config=config, threads=1)
         try:
-            wait_until(lambda: kind(kg, "shared") == 2, "the shared connections")
+            wait_until(lambda: kind(kg, "shared") == 4, "the shared connections")
             res = _kill_link_under_big_replies(kg, server)
             hung = {n: v for n, v in res.items() if v[0] == "hung"}
             assert not hung, "attempt %d: clients of the killed link never answered: %r" % (attempt, hung)

@@ -43,7 +43,7 @@ def shared(threads=THREADS, *redis_args):
     server = Redis(*redis_args)
     kg = Keyguard(server.port, config=SHARED, threads=threads)
     try:
-        wait_until(lambda: kind(kg, "shared") == threads and kind(kg, "idle") == 2 * threads, "the shared connections")
+        wait_until(lambda: kind(kg, "shared") == 2 * threads and kind(kg, "idle") == 2 * threads, "the shared connections")
         yield server, kg
     finally:
         kg.stop()
@@ -61,16 +61,17 @@ def test_plain_commands_share_the_workers_connections():
             assert c.value() == b"v%d" % i
             seen.add(c.value())
         assert seen == set(range(1, 51))  # one counter, fifty increments, each answered once
-        # 50 clients, 2 shared and 4 idle connections on the server, nothing dedicated or pinned.
-        assert server_clients(server.port) == 6
+        # 50 clients, 4 shared (each worker's read and write lanes) and 4 idle connections on the
+        # server, nothing dedicated or pinned.
+        assert server_clients(server.port) == 8
         assert kind(kg, "pinned") == 0 and kind(kg, "dedicated") == 0
-        assert kg.metric("keyguard_upstream_connections") == 6
+        assert kg.metric("keyguard_upstream_connections") == 8
         writes = kg.metric("keyguard_upstream_shared_writes_total")
         assert kg.metric("keyguard_upstream_shared_commands_total") == 150
         assert 1 <= writes <= 150
         # QUIT is answered by keyguard: the shared connection stays.
         assert clients[0].call("QUIT") == "OK"
-        assert server_clients(server.port) == 6
+        assert server_clients(server.port) == 8
         for c in clients:
             c.close()
 
@@ -93,7 +94,7 @@ def test_transaction_and_watch_pin_until_they_end():
         wait_until(lambda: kind(kg, "pinned") == 0, "the client unpinned after the second EXEC")
         assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == 2
         # The pinned connection went back to the idle pool: no connection was made for the second.
-        assert server_clients(server.port) == 6
+        assert server_clients(server.port) == 8
         assert kg.metric('keyguard_upstream_pin_duration_seconds_count{reason="transaction"}') == 2
         # A pipelined batch: commands before the MULTI answer first, the pin waits for them.
         a.send_raw(encode("SET", "p", "1") + encode("MULTI") + encode("INCR", "p") + encode("EXEC") +
@@ -131,7 +132,7 @@ def test_a_pin_whose_command_keyguard_refused_ends_with_it():
     server = Redis()
     kg = Keyguard(server.port, config=SHARED + "deny_commands: [BLPOP, SUBSCRIBE]\n", threads=1)
     try:
-        wait_until(lambda: kind(kg, "shared") == 1 and kind(kg, "idle") == 2, "the shared connections")
+        wait_until(lambda: kind(kg, "shared") == 2 and kind(kg, "idle") == 2, "the shared connections")
         a = RespConn(kg.port)
         for cmd, reason in ((("BLPOP", "jobs", "0"), "blocking"), (("SUBSCRIBE", "news"), "pubsub")):
             a.send(*cmd)
@@ -141,7 +142,7 @@ def test_a_pin_whose_command_keyguard_refused_ends_with_it():
         # Back on the shared connection; the pinned one went back to the pool (no new connection).
         assert a.call("SET", "k", "v") == "OK"
         assert kind(kg, "pinned") == 0 and kind(kg, "idle") == 2
-        assert server_clients(server.port) == 3
+        assert server_clients(server.port) == 4
         # A pin whose command went to the server is not ended by a later refusal.
         a.send_raw(encode("MULTI") + encode("SUBSCRIBE", "news") + encode("INCR", "n") + encode("EXEC"))
         assert [a.read()[1] for _ in range(4)][::3] == [b"+OK\r\n", b"-EXECABORT Transaction discarded because of "
@@ -258,7 +259,7 @@ def test_resp3_clients_share_a_resp3_set_of_connections():
         assert kg.metric('keyguard_upstream_pins_total{reason="hello"}') == 0
         assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') == 1
         assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') == 1
-        assert kind(kg, "shared") == 2  # one RESP2 and one RESP3 shared connection
+        assert kind(kg, "shared") == 4  # a RESP2 and a RESP3 shared connection, each with its write lane's
         # The RESP3 client's pins went back to a pool of RESP3 connections (2 idle, as the RESP2
         # pool): a RESP2 client's transaction speaks RESP2, and the next RESP3 one connects nothing.
         assert b.exchange(encode("MULTI") + encode("HGETALL", "h") + encode("EXEC"), replies=3) == (
@@ -268,18 +269,18 @@ def test_resp3_clients_share_a_resp3_set_of_connections():
         def resp3_connections():
             return len([c for c in redis.Redis(port=server.port).client_list() if c.get("resp") == "3"])
 
-        assert resp3_connections() == 4  # the RESP3 shared connection, 2 idle, and the direct client
+        assert resp3_connections() == 5  # the RESP3 shared connections (2 lanes), 2 idle, and the direct client
         total = server_clients(server.port)
         assert a.exchange(encode("MULTI") + encode("HGETALL", "h") + encode("EXEC"), replies=3) == (
             b"+OK\r\n+QUEUED\r\n*1\r\n" + hgetall3)
         wait_until(lambda: kind(kg, "pinned") == 0 and kind(kg, "idle") == 4, "the pin back in its pool")
-        assert server_clients(server.port) == total and resp3_connections() == 4
+        assert server_clients(server.port) == total and resp3_connections() == 5
         # A second RESP3 client shares it.
         e = RespConn(kg.port)
         hello = e.exchange(encode("HELLO", "3"), replies=1)
         assert e.exchange(encode("HGETALL", "h"), replies=1) == hgetall3
-        assert kind(kg, "shared") == 2
-        assert resp3_connections() == 4
+        assert kind(kg, "shared") == 4
+        assert resp3_connections() == 5
         # Pushes aimed at the RESP3 shared connection (tracking redirected to its id, which HELLO's
         # reply shows) reach no client.
         link_id = re.search(rb"\$2\r\nid\r\n:(\d+)\r\n", hello).group(1).decode()
@@ -302,7 +303,7 @@ def test_a_resp3_move_that_fails_leaves_the_client_as_it_was():
         server = Redis(*redis_args)
         kg = Keyguard(server.port, config=SHARED + config, threads=1)
         try:
-            wait_until(lambda: kind(kg, "shared") == 1, "the shared connection")
+            wait_until(lambda: kind(kg, "shared") == 2, "the shared connections")
             c = RespConn(kg.port)
             assert c.exchange(encode("HELLO", "3") + encode("HSET", "h", "f", "v") + encode("HGETALL", "h") +
                               encode("GET", "missing"), replies=4) == (
@@ -333,7 +334,7 @@ def test_a_client_that_comes_while_the_shared_connection_is_down_waits_for_a_con
         c = RespConn(kg.port)
         assert c.call("SET", "k", "v") == "OK"
         assert c.call("GET", "k") == b"v"
-        assert kind(kg, "shared") == 1
+        assert kind(kg, "shared") == 2
         c.close()
     finally:
         kg.stop()
@@ -415,7 +416,8 @@ def test_a_failed_shared_connection_fails_only_what_was_in_flight():
         assert direct.execute_command("CLIENT", "UNPAUSE") == b"OK"
         # d stays connected, and the shared connection comes back.
         wait_until(lambda: d.call("GET", "k") == b"v", "the shared connection reconnected")
-        assert kg.metric('keyguard_upstream_errors_total{reason="closed"}') == 1
+        # (both lanes' shared connections were killed: the read lane's with nothing in flight)
+        assert kg.metric('keyguard_upstream_errors_total{reason="closed"}') == 2
         assert kg.metric('keyguard_commands_total{command="set",outcome="failed"}') == 1
         # The idle connections were killed too: a new pin finds them closed and connects anew.
         e = RespConn(kg.port)
@@ -555,7 +557,7 @@ def test_a_thousand_clients_get_exactly_their_own_replies():
         # Transactions and pops ended; the subscribers stay pinned while they are connected.
         wait_until(lambda: kind(kg, "pinned") == n // 10, "every transaction and pop unpinned")
         assert kg.metric("keyguard_client_connections") == n
-        assert server_clients(server.port) == THREADS + 2 * THREADS + n // 10
+        assert server_clients(server.port) == 2 * THREADS + 2 * THREADS + n // 10
         assert kg.metric('keyguard_upstream_pins_total{reason="transaction"}') > 0
         assert kg.metric('keyguard_upstream_pins_total{reason="blocking"}') > 0
         for _, w in conns:

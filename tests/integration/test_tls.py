@@ -429,8 +429,8 @@ def test_tls_over_shared_connections(pki):
     try:
         # Each worker's shared connection does its first TLS handshake as keyguard starts; a command
         # before it is up gets "upstream unavailable" (one CI run under load saw it).
-        wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 2,
-                   "both workers' shared connections up")
+        wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 4,
+                   "both workers' shared connections (read and write lanes) up")
         c = redis.Redis(port=kg.port)
         exercise(c, r, pki)
         t = c.pipeline(transaction=True)
@@ -438,7 +438,7 @@ def test_tls_over_shared_connections(pki):
         assert t.execute() == [2001, b"2001"]
         assert direct(r, pki).get("tls:n") == b"2001"
         wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="pinned"}') == 0, "the pin ended")
-        assert kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 2
+        assert kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 4
     finally:
         kg.stop()
     bad = Keyguard(r.port, config="upstream_tls:\n  ca_file: %s\n  server_name: redis.example.com\n" % pki("ca.crt"),
@@ -495,7 +495,7 @@ def test_pooled_connections_the_server_closed_are_not_pinned(pki):
         for i in range(2, 5):
             wait_until(lambda: kg.metric(idle) >= 2, "the pool filled")
             assert direct(r, pki).client_kill_filter(_type="normal", skipme=True) >= 2
-            wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 2,
+            wait_until(lambda: kg.metric('keyguard_upstream_connections_by_kind{kind="shared"}') == 4,
                        "the shared connections back")
             t = c.pipeline(transaction=True)
             t.incr("tls:pinned")
