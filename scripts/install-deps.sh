@@ -19,7 +19,10 @@ case "${1:-all}" in
   build) want=("${BUILD_PKGS[@]}") ;;
   run) want=("${BUILD_PKGS[@]}" "${RUN_PKGS[@]}") ;;
   runtime) want=("${RUNTIME_PKGS[@]}") ;;
-  all) want=("${BUILD_PKGS[@]}" "${RUN_PKGS[@]}" "${TEST_PKGS[@]}") ;;
+  all) want=("${BUILD_PKGS[@]}" "${RUN_PKGS[@]}" "${TEST_PKGS[@]}")
+       # Node.js and npm for the Node clients the tests drive (ioredis); Debian's packages when the
+       # machine has no node of its own.
+       command -v node >/dev/null && command -v npm >/dev/null || want+=(nodejs npm) ;;
   *) echo "usage: $0 [build|run|runtime|all]" >&2; exit 2 ;;
 esac
 missing=()
@@ -34,3 +37,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # The Debian redis-server package starts a system redis on 6379; keyguard's scripts and tests
 # start their own on private ports and do not need it.
+if [ "${1:-all}" = all ]; then
+  # The Node.js clients of the integration tests, at the versions package-lock.json pins (from the
+  # npm registry; node_modules is not committed).
+  node_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/integration/node"
+  if [ ! -d "$node_dir/node_modules/ioredis" ]; then
+    (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+fi

@@ -14,6 +14,7 @@ What is proved here is a rule, with a generator rather than a list:
   options are read as the server reads them (in any order), checked against the server itself.
 """
 import contextlib
+import json
 import os
 import random
 import re
@@ -510,6 +511,43 @@ def test_a_cluster_aware_client_connects_as_a_tenant(mode):
     finally:
         alice.close()
         bob.close()
+
+
+def test_ioredis_cluster_client_connects_as_a_tenant(mode):
+    """ioredis's Cluster client (Node.js: CLUSTER SLOTS, its own slot routing, pipelines sent to
+    one node, MULTI) through keyguard in front of a three-primary cluster, as two tenants: it sees
+    one node, keyguard; each tenant's keys are its own, stored with its prefix on every primary."""
+    if mode.name != "cluster":
+        pytest.skip("a Redis Cluster upstream only")
+    script = os.path.join(ROOT, "tests", "integration", "node", "cluster_tenant.js")
+    mode.flush()
+
+    def run(user):
+        out = subprocess.run(["node", script, str(mode.kg.port), user, user + "-secret"], capture_output=True,
+                             text=True, timeout=PATIENCE)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    alice = run("alice")
+    keys = ["io:%d" % i for i in range(40)]
+    assert alice == {
+        "nodes": ["127.0.0.1:%d" % mode.kg.port],
+        "sets": ["OK"] * 40,
+        "gets": ["v-" + k for k in keys],
+        "pipeline": [[None, "OK"], [None, 1], [None, "1"]],
+        "mget": ["1", None],
+        "hash": [2, {"f": "1", "g": "2"}],
+        "multi": [[None, 2], [None, "2"]],
+        "dbsize": 43,
+    }, alice
+    bob = run("bob")
+    assert bob["gets"] == ["v-" + k for k in keys] and bob["dbsize"] == 43 and "error" not in bob, bob
+    stored = set()
+    for p in mode.direct_ports:
+        stored |= {k.decode() for k in redis.Redis(port=p).keys("*")}
+    names = keys + ["{io}a", "{io}n", "io:h"]
+    assert stored == {"tenant:a:" + k for k in names} | {"tenant:b:" + k for k in names}
+    assert len({p for p in mode.direct_ports if redis.Redis(port=p).dbsize() > 0}) == 3
 
 
 def test_a_shared_connection_that_owes_a_reply_for_too_long_is_closed():
