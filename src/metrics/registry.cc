@@ -64,6 +64,7 @@ std::string Registry::Render() const {
   counter(FamilyId::kUpstreamSentBytes, &WorkerShard::upstream_bytes_sent);
   counter(FamilyId::kClientProtocolErrors, &WorkerShard::client_protocol_errors);
   counter(FamilyId::kUnexpectedReplies, &WorkerShard::unexpected_replies);
+  counter(FamilyId::kSharedLinkDesyncs, &WorkerShard::shared_link_desyncs);
   counter(FamilyId::kLegacyKeysMoved, &WorkerShard::legacy_keys_moved);
   counter(FamilyId::kLegacyMoveErrors, &WorkerShard::legacy_move_errors);
   counter(FamilyId::kProbedKeys, &WorkerShard::probed_keys);

@@ -758,9 +758,9 @@ void ClusterClient::OpenRun() {
   }
 }
 
-void ClusterClient::Deliver(std::string_view frame, const resp::ReplyFramer& f) {
+bool ClusterClient::Deliver(std::string_view frame, const resp::ReplyFramer& f) {
   OpenRun();
-  session_.OnLinkFrame(frame, f);
+  return session_.OnLinkFrame(frame, f);
 }
 
 void ClusterClient::DeliverReady() {
@@ -784,13 +784,13 @@ void ClusterClient::OnLinkPush(std::string_view frame, const resp::ReplyFramer& 
   session_.OnLinkPush(frame, f);
 }
 
-void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
+bool ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
   LinkQueue& q = QueueOf(from_);
-  if (q.items.empty()) return;  // (the link owes this client nothing: cannot happen)
+  if (q.items.empty()) return false;  // the link owes this client nothing: a desync
   InFlight& head = q.items.front();
   if (head.skip > 0) {
     --head.skip;  // ASKING's +OK
-    return;
+    return true;
   }
   const uint64_t seq = head.seq;
   Entry* e = &entries_.At(seq);
@@ -818,7 +818,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
         ++t.count;
         t.ask = nullptr;
         RetryAfterPause(seq, part);
-        return;
+        return true;
       }
       r.reset();
     }
@@ -841,7 +841,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       ++t.count;
       t.ask = nullptr;
       RetryAfterPause(seq, part);
-      return;
+      return true;
     }
     if (r.has_value() && e->redirects < budget) {
       ++e->redirects;
@@ -862,7 +862,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
         Hold(seq);
         ReleaseHeld();
         DeliverReady();
-        return;
+        return true;
       }
       // (A node keyguard had no link to yet is still connecting: the command waits for it.)
       if (!e->split_slots.empty()) {
@@ -874,7 +874,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       // (Out of tries, the part failed: the command may be complete, and those behind it free.)
       ReleaseHeld();
       DeliverReady();
-      return;
+      return true;
     } else if (text.starts_with("TRYAGAIN") && t.count < kMaxTryAgain) {
       ++t.count;
       // A node importing the slot answers an ASKed multi-key command TRYAGAIN while its keys are
@@ -885,7 +885,7 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
       if (t.ask != nullptr && t.asking && e->redirects > 0) --e->redirects;
       t.ask = nullptr;
       RetryAfterPause(seq, part);
-      return;
+      return true;
     }
   }
   if (!bouncing_.empty() && f.type() != '-' && f.type() != '!') [[unlikely]]
@@ -893,13 +893,14 @@ void ClusterClient::OnLinkFrame(std::string_view frame, const resp::ReplyFramer&
   if (seq == entries_.front_seq() && e->merge == cluster::Merge::kNone && !e->scan) [[likely]] {
     // In order: handed over as the link framed it.
     entries_.Pop();
-    Deliver(frame, f);
+    if (!Deliver(frame, f)) return false;
   } else {
     Complete(e, part, frame);
   }
   if (!redirected_.empty()) [[unlikely]]
     ReleaseHeld();
   DeliverReady();
+  return true;
 }
 
 bool ClusterClient::EndLinkReplies() {

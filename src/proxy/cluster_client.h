@@ -58,7 +58,7 @@ class ClusterClient final : public LinkClient {
 
   // LinkClient (called by the node links).
   void BeginLinkReplies(SharedLink* from) override;
-  void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
+  bool OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
   // Passed on in place (its link's head command is the client's next reply), else dropped.
   void OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) override;
   bool EndLinkReplies() override;
@@ -170,7 +170,7 @@ class ClusterClient final : public LinkClient {
   // Delivers the complete entries at the head, in order. `direct`: the head's frame as framed by
   // the link (when the head completes with it), passed on without a copy.
   void DeliverReady();
-  void Deliver(std::string_view frame, const resp::ReplyFramer& f);
+  bool Deliver(std::string_view frame, const resp::ReplyFramer& f);  // false: OnLinkFrame's
   void OpenRun();
   // Ends the session's run of replies; true when the client is over its output bound.
   bool EndRun();

@@ -148,6 +148,7 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
   scratch_.Reset();  // the previous batch was written
   shared_.stages.Refresh();
   size_t pos = 0;
+  lane_free_ = queue_.empty();
   while (!stop_reading_ && !holding_) {
     const resp::Status st = request_framer_.Next(data + pos, len - pos);
     if (st == resp::Status::kNeedMore) {
@@ -184,13 +185,17 @@ size_t Connection::OnClientBytes(const char* data, size_t len, int64_t now, size
         }
       }
       if (lane_classes_ != nullptr && !pinned_ && (lane_classes_[id] != 0) != write_lane_) [[unlikely]] {
-        // The other lane (set_lanes). Nothing pending: nothing of the client's is on either.
-        if (queue_.empty()) {
-          assert(out_.upstream.empty());  // (flushed to one lane's connection)
-          write_lane_ = !write_lane_;
-        } else if (!write_lane_) {
-          reply_wait_ = true;  // a write behind reads
-          break;
+        // Maybe the other lane (set_lanes). Nothing pending: nothing of the client's is on either.
+        // A write behind reads of this call, with nothing pending before it: the call's commands
+        // are all still unsent, and go to the write lane with it (one batch, flushed to one
+        // lane's connection). Behind earlier reads it waits for them.
+        if (const bool w = LaneWrites(lane_classes_, id, args); w != write_lane_) {
+          if (queue_.empty() || (w && lane_free_)) {
+            write_lane_ = w;
+          } else if (w) {
+            reply_wait_ = true;
+            break;
+          }
         }
       }
       HandleCommand(id, args, data + pos, n, now);
@@ -1176,6 +1181,13 @@ bool Connection::OnFrame(std::string_view frame, const resp::ReplyFramer& f, int
       }
       return true;
     case FrameRole::kUnexpected:
+      if (multiplexed_ && !pinned_) [[unlikely]] {
+        // A shared connection's frame for this client, which has no command waiting: the link's
+        // count of its commands is not the client's, so the frames after it are not the clients'
+        // they would go to. Passed to no one: the link fails (SharedLink::Desync).
+        link_desync_ = true;
+        return true;
+      }
       // A reply nobody waits for; pass it on rather than drop it (a tenant never sees one: it
       // could name anything), and count it.
       shard_.unexpected_replies.Add();

@@ -134,6 +134,9 @@ class Connection {
   // `*ok` false), EndUpstream; the output is then that of one OnUpstreamBytes call.
   void BeginUpstream();
   bool OnSharedFrame(std::string_view frame, const resp::ReplyFramer& f, int64_t now);
+  // Whether a shared connection's frame since the last call found no command of this client
+  // waiting (dropped): the link must fail.
+  bool TakeLinkDesync() { return std::exchange(link_desync_, false); }
   // A RESP3 push the link handed over in the run (SharedLink's OnLinkPush): the client's when its
   // first pending command is DEBUG (PROTOCOL push), else dropped.
   bool OnSharedPush(std::string_view frame, const resp::ReplyFramer& f, int64_t now);
@@ -202,10 +205,12 @@ class Connection {
   // Whether the shared connection is up (read before each OnClientBytes while not pinned).
   void set_shared_ready(bool up) { upstream_ready_ = up; }
   // Shared connections in lanes (not a cluster's): a command a server under CLIENT PAUSE WRITE
-  // holds (WriteLaneClasses) goes to the write lane's connection, any other to the read lane's,
-  // so that a paused write holds no other client's read. A client moves from one to the other
-  // when nothing is pending; a write behind reads waits for them (reply_wait), a read behind
-  // writes goes behind them (as a direct client's waits behind its own paused write).
+  // holds, or a script (WriteLaneClasses, LaneWrites), goes to the write lane's connection, any
+  // other to the read lane's, so that a paused write holds no other client's read. A client moves
+  // from one to the other when nothing is pending; a write behind reads of the same call (nothing
+  // pending before it) takes them along to the write lane; behind reads sent earlier it waits for
+  // them (reply_wait); a read behind writes goes behind them (as a direct client's waits behind
+  // its own paused write).
   void set_lanes() { lane_classes_ = WriteLaneClasses(shared_.stages.config.tenancy != nullptr); }
   // The lane of the client's commands (true: write), read at each flush.
   bool write_lane() const { return write_lane_; }
@@ -493,6 +498,7 @@ class Connection {
   std::string upstream_failure_;  // set_upstream_failure
   bool readonly_seen_ = false;
   bool close_may_follow_ = false;
+  bool link_desync_ = false;
   std::string redirect_seen_;
   bool redirect_scripted_ = false;
   bool move_error_logged_ = false;  // legacy_move_failed is logged once per connection
@@ -535,6 +541,7 @@ class Connection {
   bool reply_wait_ = false;                // see reply_wait()
   const uint8_t* lane_classes_ = nullptr;  // set_lanes
   bool write_lane_ = false;
+  bool lane_free_ = false;  // nothing was pending when this OnClientBytes began
 
   bool upstream_ready_ = false;
   bool stop_reading_ = false;

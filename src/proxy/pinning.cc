@@ -96,17 +96,34 @@ const uint8_t* WriteLaneClasses(bool tenancy) {
     std::vector<uint8_t> t(commands::CommandCount(), 0);
     const uint32_t write = commands::CommandFlagMask("write");
     for (size_t i = 0; i < t.size(); ++i) {
-      if ((commands::Spec(static_cast<commands::CommandId>(i)).flags & write) != 0) t[i] = 1;
+      const commands::CommandSpec& spec = commands::Spec(static_cast<commands::CommandId>(i));
+      if ((spec.flags & write) != 0) t[i] = 1;
+      if (spec.sub_count > 0) t[i] = 2;
     }
-    for (std::string_view name : {"eval", "evalsha", "fcall", "publish", "spublish", "pfcount"}) {
+    for (std::string_view name :
+         {"eval", "evalsha", "fcall", "publish", "spublish", "pfcount", "eval_ro", "evalsha_ro", "fcall_ro"}) {
       if (const commands::CommandId id = commands::LookupCommand(name); id != commands::kUnknownCommand) t[id] = 1;
     }
-    t[commands::kUnknownCommand] = 1;
+    t[commands::kUnknownCommand] = 0;
     std::vector<uint8_t> walks = t;
     for (std::string_view name : {"dbsize", "randomkey"}) walks[commands::LookupCommand(name)] = 1;
     return std::array<std::vector<uint8_t>, 2>{std::move(t), std::move(walks)};
   }();
   return tables[tenancy ? 1 : 0].data();
+}
+
+bool LaneWrites(const uint8_t* classes, commands::CommandId id, std::span<const std::string_view> args) {
+  const uint8_t c = classes[id];
+  if (c == 0) return false;
+  const commands::CommandSpec* spec = &commands::Spec(id);
+  if (c == 2) {
+    spec = commands::ResolveSpec(id, args);
+    if (spec == nullptr || spec == &commands::Spec(id)) return false;  // an unknown subcommand: refused
+    static const uint32_t write = commands::CommandFlagMask("write");
+    if ((spec->flags & write) == 0) return false;
+  }
+  const auto n = static_cast<int64_t>(args.size());
+  return spec->arity >= 0 ? n == spec->arity : n >= -int64_t{spec->arity};
 }
 
 PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args, bool tenancy) {

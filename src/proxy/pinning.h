@@ -51,11 +51,17 @@ PinReason PinFor(commands::CommandId id, std::span<const std::string_view> args,
 // caller's check of the common command is one load.
 const uint8_t* PinClasses();
 
-// By command id: 1 for a command a server under CLIENT PAUSE WRITE holds (flagged `write`, or
-// one of 7.0's may-replicate commands, which COMMAND INFO does not show: EVAL, EVALSHA, FCALL,
-// PUBLISH, SPUBLISH, PFCOUNT; an unknown command), which goes on the write lane of a client's
-// shared connections, so that reads never wait behind one. `tenancy`: DBSIZE and RANDOMKEY too
-// (a tenant's run as walk scripts, EVAL).
+// By command id, the lane of a client's shared connections a command goes to, so that reads never
+// wait behind a command a server under CLIENT PAUSE WRITE holds, or behind a script: 1 (write
+// lane) for a command flagged `write`, one of 7.0's may-replicate commands (which COMMAND INFO
+// does not show: EVAL, EVALSHA, FCALL, PUBLISH, SPUBLISH, PFCOUNT) or any other script (EVAL_RO,
+// EVALSHA_RO, FCALL_RO: a long one would hold the reads behind it); 2 for a command whose
+// subcommand decides (XGROUP, FUNCTION, ...: LaneWrites); 0 (read lane) for the rest, an unknown
+// command too (the server refuses it before its pause check). `tenancy`: DBSIZE and RANDOMKEY
+// are 1 (a tenant's run as walk scripts).
 const uint8_t* WriteLaneClasses(bool tenancy);
+// Whether the command goes to the write lane: its class, its subcommand's flags for class 2; a
+// command of the wrong arity does not (the server refuses it before its pause check).
+bool LaneWrites(const uint8_t* classes, commands::CommandId id, std::span<const std::string_view> args);
 
 }  // namespace keyguard::proxy

@@ -103,7 +103,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   std::string_view UpstreamAuth() override;
   // LinkClient.
   void BeginLinkReplies(SharedLink* from) override;
-  void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
+  bool OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) override;
   void OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) override;
   bool EndLinkReplies() override;
   std::shared_ptr<void> Hold() override { return shared_from_this(); }
@@ -119,8 +119,6 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   SharedLink* link_ = nullptr;        // upstream_connections: shared (the read lane's)
   // The link the client's commands go to now: its write lane's for writes (Connection::set_lanes).
   SharedLink* lane_link() const { return conn_.write_lane() && link_->partner() != nullptr ? link_->partner() : link_; }
-  // Both lanes' connections are up (or the link has no write lane).
-  bool lanes_up() const { return link_->up() && (link_->partner() == nullptr || link_->partner()->up()); }
   // Waits (each bounded by the connect timeout) for both lanes' connections of `link`.
   awaitable<void> WaitForLanes(SharedLink* link);
   std::unique_ptr<ClusterClient> cluster_;  // a Redis Cluster upstream (instead of link_)

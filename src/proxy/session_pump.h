@@ -116,10 +116,11 @@ void Session::ProcessClientBytes(size_t* hint) {
     if (cluster_ != nullptr) {
       conn_.set_shared_ready(cluster_->ready());
     } else {
-      conn_.set_shared_ready(lanes_up());
-      if (!lanes_up()) {  // the TLS reason, if that is why
-        conn_.set_upstream_failure(link_->up() ? link_->partner()->failure() : link_->failure());
-      }
+      // The lane the call begins on (a command for the other one, whose connection is down, fails
+      // as one whose connection failed meanwhile).
+      SharedLink* lane = lane_link();
+      conn_.set_shared_ready(lane->up());
+      if (!lane->up()) conn_.set_upstream_failure(lane->failure());  // the TLS reason, if that is why
     }
   }
   const size_t used = conn_.OnClientBytes(client_buf_.data(), client_buf_.size(), NowNs(), hint);

@@ -117,8 +117,9 @@ void Session::BeginLinkReplies(SharedLink* /*from*/) {
   if (!closed_) conn_.BeginUpstream();
 }
 
-void Session::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
+bool Session::OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) {
   if (!closed_ && link_ok_) link_ok_ = conn_.OnSharedFrame(frame, f, link_now_ns_);
+  return !conn_.TakeLinkDesync();
 }
 
 void Session::OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) {

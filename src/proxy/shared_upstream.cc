@@ -300,7 +300,12 @@ bool SharedLink::Deliver(size_t* hint, std::vector<Slow>* slow) {
     // A RESP3 push (a RESP3 link: DEBUG PROTOCOL push, say) answers no command: it goes to the
     // client whose command is at the head, whose connection takes it as out of band.
     const bool push = framer_.type() == '>';
-    if (st == resp::Status::kProtocolError || (owed_.empty() && !push)) [[unlikely]] {
+    if (st == resp::Status::kProtocolError) [[unlikely]] {
+      ok = false;
+      break;
+    }
+    if (owed_.empty() && !push) [[unlikely]] {
+      Desync("a reply with no command in flight");
       ok = false;
       break;
     }
@@ -320,13 +325,31 @@ bool SharedLink::Deliver(size_t* hint, std::vector<Slow>* slow) {
       pos += n;
       continue;
     }
-    if (run_client != nullptr) run_client->OnLinkFrame(std::string_view(data + pos, n), framer_);
+    if (run_client != nullptr && !run_client->OnLinkFrame(std::string_view(data + pos, n), framer_)) [[unlikely]] {
+      Desync("a reply for a client with no command waiting");
+      pos += n;
+      ok = false;
+      break;
+    }
     pos += n;
     if (--owed_.front().frames == 0) owed_.pop_front();
   }
   end_run();
   buf_.Consume(pos);
   return ok;
+}
+
+void SharedLink::Desync(std::string_view what) {
+  // The invariant of a shared connection: each command on it is answered by exactly one frame,
+  // in order. A frame beyond that (a server's extra one, a miscount of keyguard's) shifts every
+  // reply after it onto the wrong command: the link fails (reason protocol), its commands in
+  // flight get an error, and no reply after it is delivered.
+  worker_.shard->shared_link_desyncs.Add();
+  EventLine("error", "shared_link_desync")
+      .Str("what", what)
+      .Int("commands_in_flight", static_cast<int64_t>(InFlight()))
+      .Str("node", address())
+      .Write(stderr);
 }
 
 bool SharedLink::Submit(LinkClient* client, std::span<const std::string_view> pieces, uint32_t commands) {

@@ -38,7 +38,9 @@ class LinkClient {
   // The reply frames of this client's commands, in order, framed by the link (`f` holds each
   // frame's facts; the bytes are valid during the call): a run of them between Begin and End.
   virtual void BeginLinkReplies(SharedLink* from) = 0;
-  virtual void OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) = 0;
+  // Returns false when the frame answers none of the client's commands (its count of them is not
+  // the link's): the link's stream is not what keyguard sent, and it fails (SharedLink::Desync).
+  virtual bool OnLinkFrame(std::string_view frame, const resp::ReplyFramer& f) = 0;
   // A RESP3 push in the run (a RESP3 link), which answers no command: DEBUG PROTOCOL push's, or
   // one aimed at the link's connection (CLIENT TRACKING REDIRECT), which is nobody's.
   virtual void OnLinkPush(std::string_view frame, const resp::ReplyFramer& f) = 0;
@@ -242,6 +244,8 @@ class SharedLink : public std::enable_shared_from_this<SharedLink> {
   int64_t last_read_ns_ = 0;
   int64_t owed_since_ns_ = 0;         // when the first reply now owed was submitted (from none owed)
   bool waiting_for_clients_ = false;  // Pump waits for slow clients: nothing is read meanwhile
+  // Counts and logs a breach of the one-frame-per-command invariant (Deliver then fails the link).
+  void Desync(std::string_view what);
   // The replies owed, for the log.
   uint64_t InFlight() {
     uint64_t n = 0;

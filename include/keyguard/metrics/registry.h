@@ -224,9 +224,10 @@ class WorkerShard {
   Counter upstream_bytes_sent;
   Counter client_protocol_errors;
   Counter unexpected_replies;
-  Counter legacy_keys_moved;   // keys a rewrite rule's move took from the old name to the new
-  Counter legacy_move_errors;  // moves the upstream refused
-  Counter probed_keys;         // keys the sizing probe asked about
+  Counter shared_link_desyncs;  // SharedLink::Desync
+  Counter legacy_keys_moved;    // keys a rewrite rule's move took from the old name to the new
+  Counter legacy_move_errors;   // moves the upstream refused
+  Counter probed_keys;          // keys the sizing probe asked about
   std::array<Counter, static_cast<size_t>(UpstreamError::kCount)> upstream_errors;
   // Shared upstream connections.
   std::array<Gauge, static_cast<size_t>(UpstreamKind::kCount)> upstream_kinds;
