@@ -238,8 +238,9 @@ awaitable<void> Session::UpstreamPump() {
     }
     if (conn_.TakeCloseMayFollow() && upstream_buf_.size() == 0 && upstream_->PeerGone()) [[unlikely]] {
       // The server closed after its reply (CLIENT KILL of this connection, ...): the client gets
-      // the reply, then the close, as direct.
-      FailUpstream(metrics::UpstreamError::kClosed);
+      // the reply, then the close, as direct; commands it pipelined after it never ran, and get no
+      // reply (direct, the close is all it sees of them).
+      FailUpstream(metrics::UpstreamError::kClosed, /*tell_client=*/false);
       co_return;
     }
     if (multiplexed() && conn_.CanUnpin() && upstream_buf_.size() == 0 && upstream_out_.backlog() == 0) {
@@ -261,13 +262,13 @@ void Session::NotifyQueue() {
   }
 }
 
-void Session::FailUpstream(metrics::UpstreamError reason) {
+void Session::FailUpstream(metrics::UpstreamError reason, bool tell_client) {
   if (closed_) return;
   std::string owed;
   const Connection::AfterFailure after = conn_.OnUpstreamFailed(reason, &owed);
   if (after == Connection::AfterFailure::kNone) return;
   CloseUpstream();
-  if (!owed.empty()) client_out_.Send(owed);
+  if (!owed.empty() && (tell_client || after != Connection::AfterFailure::kClose)) client_out_.Send(owed);
   NotifyQueue();
   if (after == Connection::AfterFailure::kClose) StartFlushAndClose();
 }

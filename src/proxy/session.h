@@ -68,7 +68,8 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   template <bool kShared>
   [[gnu::always_inline]] inline void FlushAs();
   void ArmWalkTimer(int64_t wait_ns);
-  void FailUpstream(metrics::UpstreamError reason);
+  // `tell_client` false: the commands still pending get no error reply (the close says it).
+  void FailUpstream(metrics::UpstreamError reason, bool tell_client = true);
   // Shared upstream: the client gets a connection of its own (the idle pool's, or a new one) for
   // the command that waits unread, and its replies come from UpstreamPump until Unpin.
   awaitable<void> Pin();
