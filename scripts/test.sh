@@ -83,7 +83,7 @@ step "integration tests with a Redis Cluster upstream (release)"
 KEYGUARD_UPSTREAM=cluster KEYGUARD_BIN=$PWD/build/keyguard integration \
   tests/integration/test_proxy.py tests/integration/test_key_policy.py tests/integration/test_tenants.py \
   tests/integration/test_tenant_escapes.py tests/integration/test_tenant_walks.py tests/integration/test_hygiene.py \
-  tests/integration/test_hygiene_rules.py
+  tests/integration/test_hygiene_rules.py tests/integration/test_tenant_fuzz.py tests/integration/test_mode_table.py
 
 step "packaging e2e: Prometheus + dashboards + alerts, Helm render, image and compose (release)"
 KEYGUARD_BIN=$PWD/build/keyguard /usr/bin/python3 -m pytest -q tests/e2e

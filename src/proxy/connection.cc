@@ -295,11 +295,14 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     pin_slot_ = kAnyNode;
     return true;
   }
-  if (cluster_ && pinned_ && !sticky_ && !state_.in_multi() && !state_.watching() && !queue_.empty() &&
+  if (cluster_ && pinned_ && !sticky_ && !state_.in_multi() && !state_.watching() && queue_.ClientWaiting() &&
       shared_.cluster_map != nullptr && *shared_.cluster_map != nullptr) [[unlikely]] {
     // The pin ends once what is pending is answered (the transaction's EXEC, a blocking
     // command's reply): a command for another node's slot, pipelined behind it, waits for that
-    // (unread) rather than be refused on this node's connection.
+    // (unread) rather than be refused on this node's connection. Not behind keyguard's own
+    // commands of a fresh pin (a tenant's CLIENT ID): the command it was made for would wait for
+    // the pin to end and pin again, for ever (a tenant's cross-slot BLPOP pinned 24,000 times in
+    // 5 s, unanswered); it is that command, refused here (CROSSSLOT) or served.
     const int32_t slot = StoredSlotOf(id, args);
     if (slot == kCrossSlot || (slot >= 0 && (*shared_.cluster_map)->owner[static_cast<size_t>(slot)] != pinned_node_)) {
       reply_wait_ = true;  // (keys in several slots: split, which only an unpinned client is)
