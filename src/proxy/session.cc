@@ -191,6 +191,7 @@ void Session::WakeProbe() {
 awaitable<void> Session::UpstreamPump() {
   auto self = shared_from_this();
   upstream_read_ns_ = NowNs();
+  last_reply_may_close_ = false;
   const size_t max_out = static_cast<size_t>(worker_.config.max_output_buffer);
   size_t hint = 0;
   while (!closed_) {
@@ -205,9 +206,12 @@ awaitable<void> Session::UpstreamPump() {
       if (!upstream_->tls_failure().empty()) {
         conn_.set_upstream_failure(absl::StrCat("upstream TLS: ", upstream_->tls_failure()));
       }
+      // (After a reply the server may close after, and nothing since: as below, the close is all
+      // the client sees of what it pipelined behind it, however late the end of the stream came.)
       FailUpstream(ec == asio::error::eof             ? metrics::UpstreamError::kClosed
                    : upstream_->tls_failure().empty() ? metrics::UpstreamError::kReset
-                                                      : metrics::UpstreamError::kTls);
+                                                      : metrics::UpstreamError::kTls,
+                   /*tell_client=*/!last_reply_may_close_);
       co_return;
     }
     upstream_buf_.Commit(n);
@@ -236,7 +240,8 @@ awaitable<void> Session::UpstreamPump() {
       FailUpstream(conn_.read_error());
       co_return;
     }
-    if (conn_.TakeCloseMayFollow() && upstream_buf_.size() == 0 && upstream_->PeerGone()) [[unlikely]] {
+    last_reply_may_close_ = conn_.TakeCloseMayFollow() && upstream_buf_.size() == 0;
+    if (last_reply_may_close_ && upstream_->PeerGone()) [[unlikely]] {
       // The server closed after its reply (CLIENT KILL of this connection, ...): the client gets
       // the reply, then the close, as direct; commands it pipelined after it never ran, and get no
       // reply (direct, the close is all it sees of them).

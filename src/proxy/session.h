@@ -117,7 +117,10 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   Worker& worker_;
   Stream client_;
   std::unique_ptr<Stream> upstream_;  // dedicated, or pinned (shared: nullptr while not pinned)
-  SharedLink* link_ = nullptr;        // upstream_connections: shared (the read lane's)
+  // The last read ended with a reply the server may close the connection after (CLIENT KILL of
+  // itself, ...: Connection::TakeCloseMayFollow).
+  bool last_reply_may_close_ = false;
+  SharedLink* link_ = nullptr;  // upstream_connections: shared (the read lane's)
   // The link the client's commands go to now: its write lane's for writes (Connection::set_lanes).
   SharedLink* lane_link() const { return conn_.write_lane() && link_->partner() != nullptr ? link_->partner() : link_; }
   // Waits (each bounded by the connect timeout) for both lanes' connections of `link`.
