@@ -1,7 +1,5 @@
 #include "proxy/connection.h"
 
-#include <cassert>
-
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -350,7 +348,7 @@ bool Connection::NeedsPin(commands::CommandId id, std::span<const std::string_vi
     if (ClientQuery(args) && (pinned_ || !tenancy)) return false;
     if (TrackingRedirect(args)) return false;
   }
-  if (cluster_ && r == PinReason::kPubSub && RefusedKeyspaceSubscription(id, args)) [[unlikely]] {
+  if (r == PinReason::kPubSub && RefusedKeyspaceSubscription(id, args)) [[unlikely]] {
     return false;  // refused (RouteCluster)
   }
   if (r == PinReason::kNone) {

@@ -351,7 +351,7 @@ bool Connection::RouteCluster(const CommandContext& c, const Verdict& v) {
     route_.slot = kFirstNode;
     return true;
   }
-  if ((c.id == ids.subscribe || c.id == ids.psubscribe) && RefusedKeyspaceSubscription(c.id, c.args)) {
+  if (RefusedKeyspaceSubscription(c.id, c.args)) {
     // Each primary notifies of its own keys only (1 event in 3 was heard): refused, with no pin
     // made (NeedsPin, which reads the same arguments: the client's), rather than heard from one
     // node.

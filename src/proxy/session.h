@@ -123,8 +123,9 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   SharedLink* link_ = nullptr;  // upstream_connections: shared (the read lane's)
   // The link the client's commands go to now: its write lane's for writes (Connection::set_lanes).
   SharedLink* lane_link() const { return conn_.write_lane() && link_->partner() != nullptr ? link_->partner() : link_; }
-  // Waits (each bounded by the connect timeout) for both lanes' connections of `link`.
-  awaitable<void> WaitForLanes(SharedLink* link);
+  // Waits (each bounded by the connect timeout) for both lanes' connections of `link`; whether
+  // both are up.
+  awaitable<bool> WaitForLanes(SharedLink* link);
   std::unique_ptr<ClusterClient> cluster_;  // a Redis Cluster upstream (instead of link_)
   int64_t pinned_at_ns_ = 0;
   int64_t link_now_ns_ = 0;       // the time of the link's run of replies

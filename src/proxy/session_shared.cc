@@ -70,9 +70,10 @@ awaitable<void> Session::SwitchLink() {
   SharedLink* next = cluster_ != nullptr ? ClusterNodeLink(worker_, 0, resp3)
                      : resp3             ? PickResp3Link(worker_)
                                          : worker_.PickLink();
-  if (next != nullptr) co_await WaitForLanes(next);
+  bool up = false;
+  if (next != nullptr) up = co_await WaitForLanes(next);  // (not in a && : GCC 12 and co_await)
   if (closed_) co_return;
-  if (next == nullptr || !next->up() || (next->partner() != nullptr && !next->partner()->up())) {
+  if (!up) {
     conn_.OnSwitchFailed(next == nullptr || next->failure().empty()
                              ? std::string("-ERR keyguard: upstream unavailable\r\n")
                              : absl::StrCat("-ERR keyguard: ", next->failure(), "\r\n"));
@@ -86,11 +87,13 @@ awaitable<void> Session::SwitchLink() {
   conn_.OnLinkSwitched();
 }
 
-awaitable<void> Session::WaitForLanes(SharedLink* link) {
+awaitable<bool> Session::WaitForLanes(SharedLink* link) {
   auto self = shared_from_this();
   if (!link->up()) co_await link->WaitForConnect();
-  if (closed_) co_return;
-  if (link->partner() != nullptr && !link->partner()->up()) co_await link->partner()->WaitForConnect();
+  if (closed_) co_return false;
+  SharedLink* write_lane = link->partner();
+  if (write_lane != nullptr && !write_lane->up()) co_await write_lane->WaitForConnect();
+  co_return link->up() && (write_lane == nullptr || write_lane->up());
 }
 
 void Session::Unpin() {

@@ -386,13 +386,13 @@ void SharedLink::Flush() {
 void SharedLink::CheckLiveness(int64_t now_ns) {
   if (!up_ || owed_.empty() || eof_ || now_ns - last_read_ns_ < 1'000'000'000) return;
   const int64_t bound_ns = int64_t{worker_.config.shared_reply_timeout_ms} * 1'000'000;
-  if (bound_ns > 0 && !waiting_for_clients_ && now_ns - std::max(last_read_ns_, owed_since_ns_) >= bound_ns)
-      [[unlikely]] {
+  const int64_t silent_ns = now_ns - std::max(last_read_ns_, owed_since_ns_);
+  if (bound_ns > 0 && !waiting_for_clients_ && silent_ns >= bound_ns) [[unlikely]] {
     // A reply owed and nothing read for the bound (a command the server holds: one keyguard could
     // not tell blocks, a paused or hung server): the link closes, so no client's command holds
     // the others' any longer; the commands in flight fail, the server drops what it held.
     EventLine("warn", "shared_upstream_reply_timeout")
-        .Int("waited_ms", (now_ns - std::max(last_read_ns_, owed_since_ns_)) / 1'000'000)
+        .Int("waited_ms", silent_ns / 1'000'000)
         .Int("commands_in_flight", static_cast<int64_t>(InFlight()))
         .Str("node", address())
         .Write(stderr);
