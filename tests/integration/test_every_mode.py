@@ -614,10 +614,10 @@ def test_asking_leaves_a_cluster_client_free_to_reach_every_node(mode):
     assert c.call("MGET", *keys) == [b"v"] * 12
     assert c.call("DEL", *keys) == 12
     assert mode.kg.metric('keyguard_upstream_pins_total{reason="client"}') == pins
-    # In a transaction (pipelined: its node is the first keyed command's) the transaction's node
-    # queues it, as the server does.
-    for args in (("MULTI",), ("ASKING",), ("SET", "a1", "x"), ("EXEC",)):
-        c.send(*args)
+    # In a transaction (pipelined, in one write: its node is the first keyed command's among those
+    # read with the MULTI; sent one by one, the SET could come after the pin to any node) the
+    # transaction's node queues it, as the server does.
+    c.send_raw(b"".join(encode(*args) for args in (("MULTI",), ("ASKING",), ("SET", "a1", "x"), ("EXEC",))))
     assert [c.value() for _ in range(4)] == ["OK", "QUEUED", "QUEUED", ["OK", "OK"]]
     c.close()
 
